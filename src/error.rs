@@ -1,0 +1,286 @@
+//! Typed errors: the runtime's `aclError` codes and the library's own error.
+
+use crate::kind::MemKind;
+
+/// A raw `aclError` code returned by the runtime (or by the simulator, which returns the same codes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct AclError(pub i32);
+
+impl AclError {
+    /// `ACL_SUCCESS`.
+    pub const SUCCESS: AclError = AclError(0);
+    /// `ACL_ERROR_INVALID_PARAM`: bad argument (null pointer, size 0, bad enum).
+    pub const INVALID_PARAM: AclError = AclError(100_000);
+    /// `ACL_ERROR_BAD_ALLOC`.
+    pub const BAD_ALLOC: AclError = AclError(200_000);
+    /// `ACL_ERROR_MEMORY_ADDRESS_UNALIGNED`.
+    pub const MEMORY_ADDRESS_UNALIGNED: AclError = AclError(200_003);
+    /// `ACL_ERROR_STORAGE_OVER_LIMIT`.
+    pub const STORAGE_OVER_LIMIT: AclError = AclError(300_000);
+    /// `ACL_ERROR_INTERNAL_ERROR`.
+    pub const INTERNAL_ERROR: AclError = AclError(500_000);
+    /// `ACL_ERROR_FAILURE`.
+    pub const FAILURE: AclError = AclError(500_001);
+    /// `ACL_ERROR_RT_FAILURE`.
+    pub const RT_FAILURE: AclError = AclError(500_003);
+    /// `ACL_ERROR_DRV_FAILURE`.
+    pub const DRV_FAILURE: AclError = AclError(500_004);
+    /// `ACL_ERROR_RT_PARAM_INVALID`.
+    pub const RT_PARAM_INVALID: AclError = AclError(107_000);
+    /// `ACL_ERROR_RT_ADDR_UNALIGNED`.
+    pub const RT_ADDR_UNALIGNED: AclError = AclError(107_008);
+    /// `ACL_ERROR_RT_INVALID_HANDLE`.
+    pub const RT_INVALID_HANDLE: AclError = AclError(107_017);
+    /// `ACL_ERROR_RT_INVALID_MALLOC_TYPE`.
+    pub const RT_INVALID_MALLOC_TYPE: AclError = AclError(107_018);
+    /// `ACL_ERROR_RT_FEATURE_NOT_SUPPORT`.
+    pub const RT_FEATURE_NOT_SUPPORT: AclError = AclError(207_000);
+    /// `ACL_ERROR_RT_MEMORY_ALLOCATION`: out of memory.
+    pub const RT_MEMORY_ALLOCATION: AclError = AclError(207_001);
+    /// `ACL_ERROR_RT_MEMORY_FREE`.
+    pub const RT_MEMORY_FREE: AclError = AclError(207_002);
+    /// `ACL_ERROR_RT_DEVICE_OOM`.
+    pub const RT_DEVICE_OOM: AclError = AclError(207_018);
+    /// `ACL_ERROR_RT_DEVICE_MEM_ERROR`.
+    pub const RT_DEVICE_MEM_ERROR: AclError = AclError(507_053);
+
+    /// The documented name of the code, if it is one the library knows.
+    pub const fn name(self) -> Option<&'static str> {
+        Some(match self.0 {
+            0 => "ACL_SUCCESS",
+            100_000 => "ACL_ERROR_INVALID_PARAM",
+            200_000 => "ACL_ERROR_BAD_ALLOC",
+            200_003 => "ACL_ERROR_MEMORY_ADDRESS_UNALIGNED",
+            300_000 => "ACL_ERROR_STORAGE_OVER_LIMIT",
+            500_000 => "ACL_ERROR_INTERNAL_ERROR",
+            500_001 => "ACL_ERROR_FAILURE",
+            500_003 => "ACL_ERROR_RT_FAILURE",
+            500_004 => "ACL_ERROR_DRV_FAILURE",
+            107_000 => "ACL_ERROR_RT_PARAM_INVALID",
+            107_008 => "ACL_ERROR_RT_ADDR_UNALIGNED",
+            107_017 => "ACL_ERROR_RT_INVALID_HANDLE",
+            107_018 => "ACL_ERROR_RT_INVALID_MALLOC_TYPE",
+            207_000 => "ACL_ERROR_RT_FEATURE_NOT_SUPPORT",
+            207_001 => "ACL_ERROR_RT_MEMORY_ALLOCATION",
+            207_002 => "ACL_ERROR_RT_MEMORY_FREE",
+            207_018 => "ACL_ERROR_RT_DEVICE_OOM",
+            507_053 => "ACL_ERROR_RT_DEVICE_MEM_ERROR",
+            _ => return None,
+        })
+    }
+
+    /// Whether the code means the device (or address space) ran out of memory.
+    pub const fn is_out_of_memory(self) -> bool {
+        matches!(self.0, 200_000 | 207_001 | 207_018 | 300_000)
+    }
+
+    /// `Ok(())` for `ACL_SUCCESS`, the code otherwise.
+    pub const fn check(code: i32) -> Result<(), AclError> {
+        if code == 0 {
+            Ok(())
+        } else {
+            Err(AclError(code))
+        }
+    }
+}
+
+impl std::fmt::Display for AclError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.name() {
+            Some(n) => write!(f, "{n} ({})", self.0),
+            None => write!(f, "aclError {}", self.0),
+        }
+    }
+}
+
+impl std::error::Error for AclError {}
+
+/// Everything that can go wrong in the pool, the regions and the block sources.
+///
+/// Each variant carries what a caller needs to act on it; none of them leaves a pool inconsistent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Error {
+    /// A length or alignment the carve rule refuses (size 0, overflow, bad alignment).
+    Carve(crate::align::CarveRuleError),
+    /// A runtime call failed; `func` is the AscendCL function, `code` the raw `aclError`.
+    Runtime {
+        /// The AscendCL function that failed.
+        func: &'static str,
+        /// What it returned.
+        code: AclError,
+    },
+    /// The pool could not serve a request even after trimming its cache and retrying.
+    OutOfMemory {
+        /// The memory kind.
+        kind: MemKind,
+        /// Bytes asked for.
+        requested: u64,
+        /// Bytes the pool holds from its block source.
+        reserved: u64,
+        /// Bytes live in regions (footprints).
+        in_use: u64,
+        /// Largest free range in any chunk.
+        largest_free: u64,
+        /// The source's answer, when it was the source that refused.
+        source: Option<AclError>,
+    },
+    /// Growing would pass the configured memory limit.
+    LimitExceeded {
+        /// The memory kind.
+        kind: MemKind,
+        /// Bytes asked for.
+        requested: u64,
+        /// The limit.
+        limit: u64,
+        /// Bytes reserved at the time.
+        reserved: u64,
+    },
+    /// A handle or pointer that this pool (or source) did not hand out.
+    ForeignHandle,
+    /// A handle that was already freed.
+    AlreadyFreed,
+    /// A copy or slice that reaches past the end of a region or buffer.
+    OutOfBounds {
+        /// Offset asked for.
+        offset: u64,
+        /// Length asked for.
+        len: u64,
+        /// Bytes available.
+        capacity: u64,
+    },
+    /// An address that does not have the alignment its use requires.
+    Misaligned {
+        /// The address (or offset) at fault.
+        addr: u64,
+        /// The alignment it needs.
+        required: u64,
+    },
+    /// A kind of memory that this operation does not accept.
+    WrongKind {
+        /// What the operation needs.
+        expected: &'static str,
+        /// What it got.
+        got: MemKind,
+    },
+    /// The runtime in use lacks a function (older CANN, or a feature off).
+    NotSupported {
+        /// The missing function.
+        func: &'static str,
+    },
+    /// The AscendCL library could not be loaded.
+    LibraryLoad {
+        /// Path or name that was tried.
+        library: String,
+        /// What the loader said.
+        reason: String,
+    },
+    /// A configuration string or builder value that makes no sense.
+    Config(String),
+    /// The padding canary of a segment was overwritten (debug mode).
+    Corruption {
+        /// The memory kind.
+        kind: MemKind,
+        /// Offset of the segment in its chunk.
+        offset: u64,
+        /// Requested length of the segment.
+        len: u64,
+        /// First overwritten padding byte, relative to the segment start.
+        first_bad: u64,
+    },
+    /// A structural invariant does not hold (reported by `validate()`).
+    Invalid(String),
+}
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Carve(e) => write!(f, "{e}"),
+            Self::Runtime { func, code } => write!(f, "{func} failed: {code}"),
+            Self::OutOfMemory {
+                kind,
+                requested,
+                reserved,
+                in_use,
+                largest_free,
+                source,
+            } => {
+                write!(
+                    f,
+                    "out of {kind} memory: requested {requested} bytes, reserved {reserved}, \
+                     in use {in_use}, largest free range {largest_free}"
+                )?;
+                if let Some(code) = source {
+                    write!(f, " (source: {code})")?;
+                }
+                Ok(())
+            }
+            Self::LimitExceeded {
+                kind,
+                requested,
+                limit,
+                reserved,
+            } => write!(
+                f,
+                "{kind} pool limit {limit} bytes would be passed: requested {requested}, reserved {reserved}"
+            ),
+            Self::ForeignHandle => write!(f, "handle or pointer was not issued by this pool"),
+            Self::AlreadyFreed => write!(f, "handle was already freed"),
+            Self::OutOfBounds {
+                offset,
+                len,
+                capacity,
+            } => write!(
+                f,
+                "range {offset}..{offset}+{len} is out of bounds of {capacity} bytes"
+            ),
+            Self::Misaligned { addr, required } => {
+                write!(f, "address {addr:#x} is not {required}-byte aligned")
+            }
+            Self::WrongKind { expected, got } => write!(f, "expected {expected} memory, got {got}"),
+            Self::NotSupported { func } => write!(f, "{func} is not supported by this runtime"),
+            Self::LibraryLoad { library, reason } => {
+                write!(f, "cannot load {library}: {reason}")
+            }
+            Self::Config(msg) => write!(f, "bad configuration: {msg}"),
+            Self::Corruption {
+                kind,
+                offset,
+                len,
+                first_bad,
+            } => write!(
+                f,
+                "padding overrun in {kind} segment at offset {offset} (len {len}): \
+                 byte {first_bad} past the start was overwritten"
+            ),
+            Self::Invalid(msg) => write!(f, "invariant violated: {msg}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<crate::align::CarveRuleError> for Error {
+    fn from(e: crate::align::CarveRuleError) -> Self {
+        Self::Carve(e)
+    }
+}
+
+/// The library's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_have_names() {
+        assert_eq!(AclError(207_001).name(), Some("ACL_ERROR_RT_MEMORY_ALLOCATION"));
+        assert!(AclError::RT_MEMORY_ALLOCATION.is_out_of_memory());
+        assert!(!AclError::INVALID_PARAM.is_out_of_memory());
+        assert_eq!(AclError(42).name(), None);
+        assert_eq!(AclError::check(0), Ok(()));
+        assert_eq!(AclError::check(100_000), Err(AclError::INVALID_PARAM));
+        assert!(format!("{}", AclError(207_018)).contains("DEVICE_OOM"));
+    }
+}

@@ -1,0 +1,154 @@
+//! Block sources: the one seam between the pool and a runtime.
+//!
+//! A [`BlockSource`] hands out big blocks of one memory kind and runs the few
+//! runtime operations the pool and its regions need (streams, events, copies,
+//! fills). Two sources exist:
+//! - `SimSource`, the default: a faithful AscendCL simulator on host memory;
+//! - `AclSource`, the real runtime loaded at run time.
+//!
+//! Addresses are plain `usize` values: device addresses are never dereferenced
+//! by the pool, only passed back to the source.
+
+use crate::error::Result;
+use crate::kind::MemKind;
+
+
+
+/// A device ordinal as `aclrtSetDevice` takes it.
+pub type DeviceId = i32;
+
+/// A big block handed out by a source.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Block {
+    /// Start address (64-aligned, 128 for DVPP).
+    pub addr: usize,
+    /// Usable bytes: what was asked for, not the runtime's rounding.
+    pub size: u64,
+    /// Kind of memory.
+    pub kind: MemKind,
+    /// Device the block lives on (ignored for host memory).
+    pub device: DeviceId,
+}
+
+/// An opaque stream handle (`aclrtStream`, or the simulator's id).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StreamHandle(pub usize);
+
+/// An opaque event handle (`aclrtEvent`, or the simulator's id).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct EventHandle(pub usize);
+
+/// `aclrtMemcpyKind`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum MemcpyKind {
+    /// `ACL_MEMCPY_HOST_TO_HOST`.
+    HostToHost = 0,
+    /// `ACL_MEMCPY_HOST_TO_DEVICE`.
+    HostToDevice = 1,
+    /// `ACL_MEMCPY_DEVICE_TO_HOST`.
+    DeviceToHost = 2,
+    /// `ACL_MEMCPY_DEVICE_TO_DEVICE`.
+    DeviceToDevice = 3,
+    /// `ACL_MEMCPY_DEFAULT`: the runtime infers the direction.
+    Default = 4,
+}
+
+impl MemcpyKind {
+    /// The kind for a copy from memory of kind `src` to memory of kind `dst`.
+    pub fn between(dst: MemKind, src: MemKind) -> Self {
+        match (dst.is_device(), src.is_device()) {
+            (true, true) => Self::DeviceToDevice,
+            (true, false) => Self::HostToDevice,
+            (false, true) => Self::DeviceToHost,
+            (false, false) => Self::HostToHost,
+        }
+    }
+}
+
+/// A runtime that hands out big blocks and runs copies on streams.
+///
+/// Every method answers bad input (size 0, an unknown address, a destroyed
+/// handle) with an [`Error::Runtime`](crate::Error::Runtime) carrying the
+/// AscendCL function name and the `aclError` code the real runtime returns.
+pub trait BlockSource: Send + Sync + std::fmt::Debug {
+    /// A short name for reports (`"sim"`, `"acl:/usr/local/Ascend/..."`).
+    fn name(&self) -> &str;
+
+    /// Allocates a block of `size` usable bytes of `kind` on `device`.
+    fn alloc_block(&self, device: DeviceId, kind: MemKind, size: u64) -> Result<Block>;
+
+    /// Frees a block this source handed out. A block it does not know is refused.
+    fn free_block(&self, block: Block) -> Result<()>;
+
+    /// Free and total bytes of `kind` on `device` (`aclrtGetMemInfo`).
+    fn mem_info(&self, device: DeviceId, kind: MemKind) -> Result<(u64, u64)>;
+
+    /// Creates a stream on `device`.
+    fn create_stream(&self, device: DeviceId) -> Result<StreamHandle>;
+    /// Destroys a stream after its queued work has run.
+    fn destroy_stream(&self, stream: StreamHandle) -> Result<()>;
+    /// Blocks until all work queued on `stream` has run.
+    fn synchronize_stream(&self, stream: StreamHandle) -> Result<()>;
+
+    /// Creates an event on `device`.
+    fn create_event(&self, device: DeviceId) -> Result<EventHandle>;
+    /// Destroys an event.
+    fn destroy_event(&self, event: EventHandle) -> Result<()>;
+    /// Records `event` on `stream`: it completes when the work queued before it has run.
+    fn record_event(&self, event: EventHandle, stream: StreamHandle) -> Result<()>;
+    /// Whether `event` has completed (`aclrtQueryEventStatus`). An event never recorded counts as complete.
+    fn query_event(&self, event: EventHandle) -> Result<bool>;
+    /// Blocks until `event` has completed.
+    fn synchronize_event(&self, event: EventHandle) -> Result<()>;
+    /// Makes work queued on `stream` after this call wait for `event`.
+    fn stream_wait_event(&self, stream: StreamHandle, event: EventHandle) -> Result<()>;
+
+    /// Copies `count` bytes from `src` to `dst` and waits for the copy (`aclrtMemcpy`).
+    ///
+    /// # Safety
+    /// `dst` must be valid for `dst_max` bytes and `src` for `count` bytes in the memory
+    /// `kind` names, and the ranges must not be in use by anything else during the copy.
+    unsafe fn memcpy(
+        &self,
+        dst: usize,
+        dst_max: u64,
+        src: usize,
+        count: u64,
+        kind: MemcpyKind,
+    ) -> Result<()>;
+
+    /// Queues a copy on `stream` and returns at once (`aclrtMemcpyAsync`).
+    ///
+    /// # Safety
+    /// As [`BlockSource::memcpy`], and both ranges must stay valid and untouched by the
+    /// host until the stream has passed the copy.
+    unsafe fn memcpy_async(
+        &self,
+        dst: usize,
+        dst_max: u64,
+        src: usize,
+        count: u64,
+        kind: MemcpyKind,
+        stream: StreamHandle,
+    ) -> Result<()>;
+
+    /// Fills `count` bytes at `dst` with `value` and waits (`aclrtMemset`).
+    ///
+    /// # Safety
+    /// `dst` must be valid for `max` bytes of device or host memory from this source.
+    unsafe fn memset(&self, dst: usize, max: u64, value: u8, count: u64) -> Result<()>;
+
+    /// Queues a fill on `stream` (`aclrtMemsetAsync`).
+    ///
+    /// # Safety
+    /// As [`BlockSource::memset`], and the range must stay valid until the stream has passed it.
+    unsafe fn memset_async(
+        &self,
+        dst: usize,
+        max: u64,
+        value: u8,
+        count: u64,
+        stream: StreamHandle,
+    ) -> Result<()>;
+}
