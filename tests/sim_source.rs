@@ -189,7 +189,8 @@ fn async_copy_runs_on_the_stream_worker() {
     let event = sim.create_event(0).unwrap();
     let src: Vec<u8> = (0..1 << 20).map(|i| (i % 251) as u8).collect();
 
-    sim.enqueue_delay(stream, Duration::from_millis(300))
+    let t0 = Instant::now();
+    sim.enqueue_delay(stream, Duration::from_millis(500))
         .unwrap();
     // SAFETY: `src` lives until the event has completed below; `dev` is live.
     unsafe {
@@ -204,10 +205,14 @@ fn async_copy_runs_on_the_stream_worker() {
         .unwrap();
     }
     sim.record_event(event, stream).unwrap();
-    // The call returned while the stream is still busy with its 300 ms "kernel".
+    // The calls returned while the stream is still busy with its 500 ms "kernel".
     assert!(!sim.query_event(event).unwrap());
     assert!(sim.pending_ops(stream).unwrap() >= 2);
     sim.synchronize_event(event).unwrap();
+    assert!(
+        t0.elapsed() >= Duration::from_millis(500),
+        "the event waited for the kernel"
+    );
     assert!(sim.query_event(event).unwrap());
     assert_eq!(read(&sim, dev.addr, src.len()), src);
 
@@ -501,12 +506,28 @@ fn drop_drains_streams_and_unmaps() {
     let sim = SimSource::default();
     let s = sim.create_stream(0).unwrap();
     let dev = sim.alloc_block(0, MemKind::DEVICE, 1 << 16).unwrap();
+    let mut out = vec![0u8; 1 << 16];
     sim.enqueue_delay(s, Duration::from_millis(50)).unwrap();
-    // SAFETY: dev is live and stays mapped until the fill has run.
-    unsafe { sim.memset_async(dev.addr, 1 << 16, 1, 1 << 16, s).unwrap() };
-    let t0 = Instant::now();
-    drop(sim); // the block is still live: dropping unmaps it after the stream drained
-    assert!(t0.elapsed() >= Duration::from_millis(40));
+    // SAFETY: dev stays mapped until the queued ops have run; `out` outlives `sim`.
+    unsafe {
+        sim.memset_async(dev.addr, 1 << 16, 1, 1 << 16, s).unwrap();
+        sim.memcpy_async(
+            out.as_mut_ptr() as usize,
+            1 << 16,
+            dev.addr,
+            1 << 16,
+            MemcpyKind::DeviceToHost,
+            s,
+        )
+        .unwrap();
+    }
+    // The stream and the block are still live: dropping drains the stream, then unmaps.
+    drop(sim);
+    assert_eq!(
+        out,
+        vec![1; 1 << 16],
+        "the queued work ran before the drop returned"
+    );
 }
 
 #[test]

@@ -10,7 +10,8 @@
 //!   `ACL_ERROR_RT_MEMORY_ALLOCATION` (207001). Device, align32, cached and DVPP memory of
 //!   one device share its capacity. Blocks are page-aligned (so 64- and 128-aligned)
 //!   anonymous mappings made with `MAP_NORESERVE`: a 64 GiB simulated device costs host
-//!   memory only for the pages actually touched.
+//!   memory only for the pages actually touched. `aclrtMallocHost` takes no device: the
+//!   id given is recorded in the block but not checked.
 //! - **Streams** run asynchronously: each has a worker thread that runs its queue in
 //!   order (copies, fills, delays, event records and waits). Events follow
 //!   `aclrtQueryEventStatus`: complete once the most recent record has been passed, and
