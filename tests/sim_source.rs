@@ -559,3 +559,133 @@ fn usable_as_a_shared_trait_object_across_threads() {
     );
     assert_eq!(sim.name(), "sim");
 }
+
+mod model {
+    //! Random alloc/free sequences against a plain model of the runtime's accounting.
+    use super::*;
+    use proptest::prelude::*;
+
+    #[derive(Debug, Clone)]
+    enum Step {
+        Alloc { kind: usize, device: i32, size: u64 },
+        Free { pick: usize },
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            (0..5usize, 0..3i32, 0..40_000u64).prop_map(|(kind, device, size)| Step::Alloc {
+                kind,
+                device,
+                size
+            }),
+            any::<usize>().prop_map(|pick| Step::Free { pick }),
+        ]
+    }
+
+    const DEVICE_CAP: u64 = 100_000;
+    const DVPP_CAP: u64 = 60_000;
+    const HOST_CAP: u64 = 50_000;
+
+    fn rounded(kind: MemKind, size: u64) -> u64 {
+        let padding = match kind {
+            MemKind::DeviceAlign32(_) | MemKind::Device(MallocPolicy::Huge1gOnly) => 0,
+            _ => 32,
+        };
+        size.div_ceil(32) * 32 + padding
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        #[test]
+        fn accounting_matches_model(steps in proptest::collection::vec(step(), 1..60)) {
+            let kinds = [
+                MemKind::DEVICE,
+                MemKind::DeviceAlign32(MallocPolicy::HugeFirst),
+                MemKind::Device(MallocPolicy::Huge1gOnly),
+                MemKind::Dvpp,
+                MemKind::Host,
+            ];
+            let sim = SimSource::new(
+                SimConfig::default()
+                    .with_devices(2)
+                    .with_device_capacity(DEVICE_CAP)
+                    .with_dvpp_limit(DVPP_CAP)
+                    .with_host_capacity(HOST_CAP),
+            )
+            .unwrap();
+            let mut live: Vec<(Block, u64)> = Vec::new();
+            let (mut dev_used, mut dvpp_used, mut host_used) = ([0u64; 2], 0u64, 0u64);
+            for s in steps {
+                match s {
+                    Step::Alloc { kind, device, size } => {
+                        let kind = kinds[kind];
+                        let r = sim.alloc_block(device, kind, size);
+                        let want = if size == 0 {
+                            Err(AclError::INVALID_PARAM)
+                        } else if kind != MemKind::Host && device >= 2 {
+                            Err(AclError::RT_PARAM_INVALID)
+                        } else {
+                            let m = rounded(kind, size);
+                            let ok = match kind {
+                                MemKind::Host => host_used + m <= HOST_CAP,
+                                MemKind::Dvpp => dev_used[device as usize] + m <= DEVICE_CAP
+                                    && dvpp_used + m <= DVPP_CAP,
+                                _ => dev_used[device as usize] + m <= DEVICE_CAP,
+                            };
+                            if ok { Ok(m) } else { Err(AclError::RT_MEMORY_ALLOCATION) }
+                        };
+                        match (r, want) {
+                            (Ok(b), Ok(m)) => {
+                                prop_assert_eq!(b.addr as u64 % kind.default_align(), 0);
+                                match kind {
+                                    MemKind::Host => host_used += m,
+                                    MemKind::Dvpp => {
+                                        dvpp_used += m;
+                                        dev_used[device as usize] += m;
+                                    }
+                                    _ => dev_used[device as usize] += m,
+                                }
+                                live.push((b, m));
+                            }
+                            (Err(Error::Runtime { code, .. }), Err(want)) => {
+                                prop_assert_eq!(code, want)
+                            }
+                            (got, want) => prop_assert!(false, "got {:?}, model says {:?}", got, want),
+                        }
+                    }
+                    Step::Free { pick } => {
+                        if live.is_empty() {
+                            continue;
+                        }
+                        let (b, m) = live.swap_remove(pick % live.len());
+                        sim.free_block(b).unwrap();
+                        match b.kind {
+                            MemKind::Host => host_used -= m,
+                            MemKind::Dvpp => {
+                                dvpp_used -= m;
+                                dev_used[b.device as usize] -= m;
+                            }
+                            _ => dev_used[b.device as usize] -= m,
+                        }
+                        // A second free of the same block is refused and changes nothing.
+                        prop_assert!(sim.free_block(b).is_err());
+                    }
+                }
+                for d in 0..2 {
+                    prop_assert_eq!(
+                        sim.mem_info(d, MemKind::DEVICE).unwrap(),
+                        (DEVICE_CAP - dev_used[d as usize], DEVICE_CAP)
+                    );
+                    prop_assert_eq!(sim.stats().rounded_bytes_on(d), dev_used[d as usize]
+                        + sim.stats().usage(d, MemKind::Host).rounded_bytes);
+                }
+                prop_assert_eq!(
+                    sim.mem_info(0, MemKind::Dvpp).unwrap().0,
+                    (DEVICE_CAP - dev_used[0]).min(DVPP_CAP - dvpp_used)
+                );
+                prop_assert_eq!(sim.mem_info(0, MemKind::Host).unwrap().0, HOST_CAP - host_used);
+                prop_assert_eq!(sim.stats().live_blocks, live.len() as u64);
+            }
+        }
+    }
+}
