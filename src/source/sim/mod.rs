@@ -490,6 +490,21 @@ impl SimSource {
     ///
     /// Forgetting the hold (`mem::forget`) blocks the stream for good, and then
     /// `destroy_stream`, `synchronize_stream` and dropping the simulator never return.
+    ///
+    /// ```
+    /// use ascend_pool::source::sim::SimSource;
+    /// use ascend_pool::source::BlockSource;
+    /// let sim = SimSource::default();
+    /// let stream = sim.create_stream(0)?;
+    /// let event = sim.create_event(0)?;
+    /// let hold = sim.hold_stream(stream)?;
+    /// sim.record_event(event, stream)?;
+    /// assert!(!sim.query_event(event)?); // cannot complete while held
+    /// hold.release();
+    /// sim.synchronize_event(event)?;
+    /// assert!(sim.query_event(event)?);
+    /// # Ok::<(), ascend_pool::Error>(())
+    /// ```
     pub fn hold_stream(&self, stream: StreamHandle) -> Result<StreamHold<'_>> {
         const FUNC: &str = "aclrtLaunchKernel";
         let s = self
