@@ -24,3 +24,4 @@ pub mod source;
 pub use align::CarveRule;
 pub use error::{AclError, Error, Result};
 pub use kind::{MallocPolicy, MemKind};
+pub use source::sim::SimSource;

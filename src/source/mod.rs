@@ -3,11 +3,15 @@
 //! A [`BlockSource`] hands out big blocks of one memory kind and runs the few
 //! runtime operations the pool and its regions need (streams, events, copies,
 //! fills). Two sources exist:
-//! - `SimSource`, the default: a faithful AscendCL simulator on host memory;
+//! - [`SimSource`], the default: a faithful AscendCL simulator on host memory;
 //! - `AclSource`, the real runtime loaded at run time.
 //!
 //! Addresses are plain `usize` values: device addresses are never dereferenced
 //! by the pool, only passed back to the source.
+
+pub mod sim;
+
+pub use sim::SimSource;
 
 use crate::error::Result;
 use crate::kind::MemKind;
