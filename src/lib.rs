@@ -11,14 +11,18 @@
 //! - [`kind`]: memory kinds and the rule each implies;
 //! - `engine`: carving engines over offsets (buddy, TLSF, slab), no memory, no `unsafe`;
 //! - [`source`]: block sources, the only code that talks to a runtime;
-//! - [`error`]: the typed errors every layer returns.
+//! - [`error`]: the typed errors every layer returns;
+//! - [`trace`]: allocation traces, a streaming validating reader and a replay driver;
+//! - [`peers`]: other range allocators behind the replay trait, for comparison.
 #![warn(missing_docs, missing_debug_implementations, rust_2018_idioms)]
 
 pub mod align;
 
 pub mod error;
 pub mod kind;
+pub mod peers;
 pub mod source;
+pub mod trace;
 
 pub use align::CarveRule;
 pub use error::{AclError, Error, Result};
