@@ -17,7 +17,10 @@
 //!   (power-of-two blocks, naturally aligned).
 
 use std::alloc::Layout;
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::ptr::NonNull;
+use std::rc::Rc;
 
 use crate::align::CarveRule;
 use crate::kind::MemKind;
@@ -150,7 +153,7 @@ type RlsfTlsf = rlsf::Tlsf<'static, u32, u32, 32, 32>;
 pub struct RlsfRange {
     // Field order matters: `tlsf` points into `region` and is dropped first.
     tlsf: RlsfTlsf,
-    region: Reservation,
+    region: Rc<Reservation>,
     high_water: u64,
 }
 
@@ -167,12 +170,18 @@ impl RlsfRange {
     /// A range of `capacity` bytes of reserved (not committed) address space.
     pub fn new(capacity: u64) -> Result<Self, String> {
         let len = usize::try_from(capacity).map_err(|e| e.to_string())?;
-        let region = Reservation::new(len)?;
+        Self::over(Rc::new(Reservation::new(len)?))
+    }
+
+    /// A fresh TLSF over `region`, which no other live range may use.
+    fn over(region: Rc<Reservation>) -> Result<Self, String> {
         let mut tlsf = RlsfTlsf::new();
-        let block = NonNull::slice_from_raw_parts(region.base, len);
-        // SAFETY: the region is mapped read/write, owned by this range and used by
-        // nothing else, and it outlives `tlsf` (dropped after it, see field order).
-        // The `'static` lifetime is never observable outside this struct.
+        let block = NonNull::slice_from_raw_parts(region.base, region.len);
+        // SAFETY: the region is mapped read/write and, while this range lives, used by
+        // nothing else (the factory hands a region to one live range at a time, see
+        // `RlsfFactory::new_range`); it outlives `tlsf` because this range holds an `Rc` to
+        // it and drops `tlsf` first (field order). The `'static` lifetime never leaves this
+        // struct.
         unsafe { tlsf.insert_free_block_ptr(block) }.ok_or("region too small for rlsf")?;
         Ok(Self {
             tlsf,
@@ -212,8 +221,15 @@ impl RangeReplayer for RlsfRange {
 }
 
 /// Builds [`RlsfRange`]s.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct RlsfFactory;
+///
+/// The factory keeps each kind's region mapped after its range is dropped and gives it
+/// to the next range of that kind, so a second replay of a trace (the warm-up policy of
+/// the CLI) touches pages that are already faulted in, like the other backends' heap
+/// metadata.
+#[derive(Debug, Default)]
+pub struct RlsfFactory {
+    regions: RefCell<HashMap<(usize, u64), Rc<Reservation>>>,
+}
 
 impl ReplayerFactory for RlsfFactory {
     type Replayer = RlsfRange;
@@ -222,8 +238,18 @@ impl ReplayerFactory for RlsfFactory {
         "rlsf"
     }
 
-    fn new_range(&self, _kind: MemKind, capacity: u64) -> Result<RlsfRange, String> {
-        RlsfRange::new(capacity)
+    fn new_range(&self, kind: MemKind, capacity: u64) -> Result<RlsfRange, String> {
+        let key = (crate::trace::kind_index(kind), capacity);
+        let mut regions = self.regions.borrow_mut();
+        if let Some(r) = regions.get(&key) {
+            // Only reuse a region no live range holds (the factory's own count is 1).
+            if Rc::strong_count(r) == 1 {
+                return RlsfRange::over(Rc::clone(r));
+            }
+        }
+        let range = RlsfRange::new(capacity)?;
+        regions.insert(key, Rc::clone(&range.region));
+        Ok(range)
     }
 }
 
@@ -359,6 +385,19 @@ mod tests {
     #[test]
     fn buddy_conforms() {
         conformance(BuddyRange::new(1 << 30));
+    }
+
+    #[test]
+    fn rlsf_factory_reuses_idle_regions_only() {
+        let f = RlsfFactory::default();
+        let a = f.new_range(MemKind::Host, 1 << 30).unwrap();
+        let b = f.new_range(MemKind::Host, 1 << 30).unwrap();
+        assert_ne!(a.region.base, b.region.base);
+        let base = b.region.base;
+        drop(b);
+        let c = f.new_range(MemKind::Host, 1 << 30).unwrap();
+        assert_eq!(c.region.base, base);
+        conformance(c);
     }
 
     #[test]

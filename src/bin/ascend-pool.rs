@@ -5,6 +5,10 @@
 //! peak requested / required / reserved bytes, utilization and time per
 //! operation. The JSON schema is in `docs/replay-json.md`.
 //!
+//! Each backend replays each trace twice, in its own passes: an untimed-in-effect
+//! warm-up (page faults, allocator caches) and the reported pass (`--cold` reports a
+//! single first pass instead). Both passes give the same memory figures.
+//!
 //! Exit status: 0 when every trace was read to its end (bad events are counted,
 //! not fatal), 1 when a trace could not be opened or read, 2 on a usage error.
 
@@ -51,6 +55,9 @@ struct ReplayArgs {
     /// The allocator whose figures the report leads with.
     #[arg(long, value_enum, default_value_t = Backend::OffsetAllocator)]
     engine: Backend,
+    /// Report the first pass: skip the untimed warm-up pass each backend otherwise runs first.
+    #[arg(long)]
+    cold: bool,
     /// Device size in bytes: larger allocations are rejected, and each range gets this capacity.
     #[arg(long, default_value_t = DEFAULT_DEVICE_SIZE)]
     device_size: u64,
@@ -78,31 +85,39 @@ fn main() -> ExitCode {
     }
 }
 
-/// Replays `path` through `backend`, advancing `bar` by bytes read.
+/// Replays `path` through `backend` `passes` times with one factory (the last pass is
+/// reported), advancing `bar` by bytes read.
 fn replay_one(
     path: &Path,
     backend: Backend,
     config: TraceConfig,
+    passes: u32,
     bar: &ProgressBar,
 ) -> std::io::Result<ReplayReport> {
     fn go<F: ReplayerFactory>(
         path: &Path,
         config: TraceConfig,
         factory: &F,
+        passes: u32,
         bar: &ProgressBar,
     ) -> std::io::Result<ReplayReport> {
-        let file = File::open(path)?;
-        let start = bar.position();
-        bar.set_message(format!("{} via {}", path.display(), factory.name()));
-        let input = BufReader::with_capacity(1 << 20, file);
-        replay(input, config, factory, |bytes| {
-            bar.set_position(start + bytes)
-        })
+        let mut last = None;
+        for pass in 1..=passes {
+            let file = File::open(path)?;
+            let start = bar.position();
+            let what = if pass < passes { " (warm-up)" } else { "" };
+            bar.set_message(format!("{} via {}{what}", path.display(), factory.name()));
+            let input = BufReader::with_capacity(1 << 20, file);
+            last = Some(replay(input, config, factory, |bytes| {
+                bar.set_position(start + bytes)
+            })?);
+        }
+        last.ok_or_else(|| std::io::Error::other("no pass was run"))
     }
     match backend {
-        Backend::OffsetAllocator => go(path, config, &OffsetAllocatorFactory, bar),
-        Backend::Rlsf => go(path, config, &RlsfFactory, bar),
-        Backend::Buddy => go(path, config, &BuddyFactory, bar),
+        Backend::OffsetAllocator => go(path, config, &OffsetAllocatorFactory, passes, bar),
+        Backend::Rlsf => go(path, config, &RlsfFactory::default(), passes, bar),
+        Backend::Buddy => go(path, config, &BuddyFactory, passes, bar),
     }
 }
 
@@ -124,12 +139,13 @@ fn run_replay(args: &ReplayArgs) -> ExitCode {
         vec![args.engine]
     };
 
+    let passes = if args.cold { 1 } else { 2 };
     let show_bar = !args.json && std::io::stdout().is_terminal() && std::io::stderr().is_terminal();
     let total: u64 = args
         .traces
         .iter()
         .filter_map(|p| std::fs::metadata(p).ok())
-        .map(|m| m.len() * backends.len() as u64)
+        .map(|m| m.len() * backends.len() as u64 * u64::from(passes))
         .sum();
     let bar = if show_bar {
         let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
@@ -148,7 +164,7 @@ fn run_replay(args: &ReplayArgs) -> ExitCode {
         let mut reports = Vec::new();
         let mut failure = None;
         for &b in &backends {
-            match replay_one(path, b, config, &bar) {
+            match replay_one(path, b, config, passes, &bar) {
                 Ok(r) => reports.push(r),
                 Err(e) => {
                     failure = Some(e);
