@@ -9,7 +9,7 @@
 //! The layers, bottom to top, one module each:
 //! - [`align`]: the carve rule, pure arithmetic;
 //! - [`kind`]: memory kinds and the rule each implies;
-//! - `engine`: carving engines over offsets (buddy, TLSF, slab), no memory, no `unsafe`;
+//! - [`engine`]: carving engines over offsets (buddy, TLSF, slab), no memory, no `unsafe`;
 //! - [`source`]: block sources, the only code that talks to a runtime;
 //! - [`error`]: the typed errors every layer returns;
 //! - [`trace`]: allocation traces, a streaming validating reader and a replay driver;
@@ -17,6 +17,7 @@
 #![warn(missing_docs, missing_debug_implementations, rust_2018_idioms)]
 
 pub mod align;
+pub mod engine;
 
 pub mod error;
 pub mod kind;

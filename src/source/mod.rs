@@ -12,8 +12,6 @@
 use crate::error::Result;
 use crate::kind::MemKind;
 
-
-
 /// A device ordinal as `aclrtSetDevice` takes it.
 pub type DeviceId = i32;
 
