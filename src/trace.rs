@@ -211,12 +211,17 @@ pub enum TraceItem {
 pub struct TraceConfig {
     /// Largest allocation accepted, and the capacity of every replayer range.
     pub device_size: u64,
+    /// [`replay`] only: check every placement the replayer makes against a shadow map of
+    /// live segments (alignment, no overlap, inside the range, high water at least the
+    /// highest end). Outside the timed window, but it slows the replay and pollutes caches.
+    pub check_placement: bool,
 }
 
 impl Default for TraceConfig {
     fn default() -> Self {
         Self {
             device_size: DEFAULT_DEVICE_SIZE,
+            check_placement: false,
         }
     }
 }
@@ -482,6 +487,12 @@ pub trait RangeReplayer {
     /// The highest offset any segment ever reached (end of its footprint): the
     /// bytes this range would have had to reserve from its block source.
     fn high_water(&self) -> u64;
+
+    /// Checks the replayer's own invariants; run once at the end of a replay, untimed.
+    /// Replayers without a check return `Ok`.
+    fn validate(&self) -> Result<(), String> {
+        Ok(())
+    }
 }
 
 /// Builds one [`RangeReplayer`] per memory kind.
@@ -494,6 +505,78 @@ pub trait ReplayerFactory {
 
     /// A range of `capacity` bytes for segments of `kind`.
     fn new_range(&self, kind: MemKind, capacity: u64) -> Result<Self::Replayer, String>;
+}
+
+/// The shadow model behind [`TraceConfig::check_placement`]: live segments per kind.
+#[derive(Debug, Default)]
+struct PlacementCheck {
+    /// Start -> end of every live segment, per kind.
+    live: [std::collections::BTreeMap<u64, u64>; KIND_COUNT],
+    /// Highest end handed out, per kind.
+    max_end: [u64; KIND_COUNT],
+    /// The first few problems, and how many there were.
+    problems: Vec<String>,
+    count: u64,
+}
+
+impl PlacementCheck {
+    const KEEP: usize = 10;
+
+    fn report(&mut self, msg: String) {
+        self.count += 1;
+        if self.problems.len() < Self::KEEP {
+            self.problems.push(msg);
+        }
+    }
+
+    fn alloc(&mut self, kind: MemKind, offset: u64, footprint: u64, align: u64, capacity: u64) {
+        let k = kind_index(kind);
+        let name = kind.trace_name();
+        let end = offset.saturating_add(footprint);
+        if offset % align != 0 {
+            self.report(format!("{name}: offset {offset} is not {align}-aligned"));
+        }
+        if end > capacity {
+            self.report(format!(
+                "{name}: {offset}..{end} passes the capacity {capacity}"
+            ));
+        }
+        let before = self.live[k]
+            .range(..=offset)
+            .next_back()
+            .map(|(&s, &e)| (s, e));
+        let after = self.live[k].range(offset..).next().map(|(&s, &e)| (s, e));
+        for (s, e) in before.into_iter().chain(after) {
+            if s < end && offset < e {
+                self.report(format!("{name}: {offset}..{end} overlaps live {s}..{e}"));
+            }
+        }
+        self.live[k].insert(offset, end);
+        self.max_end[k] = self.max_end[k].max(end);
+    }
+
+    fn free(&mut self, kind: MemKind, offset: u64) {
+        self.live[kind_index(kind)].remove(&offset);
+    }
+
+    fn finish<R: RangeReplayer>(mut self, ranges: &[Option<R>; KIND_COUNT]) -> Vec<String> {
+        for (k, range) in ranges.iter().enumerate() {
+            let hw = range.as_ref().map_or(0, |r| r.high_water());
+            if hw < self.max_end[k] {
+                let name = MemKind::ALL[k].trace_name();
+                let max = self.max_end[k];
+                self.report(format!(
+                    "{name}: high water {hw} is below the highest end {max}"
+                ));
+            }
+        }
+        if self.count > self.problems.len() as u64 {
+            let more = self.count - self.problems.len() as u64;
+            self.problems
+                .push(format!("... and {more} more placement problems"));
+        }
+        self.problems
+    }
 }
 
 /// Per-kind results of a replay.
@@ -546,6 +629,8 @@ pub struct ReplayReport {
     pub live_at_end: u64,
     /// Per-kind figures, only kinds the trace used.
     pub per_kind: Vec<KindReport>,
+    /// Failures of [`RangeReplayer::validate`] at the end of the replay (empty when all hold).
+    pub invariant_errors: Vec<String>,
 }
 
 fn ratio(num: u64, den: u64) -> f64 {
@@ -579,6 +664,9 @@ pub fn timer_overhead_ns() -> u64 {
     quantile(&mut samples, 0.5)
 }
 
+/// The token type of a factory's replayers.
+type TokenOf<F> = <<F as ReplayerFactory>::Replayer as RangeReplayer>::Token;
+
 /// Runs a trace through `factory`'s replayers and measures it.
 ///
 /// `progress` is called now and then with the bytes read so far. Returns an
@@ -593,7 +681,8 @@ pub fn replay<R: BufRead, F: ReplayerFactory>(
     let mut reader = TraceReader::new(input, config);
     let mut ranges: [Option<F::Replayer>; KIND_COUNT] = Default::default();
     // A `None` token: the backend refused the allocation (counted once), so its free is skipped.
-    let mut tokens: HashMap<u64, Option<<F::Replayer as RangeReplayer>::Token>> = HashMap::new();
+    let mut tokens: HashMap<u64, Option<(u64, TokenOf<F>)>> = HashMap::new();
+    let mut shadow = config.check_placement.then(PlacementCheck::default);
     let mut samples: Vec<u32> = Vec::new();
     let mut backend_errors = ErrorCounts::default();
     let mut ops = 0u64;
@@ -611,7 +700,7 @@ pub fn replay<R: BufRead, F: ReplayerFactory>(
                 len,
                 kind,
                 rule,
-                ..
+                footprint,
             } => {
                 let slot = &mut ranges[kind_index(kind)];
                 if slot.is_none() {
@@ -632,15 +721,22 @@ pub fn replay<R: BufRead, F: ReplayerFactory>(
                 let got = range.alloc(len, rule);
                 let ns = t.elapsed().as_nanos();
                 samples.push(ns.min(u128::from(u32::MAX)) as u32);
-                if got.is_none() {
-                    backend_errors.add(RejectKind::OutOfMemory);
+                match (got.as_ref(), shadow.as_mut()) {
+                    (None, _) => backend_errors.add(RejectKind::OutOfMemory),
+                    (Some(&(offset, _)), Some(check)) => {
+                        check.alloc(kind, offset, footprint, rule.align(), config.device_size)
+                    }
+                    (Some(_), None) => {}
                 }
-                tokens.insert(id, got.map(|(_, tok)| tok));
+                tokens.insert(id, got);
             }
             TraceOp::Free { id, kind, .. } => {
-                let Some(Some(token)) = tokens.remove(&id) else {
+                let Some(Some((offset, token))) = tokens.remove(&id) else {
                     continue;
                 };
+                if let Some(check) = shadow.as_mut() {
+                    check.free(kind, offset);
+                }
                 let Some(range) = ranges[kind_index(kind)].as_mut() else {
                     continue;
                 };
@@ -655,6 +751,15 @@ pub fn replay<R: BufRead, F: ReplayerFactory>(
 
     let mut errors = *reader.errors();
     errors.merge(&backend_errors);
+    let mut invariant_errors = Vec::new();
+    if let Some(check) = shadow {
+        invariant_errors.extend(check.finish(&ranges));
+    }
+    for (kind, range) in MemKind::ALL.iter().zip(ranges.iter()) {
+        if let Some(Err(e)) = range.as_ref().map(RangeReplayer::validate) {
+            invariant_errors.push(format!("{}: {e}", kind.trace_name()));
+        }
+    }
     let mut per_kind = Vec::new();
     let (mut req, mut need, mut res) = (0u64, 0u64, 0u64);
     for (i, kind) in MemKind::ALL.iter().enumerate() {
@@ -693,7 +798,78 @@ pub fn replay<R: BufRead, F: ReplayerFactory>(
         timer_overhead_ns: timer_overhead_ns(),
         live_at_end: reader.live_count() as u64,
         per_kind,
+        invariant_errors,
     })
+}
+
+/// Our [`CarveEngine`](crate::engine::CarveEngine) behind [`RangeReplayer`]: one engine per range.
+#[derive(Debug)]
+pub struct EngineReplayer {
+    engine: crate::engine::CarveEngine,
+    /// Frees the engine refused (never expected: the driver frees each handle once).
+    refused_frees: u64,
+}
+
+impl EngineReplayer {
+    /// The engine inside.
+    pub fn engine(&self) -> &crate::engine::CarveEngine {
+        &self.engine
+    }
+}
+
+impl RangeReplayer for EngineReplayer {
+    type Token = crate::engine::Allocation;
+
+    fn alloc(&mut self, len: u64, rule: CarveRule) -> Option<(u64, Self::Token)> {
+        let a = self.engine.alloc(len, rule).ok()?;
+        Some((a.offset(), a))
+    }
+
+    fn free(&mut self, token: Self::Token) {
+        if self.engine.free(token).is_err() {
+            self.refused_frees += 1;
+        }
+    }
+
+    fn high_water(&self) -> u64 {
+        self.engine.high_water()
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        if self.refused_frees > 0 {
+            return Err(format!("{} frees were refused", self.refused_frees));
+        }
+        self.engine.validate().map_err(|e| e.to_string())
+    }
+}
+
+/// Builds [`EngineReplayer`]s with one [`EngineConfig`](crate::engine::EngineConfig).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct EngineFactory {
+    /// The configuration of every engine.
+    pub config: crate::engine::EngineConfig,
+}
+
+impl ReplayerFactory for EngineFactory {
+    type Replayer = EngineReplayer;
+
+    fn name(&self) -> &str {
+        match self.config.range {
+            crate::engine::RangeTier::Tlsf => "ascend-pool",
+            crate::engine::RangeTier::Buddy => "ascend-pool (buddy tier)",
+        }
+    }
+
+    fn new_range(&self, _kind: MemKind, capacity: u64) -> Result<EngineReplayer, String> {
+        // The engine counts in 64-byte units.
+        let capacity = capacity / crate::align::DEFAULT_ALIGN * crate::align::DEFAULT_ALIGN;
+        let engine =
+            crate::engine::CarveEngine::new(capacity, self.config).map_err(|e| e.to_string())?;
+        Ok(EngineReplayer {
+            engine,
+            refused_frees: 0,
+        })
+    }
 }
 
 /// A reference replayer for tests: a bump pointer that never reuses memory.
@@ -846,6 +1022,75 @@ mod tests {
         assert_eq!(r.peak_reserved_bytes, 320 + 128 + 256);
         assert_eq!(r.backend_alloc_calls, 3);
         assert_eq!(r.live_at_end, 4);
+    }
+
+    #[test]
+    fn engine_replays_and_validates() {
+        let text = r#"{"op":"alloc","id":1,"size":1,"mem":"host"}
+{"op":"alloc","id":2,"size":5000,"mem":"host"}
+{"op":"free","id":1}
+{"op":"alloc","id":3,"size":3110400,"mem":"dvpp"}
+{"op":"free","id":3}
+"#;
+        for range in [
+            crate::engine::RangeTier::Tlsf,
+            crate::engine::RangeTier::Buddy,
+        ] {
+            let f = EngineFactory {
+                config: crate::engine::EngineConfig {
+                    range,
+                    ..Default::default()
+                },
+            };
+            let r = replay(text.as_bytes(), TraceConfig::default(), &f, |_| {}).unwrap();
+            assert_eq!(r.errors.total(), 0);
+            assert!(r.invariant_errors.is_empty(), "{:?}", r.invariant_errors);
+            assert_eq!(r.peak_required_bytes, 64 + 5056 + 3_110_528);
+            assert!(r.peak_reserved_bytes >= r.peak_required_bytes);
+        }
+    }
+
+    /// Hands every segment out at offset 0 and under-reports its high water.
+    struct Liar;
+    impl RangeReplayer for Liar {
+        type Token = ();
+        fn alloc(&mut self, _len: u64, _rule: CarveRule) -> Option<(u64, ())> {
+            Some((64, ()))
+        }
+        fn free(&mut self, _token: ()) {}
+        fn high_water(&self) -> u64 {
+            1
+        }
+    }
+    struct LiarFactory;
+    impl ReplayerFactory for LiarFactory {
+        type Replayer = Liar;
+        fn name(&self) -> &str {
+            "liar"
+        }
+        fn new_range(&self, _kind: MemKind, _capacity: u64) -> Result<Liar, String> {
+            Ok(Liar)
+        }
+    }
+
+    #[test]
+    fn placement_check_catches_overlap_alignment_and_high_water() {
+        let text = r#"{"op":"alloc","id":1,"size":1,"mem":"host"}
+{"op":"alloc","id":2,"size":1,"mem":"dvpp"}
+{"op":"alloc","id":3,"size":1,"mem":"host"}
+"#;
+        let config = TraceConfig {
+            check_placement: true,
+            ..TraceConfig::default()
+        };
+        let r = replay(text.as_bytes(), config, &LiarFactory, |_| {}).unwrap();
+        let all = r.invariant_errors.join("\n");
+        assert!(all.contains("host: 64..128 overlaps live 64..128"), "{all}");
+        assert!(all.contains("dvpp: offset 64 is not 128-aligned"), "{all}");
+        assert!(all.contains("high water 1 is below"), "{all}");
+        // The honest bump replayer passes.
+        let r = replay(text.as_bytes(), config, &BumpFactory, |_| {}).unwrap();
+        assert!(r.invariant_errors.is_empty());
     }
 
     #[test]

@@ -81,7 +81,13 @@ fn every_category_is_counted_and_replay_goes_on() {
 #[test]
 fn configurable_device_size() {
     let t = b"{\"op\":\"alloc\",\"id\":1,\"size\":4097,\"mem\":\"device\"}\n";
-    let mut r = TraceReader::new(&t[..], TraceConfig { device_size: 4096 });
+    let mut r = TraceReader::new(
+        &t[..],
+        TraceConfig {
+            device_size: 4096,
+            ..TraceConfig::default()
+        },
+    );
     assert!(matches!(
         r.next_item().unwrap().unwrap(),
         TraceItem::Rejected(x) if x.kind == RejectKind::SizeTooLarge
@@ -194,7 +200,13 @@ fn json_has_every_key() {
     let peers = v["peers"].as_array().unwrap();
     assert!(peers.len() >= 3);
     let names: Vec<&str> = peers.iter().map(|p| p["name"].as_str().unwrap()).collect();
-    for n in ["offset-allocator", "rlsf", "buddy_system_allocator"] {
+    assert_eq!(v["backend"], "ascend-pool");
+    for n in [
+        "ascend-pool",
+        "offset-allocator",
+        "rlsf",
+        "buddy_system_allocator",
+    ] {
         assert!(names.contains(&n), "{names:?}");
     }
     for p in peers {
@@ -208,6 +220,17 @@ fn json_has_every_key() {
         }
         let u = p["utilization"].as_f64().unwrap();
         assert!(u > 0.0 && u <= 1.0);
+    }
+
+    // The placement check passes for every backend.
+    let v = json_of(&run(&[
+        p.as_os_str(),
+        "--json".as_ref(),
+        "--compare".as_ref(),
+        "--check".as_ref(),
+    ]));
+    for peer in v["peers"].as_array().unwrap() {
+        assert_eq!(peer["invariant_errors"], serde_json::json!([]), "{peer}");
     }
 
     // Without --compare there is no peers array; text mode is not JSON.

@@ -21,8 +21,11 @@ use clap::{Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::{json, Value};
 
+use ascend_pool::engine::{EngineConfig, RangeTier};
 use ascend_pool::peers::{BuddyFactory, OffsetAllocatorFactory, RlsfFactory};
-use ascend_pool::trace::{replay, ReplayReport, ReplayerFactory, TraceConfig, DEFAULT_DEVICE_SIZE};
+use ascend_pool::trace::{
+    replay, EngineFactory, ReplayReport, ReplayerFactory, TraceConfig, DEFAULT_DEVICE_SIZE,
+};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -53,8 +56,12 @@ struct ReplayArgs {
     #[arg(long)]
     json: bool,
     /// The allocator whose figures the report leads with.
-    #[arg(long, value_enum, default_value_t = Backend::OffsetAllocator)]
+    #[arg(long, value_enum, default_value_t = Backend::Carve)]
     engine: Backend,
+    /// Check every placement against a shadow map (alignment, overlap, high water);
+    /// problems are reported as invariant errors. Slows the replay.
+    #[arg(long)]
+    check: bool,
     /// Report the first pass: skip the untimed warm-up pass each backend otherwise runs first.
     #[arg(long)]
     cold: bool,
@@ -66,6 +73,10 @@ struct ReplayArgs {
 /// Every allocator the tool can replay through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Backend {
+    /// Our CarveEngine (TLSF range tier, slabs for small segments).
+    Carve,
+    /// Our CarveEngine with the buddy range tier.
+    CarveBuddy,
     /// The offset-allocator crate.
     OffsetAllocator,
     /// The rlsf crate (TLSF).
@@ -75,7 +86,13 @@ enum Backend {
 }
 
 impl Backend {
-    const ALL: [Backend; 3] = [Backend::OffsetAllocator, Backend::Rlsf, Backend::Buddy];
+    const ALL: [Backend; 5] = [
+        Backend::Carve,
+        Backend::CarveBuddy,
+        Backend::OffsetAllocator,
+        Backend::Rlsf,
+        Backend::Buddy,
+    ];
 }
 
 fn main() -> ExitCode {
@@ -114,7 +131,15 @@ fn replay_one(
         }
         last.ok_or_else(|| std::io::Error::other("no pass was run"))
     }
+    let engine = |range| EngineFactory {
+        config: EngineConfig {
+            range,
+            ..EngineConfig::default()
+        },
+    };
     match backend {
+        Backend::Carve => go(path, config, &engine(RangeTier::Tlsf), passes, bar),
+        Backend::CarveBuddy => go(path, config, &engine(RangeTier::Buddy), passes, bar),
         Backend::OffsetAllocator => go(path, config, &OffsetAllocatorFactory, passes, bar),
         Backend::Rlsf => go(path, config, &RlsfFactory::default(), passes, bar),
         Backend::Buddy => go(path, config, &BuddyFactory, passes, bar),
@@ -130,6 +155,7 @@ struct TraceResult {
 fn run_replay(args: &ReplayArgs) -> ExitCode {
     let config = TraceConfig {
         device_size: args.device_size,
+        check_placement: args.check,
     };
     let backends: Vec<Backend> = if args.compare {
         std::iter::once(args.engine)
@@ -235,6 +261,7 @@ fn json_for(r: &TraceResult, compare: bool) -> Value {
                         "ns_per_op_p99": p.ns_per_op_p99,
                         "out_of_memory": p.errors.get(ascend_pool::trace::RejectKind::OutOfMemory),
                         "per_kind": p.per_kind,
+                        "invariant_errors": p.invariant_errors,
                     })
                 })
                 .collect();
@@ -298,6 +325,11 @@ fn write_text(out: &mut impl Write, r: &TraceResult, compare: bool) -> std::io::
         "  ns/op p50 {}  p99 {}  (each call timed alone; includes ~{} ns of clock read)",
         lead.ns_per_op_p50, lead.ns_per_op_p99, lead.timer_overhead_ns
     )?;
+    for p in all {
+        for e in &p.invariant_errors {
+            writeln!(out, "  INVARIANT BROKEN in {}: {e}", p.backend)?;
+        }
+    }
     if compare {
         writeln!(out, "  comparison (same trace, same run, same carve rule):")?;
         writeln!(
