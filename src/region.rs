@@ -233,16 +233,24 @@ fn copy_kind(dst: MemKind, src: MemKind) -> MemcpyKind {
 }
 
 impl Pool {
-    fn typed<T>(&self, kind: MemKind, len: u64, align: u64, wrap: impl FnOnce(Segment) -> T) -> Result<T> {
+    fn typed<T>(
+        &self,
+        kind: MemKind,
+        len: u64,
+        align: u64,
+        wrap: impl FnOnce(Segment) -> T,
+    ) -> Result<T> {
         let raw = self.alloc_raw(kind, len, align)?;
         Ok(wrap(Segment::new(self, raw)))
     }
 
     /// Device memory (`aclrtMalloc` with the pool's policy), 64-aligned.
     pub fn alloc_device(&self, len: u64) -> Result<DeviceRegion> {
-        self.typed(MemKind::Device(self.config().policy), len, 64, |seg| DeviceRegion {
-            seg,
-            _align: PhantomData,
+        self.typed(MemKind::Device(self.config().policy), len, 64, |seg| {
+            DeviceRegion {
+                seg,
+                _align: PhantomData,
+            }
         })
     }
 
@@ -262,9 +270,11 @@ impl Pool {
 
     /// Device memory with 128-byte starts, fit for model input.
     pub fn alloc_model_input(&self, len: u64) -> Result<DeviceRegion<Align128>> {
-        self.typed(MemKind::Device(self.config().policy), len, 128, |seg| DeviceRegion {
-            seg,
-            _align: PhantomData,
+        self.typed(MemKind::Device(self.config().policy), len, 128, |seg| {
+            DeviceRegion {
+                seg,
+                _align: PhantomData,
+            }
         })
     }
 
@@ -288,7 +298,9 @@ impl Pool {
     }
 
     fn same_source(&self, r: &impl Region) -> Result<()> {
-        if Arc::ptr_eq(&r.segment().pool, &self.inner) || Arc::ptr_eq(r.segment().source(), self.source()) {
+        if Arc::ptr_eq(&r.segment().pool, &self.inner)
+            || Arc::ptr_eq(r.segment().source(), self.source())
+        {
             Ok(())
         } else {
             Err(Error::ForeignHandle)
@@ -377,7 +389,10 @@ impl Pool {
         for (addr, off) in [(dst.addr(), dst_offset), (src.addr(), src_off)] {
             let a = addr as u64 + off;
             if a % 64 != 0 {
-                return Err(Error::Misaligned { addr: a, required: 64 });
+                return Err(Error::Misaligned {
+                    addr: a,
+                    required: 64,
+                });
             }
         }
         dst.segment().record_stream(stream);
@@ -454,7 +469,11 @@ impl<'a, R: Region> SubRegion<'a, R> {
                 required: parent.align(),
             });
         }
-        Ok(Self { parent, offset, len })
+        Ok(Self {
+            parent,
+            offset,
+            len,
+        })
     }
 
     /// Offset in the parent.

@@ -447,11 +447,12 @@ impl KindPool {
         let inv = |m: String| Err(Error::Invalid(format!("{} pool: {m}", self.kind)));
         let mut reserved = 0;
         for (_, c) in self.chunks.iter() {
-            c.engine.validate().map_err(|e| Error::Invalid(e.to_string()))?;
+            c.engine
+                .validate()
+                .map_err(|e| Error::Invalid(e.to_string()))?;
             reserved += c.block.size;
         }
-        if reserved != self.stats.reserved_bytes || self.chunks.len() as u64 != self.stats.chunks
-        {
+        if reserved != self.stats.reserved_bytes || self.chunks.len() as u64 != self.stats.chunks {
             return inv(format!(
                 "{} chunks / {reserved} bytes, counters say {} / {}",
                 self.chunks.len(),
@@ -665,9 +666,7 @@ impl PoolInner {
 
     fn new_chunk(&self, k: &mut KindPool, size: u64, align: u64, dedicated: bool) -> Result<usize> {
         k.stats.source_alloc_calls += 1;
-        let mut block = self
-            .source
-            .alloc_block(self.config.device, k.kind, size)?;
+        let mut block = self.source.alloc_block(self.config.device, k.kind, size)?;
         let mut base = block.addr;
         if base % align as usize != 0 {
             // An over-aligned request on a block the source aligned less: take a bigger block
@@ -833,7 +832,8 @@ impl PoolInner {
     }
 
     fn check_canary(&self, k: &KindPool, seg: &RawSegment) -> Result<()> {
-        let pad_start = crate::align::align_up(seg.len, crate::align::LEN_GRANULE).unwrap_or(seg.len);
+        let pad_start =
+            crate::align::align_up(seg.len, crate::align::LEN_GRANULE).unwrap_or(seg.len);
         let pad = (seg.alloc.footprint() - pad_start) as usize;
         let mut buf = vec![0u8; pad];
         let kind = if k.kind.is_device() {
