@@ -12,7 +12,9 @@
 use crate::error::Result;
 use crate::kind::MemKind;
 
+pub mod acl;
 
+pub use acl::AclSource;
 
 /// A device ordinal as `aclrtSetDevice` takes it.
 pub type DeviceId = i32;
