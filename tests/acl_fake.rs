@@ -229,7 +229,15 @@ fn blocks_are_tracked_and_foreign_or_double_frees_refused() {
         kind: MemKind::Host,
         ..dev
     };
-    assert!(acl.free_block(wrong_kind).is_err());
+    assert_eq!(
+        runtime_err(acl.free_block(wrong_kind).unwrap_err()),
+        ("aclrtFreeHost", AclError::RT_MEMORY_FREE.0)
+    );
+    let wrong_size = Block { size: 999, ..dev };
+    assert_eq!(
+        runtime_err(acl.free_block(wrong_size).unwrap_err()),
+        ("aclrtFree", AclError::INVALID_PARAM.0)
+    );
     acl.free_block(dev).unwrap();
     assert_eq!(
         runtime_err(acl.free_block(dev).unwrap_err()),

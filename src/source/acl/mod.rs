@@ -17,8 +17,9 @@
 //! Every non-zero `aclError` becomes [`Error::Runtime`] with the function name and the raw code.
 //! Blocks, streams, events, physical handles and mbufs are tracked, so a handle this source did
 //! not hand out (or already released) is refused before it reaches the runtime, with the code
-//! the runtime itself would give ([`AclError::RT_MEMORY_FREE`] for memory,
-//! [`AclError::RT_INVALID_HANDLE`] for handles).
+//! the code the simulator gives for the same mistake: [`AclError::RT_MEMORY_FREE`] for an
+//! unknown or already freed block or the wrong free function, [`AclError::INVALID_PARAM`] for
+//! a known address described with another size or device, [`AclError::RT_INVALID_HANDLE`] for handles.
 
 pub mod sys;
 
@@ -535,6 +536,16 @@ fn all_presence(api: &sys::AclApi) -> Vec<(&'static str, bool)> {
     v
 }
 
+/// The function that frees a block of `kind` (DVPP blocks from `hi_mpi_dvpp_malloc` count
+/// as `acldvppFree`).
+fn free_func(kind: MemKind) -> &'static str {
+    match kind {
+        MemKind::Host => "aclrtFreeHost",
+        MemKind::Dvpp => "acldvppFree",
+        MemKind::Device(_) | MemKind::DeviceAlign32(_) | MemKind::Cached(_) => "aclrtFree",
+    }
+}
+
 /// The `aclrtMemAttr` class `aclrtGetMemInfo` reports for a device kind.
 fn mem_attr(kind: MemKind) -> u32 {
     use MallocPolicy as P;
@@ -591,11 +602,7 @@ impl BlockSource for AclSource {
     }
 
     fn free_block(&self, block: Block) -> Result<()> {
-        let func = match block.kind {
-            MemKind::Host => "aclrtFreeHost",
-            MemKind::Dvpp => "acldvppFree",
-            _ => "aclrtFree",
-        };
+        let func = free_func(block.kind);
         let freer = {
             let mut live = self.lock();
             match live.blocks.get(&block.addr) {
@@ -604,7 +611,13 @@ impl BlockSource for AclSource {
                     live.blocks.remove(&block.addr);
                     freer
                 }
-                _ => return Err(refused(func, AclError::RT_MEMORY_FREE)),
+                // Ours, but freed with the wrong function: what the runtime says to that.
+                Some((b, _)) if func != free_func(b.kind) => {
+                    return Err(refused(func, AclError::RT_MEMORY_FREE))
+                }
+                // Ours and the right function, but described differently.
+                Some(_) => return Err(refused(func, AclError::INVALID_PARAM)),
+                None => return Err(refused(func, AclError::RT_MEMORY_FREE)),
             }
         };
         let result = self
