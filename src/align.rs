@@ -50,8 +50,14 @@ pub const MAX_ALIGN: u64 = 1 << 30;
 // The documented arithmetic, pinned at compile time.
 const_assert_eq!(align_up_const(align_up_const(1, 32) + 32, 64), 64);
 const_assert_eq!(align_up_const(align_up_const(33, 32) + 32, 64), 128);
-const_assert_eq!(align_up_const(align_up_const(3_110_400, 32) + 32, 64), 3_110_464);
-const_assert_eq!(align_up_const(align_up_const(3_110_400, 32) + 32, 128), 3_110_528);
+const_assert_eq!(
+    align_up_const(align_up_const(3_110_400, 32) + 32, 64),
+    3_110_464
+);
+const_assert_eq!(
+    align_up_const(align_up_const(3_110_400, 32) + 32, 128),
+    3_110_528
+);
 
 /// Why a length or a rule was refused. Never a panic, never a wrap.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

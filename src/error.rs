@@ -275,7 +275,10 @@ mod tests {
 
     #[test]
     fn codes_have_names() {
-        assert_eq!(AclError(207_001).name(), Some("ACL_ERROR_RT_MEMORY_ALLOCATION"));
+        assert_eq!(
+            AclError(207_001).name(),
+            Some("ACL_ERROR_RT_MEMORY_ALLOCATION")
+        );
         assert!(AclError::RT_MEMORY_ALLOCATION.is_out_of_memory());
         assert!(!AclError::INVALID_PARAM.is_out_of_memory());
         assert_eq!(AclError(42).name(), None);

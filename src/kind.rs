@@ -3,7 +3,9 @@
 use crate::align::{CarveRule, DEFAULT_ALIGN, MODEL_INPUT_ALIGN};
 
 /// `aclrtMemMallocPolicy` values (ACL 1.15/1.17), low byte; or-able flags are separate.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
+)]
 #[repr(u32)]
 pub enum MallocPolicy {
     /// `ACL_MEM_MALLOC_HUGE_FIRST`: huge pages when available, normal pages otherwise.

@@ -9,12 +9,13 @@
 //! The layers, bottom to top, one module each:
 //! - [`align`]: the carve rule, pure arithmetic;
 //! - [`kind`]: memory kinds and the rule each implies;
-//! - `engine`: carving engines over offsets (buddy, TLSF, slab), no memory, no `unsafe`;
+//! - [`engine`]: carving engines over offsets (buddy, TLSF, slab), no memory, no `unsafe`;
 //! - [`source`]: block sources, the only code that talks to a runtime;
 //! - [`error`]: the typed errors every layer returns.
 #![warn(missing_docs, missing_debug_implementations, rust_2018_idioms)]
 
 pub mod align;
+pub mod engine;
 
 pub mod error;
 pub mod kind;
@@ -23,3 +24,4 @@ pub mod source;
 pub use align::CarveRule;
 pub use error::{AclError, Error, Result};
 pub use kind::{MallocPolicy, MemKind};
+pub use source::sim::SimSource;

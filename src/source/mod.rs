@@ -3,18 +3,20 @@
 //! A [`BlockSource`] hands out big blocks of one memory kind and runs the few
 //! runtime operations the pool and its regions need (streams, events, copies,
 //! fills). Two sources exist:
-//! - `SimSource`, the default: a faithful AscendCL simulator on host memory;
-//! - `AclSource`, the real runtime loaded at run time.
+//! - [`SimSource`], the default: a faithful AscendCL simulator on host memory;
+//! - [`AclSource`], the real runtime loaded at run time.
 //!
 //! Addresses are plain `usize` values: device addresses are never dereferenced
 //! by the pool, only passed back to the source.
 
-use crate::error::Result;
-use crate::kind::MemKind;
-
 pub mod acl;
+pub mod sim;
 
 pub use acl::AclSource;
+pub use sim::SimSource;
+
+use crate::error::Result;
+use crate::kind::MemKind;
 
 /// A device ordinal as `aclrtSetDevice` takes it.
 pub type DeviceId = i32;

@@ -1,0 +1,474 @@
+//! Carving engines: where each segment goes inside a big block.
+//!
+//! Engines manage offsets only. They never touch memory and contain no `unsafe`, so
+//! they are property-tested, fuzzed and benchmarked on their own.
+//!
+//! - [`tlsf::TlsfRange`]: two-level segregated fit with a wilderness, O(1) (the default range tier);
+//! - [`buddy::BuddyRange`]: a buddy allocator that gives each block's unused tail back;
+//! - [`slab::SlabAllocator`]: O(1) slabs for small footprints, pages carved from the range tier;
+//! - [`CarveEngine`]: the carve rule in front, slabs for small segments, a range tier for the rest.
+//!
+//! ```
+//! use ascend_pool::engine::{CarveEngine, EngineConfig};
+//! use ascend_pool::CarveRule;
+//!
+//! let mut engine = CarveEngine::new(64 << 20, EngineConfig::default()).unwrap();
+//! let frame = engine.alloc(1920 * 1080 * 3 / 2, CarveRule::model_input()).unwrap();
+//! assert_eq!(frame.footprint(), 3_110_528);
+//! assert_eq!(frame.offset() % 128, 0);
+//! engine.free(frame).unwrap();
+//! assert!(engine.free(frame).is_err()); // a second free is a typed error
+//! engine.validate().unwrap();
+//! ```
+
+pub mod buddy;
+pub mod slab;
+pub mod tlsf;
+
+use crate::align::{CarveRule, CarveRuleError};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// "No node" in index links.
+pub(crate) const NIL: u32 = u32::MAX;
+
+/// Why an engine refused an operation. The engine is unchanged after any of them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EngineError {
+    /// The carve rule refused the length (zero, overflow) or the alignment.
+    Carve(CarveRuleError),
+    /// No free range can hold the footprint.
+    OutOfSpace {
+        /// Bytes the segment needs.
+        footprint: u64,
+        /// Largest free range at the time.
+        largest_free: u64,
+    },
+    /// The handle came from another engine.
+    ForeignAllocation,
+    /// The handle's allocation was already freed.
+    AlreadyFreed {
+        /// Offset the handle names.
+        offset: u64,
+    },
+    /// A capacity that is zero or not a multiple of the engine's unit.
+    BadCapacity {
+        /// Capacity asked for.
+        capacity: u64,
+        /// The unit it must be a multiple of.
+        unit: u64,
+    },
+    /// An invariant does not hold; the message says which.
+    Corrupt(String),
+}
+
+impl std::fmt::Display for EngineError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Carve(e) => write!(f, "{e}"),
+            Self::OutOfSpace {
+                footprint,
+                largest_free,
+            } => write!(
+                f,
+                "no free range holds {footprint} bytes (largest free range {largest_free})"
+            ),
+            Self::ForeignAllocation => write!(f, "allocation belongs to another engine"),
+            Self::AlreadyFreed { offset } => {
+                write!(f, "allocation at offset {offset} was already freed")
+            }
+            Self::BadCapacity { capacity, unit } => {
+                write!(
+                    f,
+                    "capacity {capacity} is not a non-zero multiple of {unit}"
+                )
+            }
+            Self::Corrupt(m) => write!(f, "engine invariant violated: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for EngineError {}
+
+impl From<CarveRuleError> for EngineError {
+    fn from(e: CarveRuleError) -> Self {
+        Self::Carve(e)
+    }
+}
+
+/// Which range tier serves segments too large for slabs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RangeTier {
+    /// Two-level segregated fit (default): O(1), lowest high-water mark on the shared traces.
+    #[default]
+    Tlsf,
+    /// Buddy with tail give-back.
+    Buddy,
+}
+
+/// Engine settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EngineConfig {
+    /// The range tier.
+    pub range: RangeTier,
+    /// Largest footprint served by slabs (a multiple of 64; 0 turns slabs off).
+    pub slab_max: u64,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            range: RangeTier::Tlsf,
+            slab_max: 1024,
+        }
+    }
+}
+
+/// Free-space figures of a range tier.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct RangeStats {
+    /// Bytes the range spans.
+    pub capacity: u64,
+    /// Free bytes (holes and untouched space).
+    pub free_bytes: u64,
+    /// Largest free range.
+    pub largest_free: u64,
+    /// Number of free ranges.
+    pub free_fragments: u64,
+    /// Highest offset ever in use.
+    pub high_water: u64,
+    /// End of the highest range in use now.
+    pub top: u64,
+}
+
+/// Cheap counters, always kept.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct EngineCounters {
+    /// Live allocations.
+    pub live: u64,
+    /// Allocations served so far.
+    pub allocs: u64,
+    /// Frees so far.
+    pub frees: u64,
+    /// Allocations refused (bad input or no space).
+    pub failed: u64,
+    /// Sum of requested lengths of live allocations.
+    pub requested_bytes: u64,
+    /// Sum of footprints of live allocations.
+    pub footprint_bytes: u64,
+    /// Peak of `footprint_bytes`.
+    pub peak_footprint_bytes: u64,
+    /// Peak of `requested_bytes`.
+    pub peak_requested_bytes: u64,
+}
+
+/// Detailed statistics, computed on request.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct EngineStats {
+    /// The cheap counters.
+    pub counters: EngineCounters,
+    /// The range tier's free-space figures.
+    pub range: RangeStats,
+    /// Slab pages held.
+    pub slab_pages: u64,
+    /// Bytes in slab pages.
+    pub slab_bytes: u64,
+    /// Bytes taken from the range tier that no live footprint covers
+    /// (free slab objects, cached slab pages).
+    pub internal_waste: u64,
+}
+
+/// Where an allocation lives inside the engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Place {
+    Range { key: u32, tag: u64 },
+    Slab { page: u32, slot: u32, tag: u32 },
+}
+
+/// A segment handed out by a [`CarveEngine`]: offset, footprint and requested length.
+///
+/// Only an engine creates these, so a handle names a segment of the engine whose id it carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Allocation {
+    offset: u64,
+    footprint: u64,
+    len: u64,
+    engine: u32,
+    place: Place,
+}
+
+impl Allocation {
+    /// Offset of the segment's start in the engine's range (aligned as its rule asked).
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+    /// Bytes the segment takes out of the range under the carve rule.
+    pub fn footprint(&self) -> u64 {
+        self.footprint
+    }
+    /// Bytes the caller asked for.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+    /// Never true: zero-length segments are refused.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// Id of the engine that handed it out.
+    pub fn engine_id(&self) -> u32 {
+        self.engine
+    }
+    /// Whether the segment came from a slab.
+    pub fn is_slab(&self) -> bool {
+        matches!(self.place, Place::Slab { .. })
+    }
+}
+
+#[derive(Debug)]
+enum Range {
+    Tlsf(tlsf::TlsfRange),
+    Buddy(buddy::BuddyRange),
+}
+
+impl Range {
+    #[inline]
+    fn alloc(&mut self, size: u64, align: u64, tag: u64) -> Option<(u64, u32, u64)> {
+        match self {
+            Self::Tlsf(t) => t.alloc(size, align),
+            Self::Buddy(b) => b.alloc(size, align, tag).map(|o| (o, NIL, tag)),
+        }
+    }
+    #[inline]
+    fn free(&mut self, key: u32, offset: u64, tag: u64) -> Result<(), EngineError> {
+        match self {
+            Self::Tlsf(t) => t.free(key, offset, tag),
+            Self::Buddy(b) => b.free(offset, tag).map(|_| ()),
+        }
+    }
+    fn stats(&self) -> RangeStats {
+        match self {
+            Self::Tlsf(t) => t.stats(),
+            Self::Buddy(b) => b.stats(),
+        }
+    }
+    fn validate(&self) -> Result<(), EngineError> {
+        match self {
+            Self::Tlsf(t) => t.validate(),
+            Self::Buddy(b) => b.validate(),
+        }
+    }
+    fn high_water(&self) -> u64 {
+        match self {
+            Self::Tlsf(t) => t.high_water(),
+            Self::Buddy(b) => b.high_water(),
+        }
+    }
+    fn used_bytes(&self) -> u64 {
+        match self {
+            Self::Tlsf(t) => t.used_bytes(),
+            Self::Buddy(b) => b.used_bytes(),
+        }
+    }
+}
+
+static NEXT_ENGINE_ID: AtomicU32 = AtomicU32::new(1);
+
+/// The carving engine: the carve rule in front, slabs for small segments, a range tier behind.
+///
+/// Invariants (checked by [`CarveEngine::validate`]):
+/// - the range tier and the slab layer are each valid;
+/// - the bytes the range tier has in use equal the slab pages plus the footprints of
+///   live range allocations (nothing is lost between the tiers);
+/// - the counters equal the sums over live allocations.
+#[derive(Debug)]
+pub struct CarveEngine {
+    /// Unique per engine, so handles from another engine are refused.
+    id: u32,
+    capacity: u64,
+    range: Range,
+    slabs: slab::SlabAllocator,
+    counters: EngineCounters,
+    /// Footprints of live allocations served by the range tier.
+    range_live_bytes: u64,
+    /// Bumped per allocation; tags handles so stale ones are caught.
+    next_tag: u64,
+}
+
+impl CarveEngine {
+    /// An engine over `[0, capacity)`; `capacity` must be a non-zero multiple of 64.
+    pub fn new(capacity: u64, config: EngineConfig) -> Result<Self, EngineError> {
+        const UNIT: u64 = crate::align::DEFAULT_ALIGN;
+        let range = match config.range {
+            RangeTier::Tlsf => Range::Tlsf(tlsf::TlsfRange::new(capacity, UNIT)?),
+            RangeTier::Buddy => Range::Buddy(buddy::BuddyRange::new(capacity, UNIT)?),
+        };
+        Ok(Self {
+            id: NEXT_ENGINE_ID.fetch_add(1, Ordering::Relaxed),
+            capacity,
+            range,
+            slabs: slab::SlabAllocator::new(config.slab_max),
+            counters: EngineCounters::default(),
+            range_live_bytes: 0,
+            next_tag: 1,
+        })
+    }
+
+    /// Carves a segment of `len` bytes under `rule`.
+    pub fn alloc(&mut self, len: u64, rule: CarveRule) -> Result<Allocation, EngineError> {
+        let footprint = match rule.footprint(len) {
+            Ok(f) => f,
+            Err(e) => {
+                self.counters.failed += 1;
+                return Err(e.into());
+            }
+        };
+        let align = rule.align();
+        let tag = self.next_tag;
+        self.next_tag += 1;
+        let place;
+        let offset;
+        if self.slabs.serves(footprint, align) {
+            let stag = (tag as u32).max(1);
+            let got = match self.slabs.alloc(footprint, stag) {
+                Some(x) => Some(x),
+                None => {
+                    let (bytes, _, page_align) = slab::SlabAllocator::page_shape(footprint);
+                    match self.range.alloc(bytes, page_align, tag) {
+                        Some((base, key, rtag)) => {
+                            self.slabs.add_page(footprint, base, key, rtag);
+                            self.slabs.alloc(footprint, stag)
+                        }
+                        None => None,
+                    }
+                }
+            };
+            let Some((off, page, slot)) = got else {
+                return Err(self.out_of_space(footprint));
+            };
+            offset = off;
+            place = Place::Slab {
+                page,
+                slot,
+                tag: stag,
+            };
+        } else {
+            let Some((off, key, rtag)) = self.range.alloc(footprint, align, tag) else {
+                return Err(self.out_of_space(footprint));
+            };
+            self.range_live_bytes += footprint;
+            offset = off;
+            place = Place::Range { key, tag: rtag };
+        }
+        let c = &mut self.counters;
+        c.live += 1;
+        c.allocs += 1;
+        c.requested_bytes += len;
+        c.footprint_bytes += footprint;
+        c.peak_footprint_bytes = c.peak_footprint_bytes.max(c.footprint_bytes);
+        c.peak_requested_bytes = c.peak_requested_bytes.max(c.requested_bytes);
+        Ok(Allocation {
+            offset,
+            footprint,
+            len,
+            engine: self.id,
+            place,
+        })
+    }
+
+    /// Gives a segment back. A handle from another engine, or one already freed, is refused.
+    pub fn free(&mut self, a: Allocation) -> Result<(), EngineError> {
+        if a.engine != self.id {
+            return Err(EngineError::ForeignAllocation);
+        }
+        match a.place {
+            Place::Slab { page, slot, tag } => {
+                if let Some(rel) = self.slabs.free(a.offset, page, slot, tag)? {
+                    self.range
+                        .free(rel.range_key, rel.base, rel.range_tag)
+                        .expect("slab pages are live range allocations");
+                }
+            }
+            Place::Range { key, tag } => {
+                self.range.free(key, a.offset, tag)?;
+                self.range_live_bytes -= a.footprint;
+            }
+        }
+        let c = &mut self.counters;
+        c.live -= 1;
+        c.frees += 1;
+        c.requested_bytes -= a.len;
+        c.footprint_bytes -= a.footprint;
+        Ok(())
+    }
+
+    /// Gives cached empty slab pages back to the range tier.
+    pub fn trim(&mut self) {
+        for rel in self.slabs.trim() {
+            self.range
+                .free(rel.range_key, rel.base, rel.range_tag)
+                .expect("slab pages are live range allocations");
+        }
+    }
+
+    /// This engine's id, carried by its handles.
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
+    /// Bytes the engine spans.
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// Highest offset ever in use: what a block under this engine must have reserved.
+    pub fn high_water(&self) -> u64 {
+        self.range.high_water()
+    }
+
+    /// Whether no segment is live.
+    pub fn is_empty(&self) -> bool {
+        self.counters.live == 0
+    }
+
+    /// The cheap counters.
+    pub fn counters(&self) -> EngineCounters {
+        self.counters
+    }
+
+    /// Detailed statistics (walks the free structures).
+    pub fn stats(&self) -> EngineStats {
+        let slab_bytes = self.slabs.page_bytes();
+        let used = self.range.used_bytes();
+        EngineStats {
+            counters: self.counters,
+            range: self.range.stats(),
+            slab_pages: self.slabs.page_count() as u64,
+            slab_bytes,
+            internal_waste: used.saturating_sub(self.counters.footprint_bytes),
+        }
+    }
+
+    /// Checks every invariant of the engine and its tiers.
+    pub fn validate(&self) -> Result<(), EngineError> {
+        self.range.validate()?;
+        self.slabs.validate()?;
+        let used = self.range.used_bytes();
+        let expected = self.slabs.page_bytes() + self.range_live_bytes;
+        if used != expected {
+            return Err(EngineError::Corrupt(format!(
+                "range tier has {used} bytes in use, slabs and live segments account for {expected}"
+            )));
+        }
+        if self.counters.live != self.counters.allocs - self.counters.frees {
+            return Err(EngineError::Corrupt("live counter drifted".into()));
+        }
+        Ok(())
+    }
+
+    fn out_of_space(&mut self, footprint: u64) -> EngineError {
+        self.counters.failed += 1;
+        EngineError::OutOfSpace {
+            footprint,
+            largest_free: self.range.stats().largest_free,
+        }
+    }
+}

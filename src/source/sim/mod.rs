@@ -1,0 +1,1002 @@
+//! A faithful AscendCL simulator on host memory: the default [`BlockSource`].
+//!
+//! [`SimSource`] answers every call the way the AscendCL runtime documents it, with the
+//! same `aclError` codes, so that the pool above can be tested without an NPU:
+//!
+//! - **Allocation**: size 0 is refused with `ACL_ERROR_INVALID_PARAM`; each block is
+//!   accounted at the runtime's rounding `ALIGN_UP(size, 32) + padding` (no padding for
+//!   `aclrtMallocAlign32` and the `HUGE1G` policies); running out of device, DVPP
+//!   (16 GiB of address space per process) or pinned host capacity answers
+//!   `ACL_ERROR_RT_MEMORY_ALLOCATION` (207001). Device, align32, cached and DVPP memory of
+//!   one device share its capacity. Blocks are page-aligned (so 64- and 128-aligned)
+//!   anonymous mappings made with `MAP_NORESERVE`: a 64 GiB simulated device costs host
+//!   memory only for the pages actually touched. `aclrtMallocHost` takes no device: the
+//!   id given is recorded in the block but not checked.
+//! - **Streams** run asynchronously: each has a worker thread that runs its queue in
+//!   order (copies, fills, delays, event records and waits). Events follow
+//!   `aclrtQueryEventStatus`: complete once the most recent record has been passed, and
+//!   complete when never recorded.
+//! - **Copies and fills** move real bytes. Device-side addresses must lie, with the whole
+//!   range, inside a live block of this source (host-side addresses cannot be checked and
+//!   are accepted); `count > dst_max` is refused; an asynchronous device-to-device copy
+//!   needs 64-aligned `src` and `dst` (`ACL_ERROR_RT_ADDR_UNALIGNED`, 107008).
+//! - **Observability**: [`SimSource::stats`] counts calls and failures per function and
+//!   live bytes per device and kind; [`SimSource::inject_fault`] makes chosen calls fail.
+//!
+//! # Error codes
+//!
+//! | situation | code |
+//! |---|---|
+//! | size 0, `count > dst_max`, a device range outside every live block, a null address | `ACL_ERROR_INVALID_PARAM` (100000) |
+//! | device id out of range; recording an event on a stream of another device | `ACL_ERROR_RT_PARAM_INVALID` (107000) |
+//! | device, DVPP or host capacity exceeded (or the host refuses the mapping) | `ACL_ERROR_RT_MEMORY_ALLOCATION` (207001) |
+//! | free of an unknown address, a double free, or the wrong free function (`aclrtFree` on DVPP memory) | `ACL_ERROR_RT_MEMORY_FREE` (207002) |
+//! | free with the right function but a [`Block`] whose kind, size or device differ from what was handed out | `ACL_ERROR_INVALID_PARAM` (100000) |
+//! | async device-to-device copy with an address not 64-aligned | `ACL_ERROR_RT_ADDR_UNALIGNED` (107008) |
+//! | unknown or destroyed stream or event | `ACL_ERROR_RT_INVALID_HANDLE` (107017) |
+//! | a stream worker thread cannot be started | `ACL_ERROR_RT_FAILURE` (500003) |
+//!
+//! Every error is an [`Error::Runtime`] whose `func` names the AscendCL function the call
+//! stands for (see [`AclFunc`]): `aclrtMalloc`, `aclrtMallocAlign32`, `aclrtMallocCached`,
+//! `acldvppMalloc`, `aclrtMallocHost` for allocation; `aclrtFree`, `acldvppFree`,
+//! `aclrtFreeHost` for freeing.
+//!
+//! # Memory safety
+//!
+//! A freed block is removed from the source at once, but its mapping stays alive until
+//! every copy or fill already queued on it has run, so a free racing with queued work is
+//! never a use-after-unmap. Host-side ranges remain the caller's responsibility, as the
+//! `unsafe` contracts of [`BlockSource::memcpy`] and friends say.
+//!
+//! # Limits of the simulation
+//!
+//! A double free is detected only while the address has not been handed out again (the
+//! host may reuse a freed mapping's address, as the real runtime reuses device addresses).
+//! Huge-page granules (2 MiB, 1 GiB) are not simulated: rounding stops at 32 bytes.
+
+mod fault;
+mod mapping;
+mod stats;
+mod stream;
+
+pub use fault::{AclFunc, Fault, FaultTimes};
+pub use stats::{KindUsage, SimStats};
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use self::fault::FaultPlan;
+use self::mapping::Mapping;
+use self::stream::{Event, Gate, Op, Stream};
+use crate::align::{CarveRule, DEFAULT_ALIGN, MODEL_INPUT_ALIGN};
+use crate::error::{AclError, Error, Result};
+use crate::kind::MemKind;
+use crate::source::{Block, BlockSource, DeviceId, EventHandle, MemcpyKind, StreamHandle};
+
+/// DVPP address space one process may use on Atlas A2/A3 and inference products: 16 GiB.
+pub const DVPP_ADDRESS_LIMIT: u64 = 16 << 30;
+
+/// Default device capacity: 64 GiB, an Atlas 800T A2 card.
+pub const DEFAULT_DEVICE_CAPACITY: u64 = 64 << 30;
+
+/// Default pinned host capacity: 64 GiB.
+pub const DEFAULT_HOST_CAPACITY: u64 = 64 << 30;
+
+/// What the simulated machine looks like.
+///
+/// Plain fields with a [`Default`], plus `with_*` builders:
+///
+/// ```
+/// use ascend_pool::source::sim::SimConfig;
+/// use std::time::Duration;
+/// let cfg = SimConfig::default()
+///     .with_devices(2)
+///     .with_device_capacity(1 << 30)
+///     .with_copy_bandwidth(1 << 30)
+///     .with_op_latency(Duration::from_micros(5));
+/// assert_eq!(cfg.devices, 2);
+/// assert_eq!(cfg.padding, 32);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SimConfig {
+    /// Number of devices, ids `0..devices` (default 1).
+    pub devices: u32,
+    /// Bytes per device, shared by device, align32, cached and DVPP memory (default 64 GiB).
+    pub device_capacity: u64,
+    /// DVPP address space for the whole process, over every device (default 16 GiB).
+    pub dvpp_limit: u64,
+    /// Pinned host bytes for `aclrtMallocHost` (default 64 GiB).
+    pub host_capacity: u64,
+    /// Padding the runtime adds after each rounded size (default 32; a multiple of 32).
+    pub padding: u64,
+    /// Copy and fill bandwidth in bytes per second; `None` (default) moves bytes at host speed.
+    pub copy_bandwidth: Option<u64>,
+    /// Fixed time every copy and fill takes on top of the bandwidth (default zero).
+    pub op_latency: Duration,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        Self {
+            devices: 1,
+            device_capacity: DEFAULT_DEVICE_CAPACITY,
+            dvpp_limit: DVPP_ADDRESS_LIMIT,
+            host_capacity: DEFAULT_HOST_CAPACITY,
+            padding: crate::align::DEFAULT_PADDING,
+            copy_bandwidth: None,
+            op_latency: Duration::ZERO,
+        }
+    }
+}
+
+impl SimConfig {
+    /// Sets the number of devices.
+    pub fn with_devices(mut self, devices: u32) -> Self {
+        self.devices = devices;
+        self
+    }
+
+    /// Sets the capacity of each device in bytes.
+    pub fn with_device_capacity(mut self, bytes: u64) -> Self {
+        self.device_capacity = bytes;
+        self
+    }
+
+    /// Sets the DVPP address-space limit of the process in bytes.
+    pub fn with_dvpp_limit(mut self, bytes: u64) -> Self {
+        self.dvpp_limit = bytes;
+        self
+    }
+
+    /// Sets the pinned host capacity in bytes.
+    pub fn with_host_capacity(mut self, bytes: u64) -> Self {
+        self.host_capacity = bytes;
+        self
+    }
+
+    /// Sets the runtime padding (a multiple of 32, at most 1 MiB).
+    pub fn with_padding(mut self, padding: u64) -> Self {
+        self.padding = padding;
+        self
+    }
+
+    /// Makes copies and fills take `count / bytes_per_sec` seconds.
+    pub fn with_copy_bandwidth(mut self, bytes_per_sec: u64) -> Self {
+        self.copy_bandwidth = Some(bytes_per_sec);
+        self
+    }
+
+    /// Makes every copy and fill take at least `latency`.
+    pub fn with_op_latency(mut self, latency: Duration) -> Self {
+        self.op_latency = latency;
+        self
+    }
+
+    /// Simulated time a copy or fill of `count` bytes takes.
+    fn cost(&self, count: u64) -> Duration {
+        let transfer = match self.copy_bandwidth {
+            Some(bw) if bw > 0 => {
+                let nanos = u128::from(count) * 1_000_000_000 / u128::from(bw);
+                Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
+            }
+            _ => Duration::ZERO,
+        };
+        self.op_latency.saturating_add(transfer)
+    }
+}
+
+/// One live block.
+#[derive(Debug)]
+struct BlockRecord {
+    /// The host memory standing in for it; shared with queued ops that touch it.
+    mapping: Arc<Mapping>,
+    kind: MemKind,
+    device: DeviceId,
+    /// Bytes asked for.
+    size: u64,
+    /// Bytes accounted (the runtime's rounding); `mapping.len() == rounded`.
+    rounded: u64,
+}
+
+impl BlockRecord {
+    fn start(&self) -> usize {
+        self.mapping.addr()
+    }
+
+    /// Whether `addr..addr + count` lies inside the block's rounded bytes.
+    fn covers(&self, addr: usize, count: u64) -> bool {
+        let start = self.start() as u64;
+        let addr = addr as u64;
+        addr >= start
+            && addr
+                .checked_add(count)
+                .is_some_and(|end| end <= start + self.rounded)
+    }
+}
+
+/// Accounting of every live block.
+///
+/// Invariants: `device_used[d]` is the sum of `rounded` over live non-host blocks on
+/// device `d`; `dvpp_used` over live DVPP blocks; `host_used` over live host blocks;
+/// `usage` matches `blocks` per (device, kind); blocks never overlap.
+#[derive(Debug, Default)]
+struct MemState {
+    /// Live blocks by start address.
+    blocks: BTreeMap<usize, BlockRecord>,
+    device_used: Vec<u64>,
+    dvpp_used: u64,
+    host_used: u64,
+    usage: HashMap<(DeviceId, MemKind), KindUsage>,
+}
+
+impl MemState {
+    /// The live block containing `addr`, if any.
+    fn block_containing(&self, addr: usize) -> Option<&BlockRecord> {
+        let (_, rec) = self.blocks.range(..=addr).next_back()?;
+        (addr < rec.start() + rec.mapping.len()).then_some(rec)
+    }
+
+    /// Checks that `addr..addr + count` is device memory of a live block; returns its mapping.
+    fn device_range(&self, addr: usize, count: u64) -> Result<Arc<Mapping>, AclError> {
+        match self.block_containing(addr) {
+            Some(rec) if rec.kind.is_device() && rec.covers(addr, count) => {
+                Ok(Arc::clone(&rec.mapping))
+            }
+            _ => Err(AclError::INVALID_PARAM),
+        }
+    }
+
+    /// Checks that `addr..addr + count` lies in a live block of any kind.
+    fn any_range(&self, addr: usize, count: u64) -> Result<Arc<Mapping>, AclError> {
+        match self.block_containing(addr) {
+            Some(rec) if rec.covers(addr, count) => Ok(Arc::clone(&rec.mapping)),
+            _ => Err(AclError::INVALID_PARAM),
+        }
+    }
+
+    fn is_device_addr(&self, addr: usize) -> bool {
+        self.block_containing(addr)
+            .is_some_and(|rec| rec.kind.is_device())
+    }
+}
+
+/// Calls and failures per function.
+#[derive(Debug, Default)]
+struct Counters {
+    calls: BTreeMap<AclFunc, u64>,
+    failures: BTreeMap<AclFunc, u64>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // No code path panics while holding a simulator lock with state half-updated.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The AscendCL simulator: a [`BlockSource`] on host memory.
+///
+/// `Send + Sync`; every method takes `&self`. Dropping it drains and joins every
+/// stream, then unmaps every block still live.
+///
+/// ```
+/// use ascend_pool::source::sim::{SimConfig, SimSource};
+/// use ascend_pool::source::{BlockSource, MemcpyKind};
+/// use ascend_pool::MemKind;
+/// use std::time::Duration;
+///
+/// let sim = SimSource::new(SimConfig::default().with_device_capacity(1 << 30))?;
+/// let block = sim.alloc_block(0, MemKind::DEVICE, 4096)?;
+/// assert_eq!(block.addr % 64, 0);
+///
+/// let stream = sim.create_stream(0)?;
+/// let done = sim.create_event(0)?;
+/// let src = vec![7u8; 4096];
+/// sim.enqueue_delay(stream, Duration::from_millis(5))?; // a "kernel" holds the stream
+/// // SAFETY: `src` outlives the copy (we synchronize below) and `block` is live.
+/// unsafe {
+///     sim.memcpy_async(block.addr, block.size, src.as_ptr() as usize, 4096,
+///                      MemcpyKind::HostToDevice, stream)?;
+/// }
+/// sim.record_event(done, stream)?;
+/// sim.synchronize_event(done)?;
+/// assert!(sim.query_event(done)?);
+///
+/// let mut back = vec![0u8; 4096];
+/// // SAFETY: `back` is 4096 writable bytes; the block range is live and in bounds.
+/// unsafe {
+///     sim.memcpy(back.as_mut_ptr() as usize, 4096, block.addr, 4096,
+///                MemcpyKind::DeviceToHost)?;
+/// }
+/// assert_eq!(back, src);
+///
+/// sim.destroy_event(done)?;
+/// sim.destroy_stream(stream)?;
+/// sim.free_block(block)?;
+/// # Ok::<(), ascend_pool::Error>(())
+/// ```
+pub struct SimSource {
+    config: SimConfig,
+    /// Rule giving the runtime rounding with the configured padding.
+    padded: CarveRule,
+    /// Rule giving the runtime rounding without padding (align32, HUGE1G).
+    unpadded: CarveRule,
+    mem: Mutex<MemState>,
+    streams: Mutex<HashMap<usize, Arc<Stream>>>,
+    events: Mutex<HashMap<usize, Arc<Event>>>,
+    /// Next stream or event id; ids are never reused, so a stale handle stays invalid.
+    next_handle: AtomicUsize,
+    counters: Mutex<Counters>,
+    faults: Mutex<FaultPlan>,
+}
+
+impl std::fmt::Debug for SimSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (blocks, device_used) = {
+            let mem = lock(&self.mem);
+            (mem.blocks.len(), mem.device_used.clone())
+        };
+        f.debug_struct("SimSource")
+            .field("config", &self.config)
+            .field("live_blocks", &blocks)
+            .field("device_used", &device_used)
+            .field("streams", &lock(&self.streams).len())
+            .field("events", &lock(&self.events).len())
+            .finish()
+    }
+}
+
+impl Default for SimSource {
+    /// One device of 64 GiB, 16 GiB of DVPP space, 64 GiB of pinned host memory, padding 32.
+    fn default() -> Self {
+        Self::new(SimConfig::default()).expect("the default configuration is valid")
+    }
+}
+
+impl SimSource {
+    /// A simulator for the machine `config` describes.
+    ///
+    /// Fails with [`Error::Config`] when there are no devices, a capacity is 0, or the
+    /// padding is not a multiple of 32 up to 1 MiB.
+    pub fn new(config: SimConfig) -> Result<Self> {
+        if config.devices == 0 {
+            return Err(Error::Config(
+                "the simulator needs at least one device".into(),
+            ));
+        }
+        if config.device_capacity == 0 || config.host_capacity == 0 || config.dvpp_limit == 0 {
+            return Err(Error::Config(
+                "simulated capacities must be above 0 bytes".into(),
+            ));
+        }
+        let padded = CarveRule::new(config.padding, DEFAULT_ALIGN)?;
+        let unpadded = CarveRule::new(0, DEFAULT_ALIGN)?;
+        let mem = MemState {
+            device_used: vec![0; config.devices as usize],
+            ..MemState::default()
+        };
+        Ok(Self {
+            config,
+            padded,
+            unpadded,
+            mem: Mutex::new(mem),
+            streams: Mutex::new(HashMap::new()),
+            events: Mutex::new(HashMap::new()),
+            next_handle: AtomicUsize::new(1),
+            counters: Mutex::new(Counters::default()),
+            faults: Mutex::new(FaultPlan::default()),
+        })
+    }
+
+    /// The configuration the simulator runs with.
+    pub fn config(&self) -> &SimConfig {
+        &self.config
+    }
+
+    /// Bytes the runtime accounts for an allocation of `size` bytes of `kind`:
+    /// `ALIGN_UP(size, 32) + padding`, padding 0 for `aclrtMallocAlign32` and `HUGE1G`.
+    /// `None` for size 0 or on overflow.
+    ///
+    /// ```
+    /// use ascend_pool::source::sim::SimSource;
+    /// use ascend_pool::{MallocPolicy, MemKind};
+    /// let sim = SimSource::default();
+    /// assert_eq!(sim.rounded_size(MemKind::DEVICE, 33), Some(96));
+    /// assert_eq!(sim.rounded_size(MemKind::DeviceAlign32(MallocPolicy::HugeFirst), 33), Some(64));
+    /// assert_eq!(sim.rounded_size(MemKind::Device(MallocPolicy::Huge1gOnly), 33), Some(64));
+    /// assert_eq!(sim.rounded_size(MemKind::Dvpp, 0), None);
+    /// ```
+    pub fn rounded_size(&self, kind: MemKind, size: u64) -> Option<u64> {
+        let no_padding = matches!(kind, MemKind::DeviceAlign32(_))
+            || kind.policy().is_some_and(|p| p.has_no_padding());
+        let rule = if no_padding {
+            &self.unpadded
+        } else {
+            &self.padded
+        };
+        rule.runtime_rounded(size).ok()
+    }
+
+    /// A snapshot of the call counters and the live usage.
+    pub fn stats(&self) -> SimStats {
+        let (calls, failures) = {
+            let c = lock(&self.counters);
+            (c.calls.clone(), c.failures.clone())
+        };
+        let (usage, live_blocks) = {
+            let mem = lock(&self.mem);
+            let usage = mem
+                .usage
+                .iter()
+                .filter(|(_, u)| u.blocks > 0)
+                .map(|(k, u)| (*k, *u))
+                .collect();
+            (usage, mem.blocks.len() as u64)
+        };
+        SimStats {
+            calls,
+            failures,
+            usage,
+            live_blocks,
+            live_streams: lock(&self.streams).len() as u64,
+            live_events: lock(&self.events).len() as u64,
+        }
+    }
+
+    /// Plans a failure: the calls `fault` names fail with its code instead of running.
+    ///
+    /// Faults fire in injection order; an injected failure has no effect besides being
+    /// counted. See [`Fault`].
+    ///
+    /// ```
+    /// use ascend_pool::source::sim::{AclFunc, Fault, SimSource};
+    /// use ascend_pool::source::BlockSource;
+    /// use ascend_pool::{AclError, Error, MemKind};
+    /// let sim = SimSource::default();
+    /// sim.inject_fault(Fault::out_of_memory(AclFunc::Malloc));
+    /// let err = sim.alloc_block(0, MemKind::DEVICE, 64).unwrap_err();
+    /// assert_eq!(err, Error::Runtime { func: "aclrtMalloc", code: AclError::RT_MEMORY_ALLOCATION });
+    /// assert!(sim.alloc_block(0, MemKind::DEVICE, 64).is_ok()); // the fault is spent
+    /// ```
+    pub fn inject_fault(&self, fault: Fault) {
+        lock(&self.faults).push(fault);
+    }
+
+    /// Removes every planned fault.
+    pub fn clear_faults(&self) {
+        lock(&self.faults).clear();
+    }
+
+    /// Queues `duration` of busy time on `stream`, as a kernel launch would.
+    ///
+    /// An unknown stream is refused with `RT_INVALID_HANDLE` under the name `"aclrtLaunchKernel"`.
+    pub fn enqueue_delay(&self, stream: StreamHandle, duration: Duration) -> Result<()> {
+        const FUNC: &str = "aclrtLaunchKernel";
+        let s = self
+            .stream(stream)
+            .map_err(|code| Error::Runtime { func: FUNC, code })?;
+        if s.push(Op::Delay(duration)) {
+            Ok(())
+        } else {
+            Err(Error::Runtime {
+                func: FUNC,
+                code: AclError::RT_INVALID_HANDLE,
+            })
+        }
+    }
+
+    /// Holds `stream` at this point of its queue until the returned [`StreamHold`] is
+    /// released or dropped: a deterministic way to keep queued work pending in tests.
+    ///
+    /// Forgetting the hold (`mem::forget`) blocks the stream for good, and then
+    /// `destroy_stream`, `synchronize_stream` and dropping the simulator never return.
+    ///
+    /// ```
+    /// use ascend_pool::source::sim::SimSource;
+    /// use ascend_pool::source::BlockSource;
+    /// let sim = SimSource::default();
+    /// let stream = sim.create_stream(0)?;
+    /// let event = sim.create_event(0)?;
+    /// let hold = sim.hold_stream(stream)?;
+    /// sim.record_event(event, stream)?;
+    /// assert!(!sim.query_event(event)?); // cannot complete while held
+    /// hold.release();
+    /// sim.synchronize_event(event)?;
+    /// assert!(sim.query_event(event)?);
+    /// # Ok::<(), ascend_pool::Error>(())
+    /// ```
+    pub fn hold_stream(&self, stream: StreamHandle) -> Result<StreamHold<'_>> {
+        const FUNC: &str = "aclrtLaunchKernel";
+        let s = self
+            .stream(stream)
+            .map_err(|code| Error::Runtime { func: FUNC, code })?;
+        let gate = Arc::new(Gate::default());
+        if s.push(Op::Gate(Arc::clone(&gate))) {
+            Ok(StreamHold {
+                gate,
+                _source: std::marker::PhantomData,
+            })
+        } else {
+            Err(Error::Runtime {
+                func: FUNC,
+                code: AclError::RT_INVALID_HANDLE,
+            })
+        }
+    }
+
+    /// Ops queued on `stream` and not yet finished.
+    pub fn pending_ops(&self, stream: StreamHandle) -> Result<u64> {
+        let s = self.stream(stream).map_err(|code| Error::Runtime {
+            func: AclFunc::SynchronizeStream.name(),
+            code,
+        })?;
+        Ok(s.pending())
+    }
+
+    /// Waits for every stream of `device` (`aclrtSynchronizeDevice`).
+    pub fn synchronize_device(&self, device: DeviceId) -> Result<()> {
+        if !self.valid_device(device) {
+            return Err(Error::Runtime {
+                func: "aclrtSynchronizeDevice",
+                code: AclError::RT_PARAM_INVALID,
+            });
+        }
+        let streams: Vec<Arc<Stream>> = lock(&self.streams)
+            .values()
+            .filter(|s| s.device() == device)
+            .cloned()
+            .collect();
+        for s in streams {
+            s.synchronize();
+        }
+        Ok(())
+    }
+
+    /// The live block containing `addr`, as it was handed out.
+    pub fn block_containing(&self, addr: usize) -> Option<Block> {
+        let mem = lock(&self.mem);
+        mem.block_containing(addr).map(|rec| Block {
+            addr: rec.start(),
+            size: rec.size,
+            kind: rec.kind,
+            device: rec.device,
+        })
+    }
+
+    fn valid_device(&self, device: DeviceId) -> bool {
+        u32::try_from(device).is_ok_and(|d| d < self.config.devices)
+    }
+
+    /// Counts a call of `func`, fires a planned fault or runs `body`, and names the error.
+    fn call<T>(&self, func: AclFunc, body: impl FnOnce() -> Result<T, AclError>) -> Result<T> {
+        *lock(&self.counters).calls.entry(func).or_default() += 1;
+        let fault = {
+            let mut faults = lock(&self.faults);
+            if faults.is_empty() {
+                None
+            } else {
+                faults.fire(func)
+            }
+        };
+        let result = match fault {
+            Some(code) => Err(code),
+            None => body(),
+        };
+        result.map_err(|code| {
+            *lock(&self.counters).failures.entry(func).or_default() += 1;
+            Error::Runtime {
+                func: func.name(),
+                code,
+            }
+        })
+    }
+
+    fn stream(&self, stream: StreamHandle) -> Result<Arc<Stream>, AclError> {
+        lock(&self.streams)
+            .get(&stream.0)
+            .cloned()
+            .ok_or(AclError::RT_INVALID_HANDLE)
+    }
+
+    fn event(&self, event: EventHandle) -> Result<Arc<Event>, AclError> {
+        lock(&self.events)
+            .get(&event.0)
+            .cloned()
+            .ok_or(AclError::RT_INVALID_HANDLE)
+    }
+
+    fn alloc(&self, device: DeviceId, kind: MemKind, size: u64) -> Result<Block, AclError> {
+        if size == 0 {
+            return Err(AclError::INVALID_PARAM);
+        }
+        if kind != MemKind::Host && !self.valid_device(device) {
+            return Err(AclError::RT_PARAM_INVALID);
+        }
+        let rounded = self
+            .rounded_size(kind, size)
+            .ok_or(AclError::RT_MEMORY_ALLOCATION)?;
+        let len = usize::try_from(rounded).map_err(|_| AclError::RT_MEMORY_ALLOCATION)?;
+
+        let mut mem = lock(&self.mem);
+        let mem = &mut *mem;
+        let fits = |used: u64, cap: u64| used.checked_add(rounded).is_some_and(|u| u <= cap);
+        match kind {
+            MemKind::Host => {
+                if !fits(mem.host_used, self.config.host_capacity) {
+                    return Err(AclError::RT_MEMORY_ALLOCATION);
+                }
+            }
+            _ => {
+                let used = mem.device_used[device as usize];
+                if !fits(used, self.config.device_capacity) {
+                    return Err(AclError::RT_MEMORY_ALLOCATION);
+                }
+                if kind == MemKind::Dvpp && !fits(mem.dvpp_used, self.config.dvpp_limit) {
+                    return Err(AclError::RT_MEMORY_ALLOCATION);
+                }
+            }
+        }
+        let mapping = Mapping::new(len).ok_or(AclError::RT_MEMORY_ALLOCATION)?;
+        let addr = mapping.addr();
+        debug_assert_eq!(addr as u64 % DEFAULT_ALIGN, 0);
+        debug_assert_eq!(addr as u64 % MODEL_INPUT_ALIGN, 0);
+        match kind {
+            MemKind::Host => mem.host_used += rounded,
+            MemKind::Dvpp => {
+                mem.device_used[device as usize] += rounded;
+                mem.dvpp_used += rounded;
+            }
+            _ => mem.device_used[device as usize] += rounded,
+        }
+        let u = mem.usage.entry((device, kind)).or_default();
+        u.blocks += 1;
+        u.rounded_bytes += rounded;
+        u.requested_bytes += size;
+        let previous = mem.blocks.insert(
+            addr,
+            BlockRecord {
+                mapping: Arc::new(mapping),
+                kind,
+                device,
+                size,
+                rounded,
+            },
+        );
+        debug_assert!(previous.is_none(), "two live mappings at one address");
+        Ok(Block {
+            addr,
+            size,
+            kind,
+            device,
+        })
+    }
+
+    fn free(&self, block: Block) -> Result<(), AclError> {
+        let mut mem = lock(&self.mem);
+        let rec = mem
+            .blocks
+            .get(&block.addr)
+            .ok_or(AclError::RT_MEMORY_FREE)?;
+        if AclFunc::free_for(rec.kind) != AclFunc::free_for(block.kind) {
+            return Err(AclError::RT_MEMORY_FREE);
+        }
+        if rec.kind != block.kind || rec.size != block.size || rec.device != block.device {
+            return Err(AclError::INVALID_PARAM);
+        }
+        let rec = mem
+            .blocks
+            .remove(&block.addr)
+            .expect("the block was found above");
+        match rec.kind {
+            MemKind::Host => mem.host_used -= rec.rounded,
+            MemKind::Dvpp => {
+                mem.device_used[rec.device as usize] -= rec.rounded;
+                mem.dvpp_used -= rec.rounded;
+            }
+            _ => mem.device_used[rec.device as usize] -= rec.rounded,
+        }
+        let u = mem
+            .usage
+            .get_mut(&(rec.device, rec.kind))
+            .expect("usage tracks every live block");
+        u.blocks -= 1;
+        u.rounded_bytes -= rec.rounded;
+        u.requested_bytes -= rec.size;
+        // The mapping is unmapped here, or when the last queued op holding it has run.
+        drop(rec);
+        Ok(())
+    }
+
+    fn info(&self, device: DeviceId, kind: MemKind) -> Result<(u64, u64), AclError> {
+        let mem = lock(&self.mem);
+        let cfg = &self.config;
+        if kind == MemKind::Host {
+            return Ok((cfg.host_capacity - mem.host_used, cfg.host_capacity));
+        }
+        if !self.valid_device(device) {
+            return Err(AclError::RT_PARAM_INVALID);
+        }
+        let device_free = cfg.device_capacity - mem.device_used[device as usize];
+        Ok(match kind {
+            MemKind::Dvpp => (
+                device_free.min(cfg.dvpp_limit - mem.dvpp_used),
+                cfg.device_capacity.min(cfg.dvpp_limit),
+            ),
+            _ => (device_free, cfg.device_capacity),
+        })
+    }
+
+    /// Checks a copy like the runtime; returns the blocks it touches, to keep them mapped.
+    fn check_copy(
+        &self,
+        dst: usize,
+        dst_max: u64,
+        src: usize,
+        count: u64,
+        kind: MemcpyKind,
+        asynchronous: bool,
+    ) -> Result<(usize, Vec<Arc<Mapping>>), AclError> {
+        if count > dst_max || dst == 0 || src == 0 {
+            return Err(AclError::INVALID_PARAM);
+        }
+        let count_usize = usize::try_from(count).map_err(|_| AclError::INVALID_PARAM)?;
+        let mem = lock(&self.mem);
+        let (dst_dev, src_dev) = match kind {
+            MemcpyKind::HostToHost => (false, false),
+            MemcpyKind::HostToDevice => (true, false),
+            MemcpyKind::DeviceToHost => (false, true),
+            MemcpyKind::DeviceToDevice => (true, true),
+            MemcpyKind::Default => (mem.is_device_addr(dst), mem.is_device_addr(src)),
+        };
+        let mut keep = Vec::with_capacity(2);
+        for (addr, on_device) in [(dst, dst_dev), (src, src_dev)] {
+            if on_device {
+                keep.push(mem.device_range(addr, count)?);
+            } else if let Some(rec) = mem.block_containing(addr) {
+                // Host side: not checkable, but if it is our pinned memory keep it mapped.
+                keep.push(Arc::clone(&rec.mapping));
+            }
+        }
+        let unaligned = |a: usize| a as u64 % DEFAULT_ALIGN != 0;
+        if asynchronous && dst_dev && src_dev && (unaligned(dst) || unaligned(src)) {
+            return Err(AclError::RT_ADDR_UNALIGNED);
+        }
+        Ok((count_usize, keep))
+    }
+
+    /// Checks a fill like the runtime; returns the block it touches.
+    fn check_fill(
+        &self,
+        dst: usize,
+        max: u64,
+        count: u64,
+    ) -> Result<(usize, Arc<Mapping>), AclError> {
+        if count > max || dst == 0 {
+            return Err(AclError::INVALID_PARAM);
+        }
+        let count_usize = usize::try_from(count).map_err(|_| AclError::INVALID_PARAM)?;
+        let mapping = lock(&self.mem).any_range(dst, count)?;
+        Ok((count_usize, mapping))
+    }
+}
+
+/// Keeps a stream stopped at one point of its queue; see [`SimSource::hold_stream`].
+///
+/// Dropping it releases the stream. It borrows the simulator, so it cannot outlive it.
+#[derive(Debug)]
+#[must_use = "dropping the hold releases the stream at once"]
+pub struct StreamHold<'a> {
+    gate: Arc<Gate>,
+    _source: std::marker::PhantomData<&'a SimSource>,
+}
+
+impl StreamHold<'_> {
+    /// Lets the stream go on.
+    pub fn release(self) {}
+}
+
+impl Drop for StreamHold<'_> {
+    fn drop(&mut self) {
+        self.gate.open();
+    }
+}
+
+impl Drop for SimSource {
+    fn drop(&mut self) {
+        let streams: Vec<Arc<Stream>> = lock(&self.streams).drain().map(|(_, s)| s).collect();
+        for s in &streams {
+            s.close();
+        }
+        // Blocks are unmapped when `mem` drops: no op is left holding them.
+    }
+}
+
+impl BlockSource for SimSource {
+    fn name(&self) -> &str {
+        "sim"
+    }
+
+    fn alloc_block(&self, device: DeviceId, kind: MemKind, size: u64) -> Result<Block> {
+        self.call(AclFunc::alloc_for(kind), || self.alloc(device, kind, size))
+    }
+
+    fn free_block(&self, block: Block) -> Result<()> {
+        self.call(AclFunc::free_for(block.kind), || self.free(block))
+    }
+
+    fn mem_info(&self, device: DeviceId, kind: MemKind) -> Result<(u64, u64)> {
+        self.call(AclFunc::GetMemInfo, || self.info(device, kind))
+    }
+
+    fn create_stream(&self, device: DeviceId) -> Result<StreamHandle> {
+        self.call(AclFunc::CreateStream, || {
+            if !self.valid_device(device) {
+                return Err(AclError::RT_PARAM_INVALID);
+            }
+            let id = self.next_handle.fetch_add(1, Ordering::Relaxed);
+            let stream = Stream::spawn(id, device).map_err(|_| AclError::RT_FAILURE)?;
+            lock(&self.streams).insert(id, Arc::new(stream));
+            Ok(StreamHandle(id))
+        })
+    }
+
+    fn destroy_stream(&self, stream: StreamHandle) -> Result<()> {
+        self.call(AclFunc::DestroyStream, || {
+            let s = lock(&self.streams)
+                .remove(&stream.0)
+                .ok_or(AclError::RT_INVALID_HANDLE)?;
+            s.close();
+            Ok(())
+        })
+    }
+
+    fn synchronize_stream(&self, stream: StreamHandle) -> Result<()> {
+        self.call(AclFunc::SynchronizeStream, || {
+            self.stream(stream)?.synchronize();
+            Ok(())
+        })
+    }
+
+    fn create_event(&self, device: DeviceId) -> Result<EventHandle> {
+        self.call(AclFunc::CreateEvent, || {
+            if !self.valid_device(device) {
+                return Err(AclError::RT_PARAM_INVALID);
+            }
+            let id = self.next_handle.fetch_add(1, Ordering::Relaxed);
+            lock(&self.events).insert(id, Arc::new(Event::new(device)));
+            Ok(EventHandle(id))
+        })
+    }
+
+    fn destroy_event(&self, event: EventHandle) -> Result<()> {
+        self.call(AclFunc::DestroyEvent, || {
+            // Ops already queued keep their own reference and still run.
+            lock(&self.events)
+                .remove(&event.0)
+                .map(drop)
+                .ok_or(AclError::RT_INVALID_HANDLE)
+        })
+    }
+
+    fn record_event(&self, event: EventHandle, stream: StreamHandle) -> Result<()> {
+        self.call(AclFunc::RecordEvent, || {
+            let e = self.event(event)?;
+            let s = self.stream(stream)?;
+            if e.device() != s.device() {
+                return Err(AclError::RT_PARAM_INVALID);
+            }
+            let queued = s.push_with(|| Op::Record {
+                seq: e.next_record(),
+                event: Arc::clone(&e),
+            });
+            queued.then_some(()).ok_or(AclError::RT_INVALID_HANDLE)
+        })
+    }
+
+    fn query_event(&self, event: EventHandle) -> Result<bool> {
+        self.call(AclFunc::QueryEventStatus, || {
+            Ok(self.event(event)?.is_complete())
+        })
+    }
+
+    fn synchronize_event(&self, event: EventHandle) -> Result<()> {
+        self.call(AclFunc::SynchronizeEvent, || {
+            self.event(event)?.synchronize();
+            Ok(())
+        })
+    }
+
+    fn stream_wait_event(&self, stream: StreamHandle, event: EventHandle) -> Result<()> {
+        self.call(AclFunc::StreamWaitEvent, || {
+            let e = self.event(event)?;
+            let s = self.stream(stream)?;
+            let seq = e.last_record();
+            let queued = s.push(Op::Wait { event: e, seq });
+            queued.then_some(()).ok_or(AclError::RT_INVALID_HANDLE)
+        })
+    }
+
+    unsafe fn memcpy(
+        &self,
+        dst: usize,
+        dst_max: u64,
+        src: usize,
+        count: u64,
+        kind: MemcpyKind,
+    ) -> Result<()> {
+        self.call(AclFunc::Memcpy, || {
+            let (n, keep) = self.check_copy(dst, dst_max, src, count, kind, false)?;
+            let cost = self.config.cost(count);
+            if !cost.is_zero() {
+                std::thread::sleep(cost);
+            }
+            // SAFETY: device-side ranges were checked to lie in live blocks, which `keep`
+            // holds mapped; host-side ranges are valid by this method's contract.
+            unsafe { mapping::copy_bytes(dst, src, n) };
+            drop(keep);
+            Ok(())
+        })
+    }
+
+    unsafe fn memcpy_async(
+        &self,
+        dst: usize,
+        dst_max: u64,
+        src: usize,
+        count: u64,
+        kind: MemcpyKind,
+        stream: StreamHandle,
+    ) -> Result<()> {
+        self.call(AclFunc::MemcpyAsync, || {
+            let s = self.stream(stream)?;
+            let (n, keep) = self.check_copy(dst, dst_max, src, count, kind, true)?;
+            let op = Op::Copy {
+                dst,
+                src,
+                count: n,
+                cost: self.config.cost(count),
+                keep,
+            };
+            s.push(op).then_some(()).ok_or(AclError::RT_INVALID_HANDLE)
+        })
+    }
+
+    unsafe fn memset(&self, dst: usize, max: u64, value: u8, count: u64) -> Result<()> {
+        self.call(AclFunc::Memset, || {
+            let (n, mapping) = self.check_fill(dst, max, count)?;
+            let cost = self.config.cost(count);
+            if !cost.is_zero() {
+                std::thread::sleep(cost);
+            }
+            // SAFETY: the range was checked to lie in a live block, held mapped by `mapping`.
+            unsafe { mapping::fill_bytes(dst, value, n) };
+            drop(mapping);
+            Ok(())
+        })
+    }
+
+    unsafe fn memset_async(
+        &self,
+        dst: usize,
+        max: u64,
+        value: u8,
+        count: u64,
+        stream: StreamHandle,
+    ) -> Result<()> {
+        self.call(AclFunc::MemsetAsync, || {
+            let s = self.stream(stream)?;
+            let (n, mapping) = self.check_fill(dst, max, count)?;
+            let op = Op::Fill {
+                dst,
+                value,
+                count: n,
+                cost: self.config.cost(count),
+                keep: vec![mapping],
+            };
+            s.push(op).then_some(()).ok_or(AclError::RT_INVALID_HANDLE)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;

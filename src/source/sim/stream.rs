@@ -1,0 +1,387 @@
+//! Streams with a worker thread each, and events recorded on them.
+//!
+//! A stream is a FIFO of [`Op`]s run one at a time by its own thread. An event counts
+//! records: `recorded` is the sequence number of the most recent `aclrtRecordEvent`,
+//! `completed` the highest record a worker has passed. The event is complete when
+//! `completed >= recorded` (so an event never recorded is complete).
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use super::mapping::{copy_bytes, fill_bytes, Mapping};
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Worker code does not panic while holding these locks; if a test thread did, the
+    // counters are still consistent, so keep going.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Work queued on a stream.
+pub(super) enum Op {
+    /// Holds the stream busy, as a kernel would.
+    Delay(Duration),
+    /// Copies `count` bytes from `src` to `dst`, taking `cost` of simulated time first.
+    Copy {
+        dst: usize,
+        src: usize,
+        count: usize,
+        cost: Duration,
+        /// The simulator blocks the copy touches, kept mapped until it has run.
+        keep: Vec<Arc<Mapping>>,
+    },
+    /// Fills `count` bytes at `dst` with `value`, taking `cost` first.
+    Fill {
+        dst: usize,
+        value: u8,
+        count: usize,
+        cost: Duration,
+        keep: Vec<Arc<Mapping>>,
+    },
+    /// Marks record number `seq` of `event` as passed.
+    Record { event: Arc<Event>, seq: u64 },
+    /// Waits until record number `seq` of `event` has been passed.
+    Wait { event: Arc<Event>, seq: u64 },
+    /// Waits until the gate is opened.
+    Gate(Arc<Gate>),
+}
+
+impl Op {
+    fn run(self) {
+        match self {
+            Op::Delay(d) => sleep(d),
+            Op::Copy {
+                dst,
+                src,
+                count,
+                cost,
+                keep,
+            } => {
+                sleep(cost);
+                // SAFETY: the simulator checked at enqueue time that every device-side range
+                // lies inside a live block, and `keep` holds those blocks mapped until now;
+                // host-side ranges are valid by the `memcpy_async` contract the caller accepted.
+                unsafe { copy_bytes(dst, src, count) };
+                drop(keep);
+            }
+            Op::Fill {
+                dst,
+                value,
+                count,
+                cost,
+                keep,
+            } => {
+                sleep(cost);
+                // SAFETY: the range was checked to lie inside a live block at enqueue time,
+                // and `keep` holds that block mapped until now.
+                unsafe { fill_bytes(dst, value, count) };
+                drop(keep);
+            }
+            Op::Record { event, seq } => event.complete(seq),
+            Op::Wait { event, seq } => event.wait_for(seq),
+            Op::Gate(gate) => gate.wait(),
+        }
+    }
+}
+
+fn sleep(d: Duration) {
+    if !d.is_zero() {
+        std::thread::sleep(d);
+    }
+}
+
+/// The queue a stream's worker drains.
+///
+/// Invariant: `completed + ops.len() + (1 if an op is running) == enqueued`.
+#[derive(Default)]
+struct Queue {
+    ops: VecDeque<Op>,
+    /// Ops ever pushed.
+    enqueued: u64,
+    /// Ops the worker has finished.
+    completed: u64,
+    /// No more ops will come: the worker exits once `ops` is empty.
+    closing: bool,
+}
+
+#[derive(Default)]
+struct StreamShared {
+    queue: Mutex<Queue>,
+    /// Signalled when an op is pushed, an op completes, or the stream closes.
+    cv: Condvar,
+}
+
+/// A simulated `aclrtStream`: a queue and the thread that runs it.
+pub(super) struct Stream {
+    device: i32,
+    shared: Arc<StreamShared>,
+    /// Taken by the first `close`.
+    worker: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for Stream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let q = lock(&self.shared.queue);
+        f.debug_struct("Stream")
+            .field("device", &self.device)
+            .field("enqueued", &q.enqueued)
+            .field("completed", &q.completed)
+            .finish()
+    }
+}
+
+impl Stream {
+    /// Starts a stream with its worker thread.
+    pub(super) fn spawn(id: usize, device: i32) -> std::io::Result<Self> {
+        let shared = Arc::new(StreamShared::default());
+        let theirs = Arc::clone(&shared);
+        let worker = std::thread::Builder::new()
+            .name(format!("acl-sim-stream-{id}"))
+            .spawn(move || worker_loop(&theirs))?;
+        Ok(Self {
+            device,
+            shared,
+            worker: Mutex::new(Some(worker)),
+        })
+    }
+
+    /// The device the stream was created on.
+    pub(super) fn device(&self) -> i32 {
+        self.device
+    }
+
+    /// Queues the op `make` builds behind everything already queued.
+    ///
+    /// `make` runs under the queue lock, only when the stream still takes work, so a
+    /// record number it draws is always followed by its `Record` op. Returns `false`
+    /// (and does not call `make`) once the stream is closing.
+    pub(super) fn push_with(&self, make: impl FnOnce() -> Op) -> bool {
+        let mut q = lock(&self.shared.queue);
+        if q.closing {
+            return false;
+        }
+        q.ops.push_back(make());
+        q.enqueued += 1;
+        self.shared.cv.notify_all();
+        true
+    }
+
+    /// Queues `op`; `false` once the stream is closing.
+    pub(super) fn push(&self, op: Op) -> bool {
+        self.push_with(|| op)
+    }
+
+    /// Blocks until every op queued before this call has run.
+    pub(super) fn synchronize(&self) {
+        let mut q = lock(&self.shared.queue);
+        let target = q.enqueued;
+        while q.completed < target {
+            q = self
+                .shared
+                .cv
+                .wait(q)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
+    /// Ops queued or running.
+    pub(super) fn pending(&self) -> u64 {
+        let q = lock(&self.shared.queue);
+        q.enqueued - q.completed
+    }
+
+    /// Refuses new work, lets the worker drain the queue, then joins it. Idempotent.
+    pub(super) fn close(&self) {
+        {
+            let mut q = lock(&self.shared.queue);
+            q.closing = true;
+            self.shared.cv.notify_all();
+        }
+        let worker = lock(&self.worker).take();
+        if let Some(worker) = worker {
+            // The worker never panics on its own; a join error would only relay a panic
+            // we cannot act on during teardown.
+            let _ = worker.join();
+        }
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+fn worker_loop(shared: &StreamShared) {
+    loop {
+        let op = {
+            let mut q = lock(&shared.queue);
+            loop {
+                if let Some(op) = q.ops.pop_front() {
+                    break op;
+                }
+                if q.closing {
+                    return;
+                }
+                q = shared.cv.wait(q).unwrap_or_else(PoisonError::into_inner);
+            }
+        };
+        op.run();
+        let mut q = lock(&shared.queue);
+        q.completed += 1;
+        shared.cv.notify_all();
+    }
+}
+
+/// A barrier a stream waits at until the host opens it.
+#[derive(Debug, Default)]
+pub(super) struct Gate {
+    open: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl Gate {
+    /// Lets the waiting stream go on (idempotent).
+    pub(super) fn open(&self) {
+        *lock(&self.open) = true;
+        self.cv.notify_all();
+    }
+
+    fn wait(&self) {
+        let mut open = lock(&self.open);
+        while !*open {
+            open = self.cv.wait(open).unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+}
+
+/// Record counters of an event.
+///
+/// Invariant: `completed <= recorded`.
+#[derive(Debug, Default)]
+struct EventState {
+    /// Sequence number of the most recent record (0: never recorded).
+    recorded: u64,
+    /// Highest record number a worker has passed.
+    completed: u64,
+}
+
+/// A simulated `aclrtEvent`.
+#[derive(Debug)]
+pub(super) struct Event {
+    device: i32,
+    state: Mutex<EventState>,
+    /// Signalled whenever `completed` grows.
+    cv: Condvar,
+}
+
+impl Event {
+    pub(super) fn new(device: i32) -> Self {
+        Self {
+            device,
+            state: Mutex::new(EventState::default()),
+            cv: Condvar::new(),
+        }
+    }
+
+    /// The device the event was created on.
+    pub(super) fn device(&self) -> i32 {
+        self.device
+    }
+
+    /// Starts a new record and returns its sequence number.
+    pub(super) fn next_record(&self) -> u64 {
+        let mut s = lock(&self.state);
+        s.recorded += 1;
+        s.recorded
+    }
+
+    /// The sequence number of the most recent record (0 when never recorded).
+    pub(super) fn last_record(&self) -> u64 {
+        lock(&self.state).recorded
+    }
+
+    /// Whether the most recent record has been passed.
+    pub(super) fn is_complete(&self) -> bool {
+        let s = lock(&self.state);
+        s.completed >= s.recorded
+    }
+
+    /// Blocks until the most recent record (as of this call) has been passed.
+    pub(super) fn synchronize(&self) {
+        let target = self.last_record();
+        self.wait_for(target);
+    }
+
+    fn complete(&self, seq: u64) {
+        let mut s = lock(&self.state);
+        if seq > s.completed {
+            s.completed = seq;
+            debug_assert!(s.completed <= s.recorded);
+            self.cv.notify_all();
+        }
+    }
+
+    fn wait_for(&self, seq: u64) {
+        let mut s = lock(&self.state);
+        while s.completed < seq {
+            s = self.cv.wait(s).unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    #[test]
+    fn ops_run_in_order_and_sync_waits() {
+        let s = Stream::spawn(1, 0).unwrap();
+        let e = Arc::new(Event::new(0));
+        assert!(e.is_complete(), "never recorded counts as complete");
+        assert!(s.push(Op::Delay(Duration::from_millis(50))));
+        let gate = Arc::new(Gate::default());
+        assert!(s.push(Op::Gate(Arc::clone(&gate))));
+        assert!(s.push_with(|| Op::Record {
+            event: Arc::clone(&e),
+            seq: e.next_record(),
+        }));
+        assert!(!e.is_complete());
+        assert!(s.pending() >= 2);
+        gate.open();
+        e.synchronize();
+        assert!(e.is_complete());
+        s.synchronize();
+        assert_eq!(s.pending(), 0);
+        s.close();
+        assert!(
+            !s.push(Op::Delay(Duration::ZERO)),
+            "closed streams take no work"
+        );
+    }
+
+    #[test]
+    fn wait_orders_two_streams() {
+        let a = Stream::spawn(1, 0).unwrap();
+        let b = Stream::spawn(2, 0).unwrap();
+        let e = Arc::new(Event::new(0));
+        let t0 = Instant::now();
+        assert!(a.push(Op::Delay(Duration::from_millis(80))));
+        let seq = e.next_record();
+        assert!(a.push(Op::Record {
+            event: Arc::clone(&e),
+            seq,
+        }));
+        assert!(b.push(Op::Wait {
+            event: Arc::clone(&e),
+            seq,
+        }));
+        b.synchronize();
+        assert!(t0.elapsed() >= Duration::from_millis(80));
+        assert!(e.is_complete());
+        drop(a);
+        drop(b);
+    }
+}

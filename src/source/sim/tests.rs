@@ -1,0 +1,317 @@
+//! Unit tests of the simulator's accounting and checks (timing-free where possible).
+
+use super::*;
+use crate::kind::MallocPolicy;
+
+fn code(r: Result<impl std::fmt::Debug>) -> (&'static str, AclError) {
+    match r {
+        Err(Error::Runtime { func, code }) => (func, code),
+        other => panic!("expected a runtime error, got {other:?}"),
+    }
+}
+
+fn small() -> SimSource {
+    SimSource::new(
+        SimConfig::default()
+            .with_devices(2)
+            .with_device_capacity(1 << 20)
+            .with_dvpp_limit(1 << 19)
+            .with_host_capacity(1 << 18),
+    )
+    .unwrap()
+}
+
+#[test]
+fn rounding_of_every_kind() {
+    let sim = SimSource::default();
+    let p = MallocPolicy::HugeFirst;
+    let cases = [
+        (MemKind::Device(p), 1, 64),
+        (MemKind::Device(p), 32, 64),
+        (MemKind::Device(p), 33, 96),
+        (MemKind::Cached(p), 33, 96),
+        (MemKind::DeviceAlign32(p), 1, 32),
+        (MemKind::DeviceAlign32(p), 33, 64),
+        (MemKind::Device(MallocPolicy::Huge1gOnly), 33, 64),
+        (MemKind::Cached(MallocPolicy::Huge1gOnlyP2p), 64, 64),
+        (MemKind::Dvpp, 3_110_400, 3_110_432),
+        (MemKind::Host, 100, 160),
+    ];
+    for (kind, size, rounded) in cases {
+        assert_eq!(sim.rounded_size(kind, size), Some(rounded), "{kind} {size}");
+        let b = sim.alloc_block(0, kind, size).unwrap();
+        assert_eq!(b.size, size);
+        assert_eq!(b.kind, kind);
+        assert_eq!(b.addr % 64, 0);
+        if kind == MemKind::Dvpp {
+            assert_eq!(b.addr % 128, 0);
+        }
+        assert_eq!(sim.stats().usage(0, kind).rounded_bytes, rounded);
+        assert_eq!(sim.stats().usage(0, kind).requested_bytes, size);
+        sim.free_block(b).unwrap();
+        assert_eq!(sim.stats().usage(0, kind), KindUsage::default());
+    }
+    assert_eq!(sim.rounded_size(MemKind::DEVICE, u64::MAX), None);
+}
+
+#[test]
+fn configured_padding_is_used() {
+    let sim = SimSource::new(SimConfig::default().with_padding(0)).unwrap();
+    assert_eq!(sim.rounded_size(MemKind::DEVICE, 33), Some(64));
+    let sim = SimSource::new(SimConfig::default().with_padding(64)).unwrap();
+    assert_eq!(sim.rounded_size(MemKind::DEVICE, 33), Some(128));
+    assert_eq!(
+        sim.rounded_size(MemKind::DeviceAlign32(MallocPolicy::HugeFirst), 33),
+        Some(64)
+    );
+    assert!(matches!(
+        SimSource::new(SimConfig::default().with_padding(16)),
+        Err(Error::Carve(_))
+    ));
+    assert!(matches!(
+        SimSource::new(SimConfig::default().with_devices(0)),
+        Err(Error::Config(_))
+    ));
+    assert!(matches!(
+        SimSource::new(SimConfig::default().with_host_capacity(0)),
+        Err(Error::Config(_))
+    ));
+}
+
+#[test]
+fn size_zero_names_the_function() {
+    let sim = SimSource::default();
+    let p = MallocPolicy::HugeFirst;
+    for (kind, func) in [
+        (MemKind::Device(p), "aclrtMalloc"),
+        (MemKind::DeviceAlign32(p), "aclrtMallocAlign32"),
+        (MemKind::Cached(p), "aclrtMallocCached"),
+        (MemKind::Dvpp, "acldvppMalloc"),
+        (MemKind::Host, "aclrtMallocHost"),
+    ] {
+        assert_eq!(
+            code(sim.alloc_block(0, kind, 0)),
+            (func, AclError::INVALID_PARAM)
+        );
+    }
+    let s = sim.stats();
+    assert_eq!(s.alloc_calls(MemKind::Dvpp), 1);
+    assert_eq!(s.failures(AclFunc::MallocHost), 1);
+    assert_eq!(s.live_blocks, 0);
+}
+
+#[test]
+fn bad_device_ids() {
+    let sim = small();
+    for d in [-1, 2, 100] {
+        assert_eq!(
+            code(sim.alloc_block(d, MemKind::DEVICE, 64)).1,
+            AclError::RT_PARAM_INVALID
+        );
+        assert_eq!(code(sim.create_stream(d)).1, AclError::RT_PARAM_INVALID);
+        assert_eq!(code(sim.create_event(d)).1, AclError::RT_PARAM_INVALID);
+        assert_eq!(
+            code(sim.mem_info(d, MemKind::Dvpp)).1,
+            AclError::RT_PARAM_INVALID
+        );
+    }
+    // Events are recorded on streams of their own device; waits may cross devices.
+    let s0 = sim.create_stream(0).unwrap();
+    let e1 = sim.create_event(1).unwrap();
+    assert_eq!(
+        code(sim.record_event(e1, s0)),
+        ("aclrtRecordEvent", AclError::RT_PARAM_INVALID)
+    );
+    sim.stream_wait_event(s0, e1).unwrap();
+    sim.synchronize_stream(s0).unwrap();
+    // Device 1 exists and has its own capacity.
+    let b = sim.alloc_block(1, MemKind::DEVICE, 1000).unwrap();
+    assert_eq!(b.device, 1);
+    assert_eq!(
+        sim.mem_info(0, MemKind::DEVICE).unwrap(),
+        (1 << 20, 1 << 20)
+    );
+    assert_eq!(
+        sim.mem_info(1, MemKind::DEVICE).unwrap(),
+        ((1 << 20) - 1056, 1 << 20)
+    );
+    sim.free_block(b).unwrap();
+}
+
+#[test]
+fn device_kinds_share_capacity_and_recover() {
+    let sim = small();
+    let p = MallocPolicy::HugeFirst;
+    // 1 MiB device: 512 KiB of align32 plus (512 KiB - 32) of aclrtMalloc fill it exactly.
+    let a = sim
+        .alloc_block(0, MemKind::DeviceAlign32(p), 512 << 10)
+        .unwrap();
+    let b = sim
+        .alloc_block(0, MemKind::Device(p), (512 << 10) - 32)
+        .unwrap();
+    assert_eq!(sim.mem_info(0, MemKind::Cached(p)).unwrap().0, 0);
+    assert_eq!(
+        code(sim.alloc_block(0, MemKind::Cached(p), 1)),
+        ("aclrtMallocCached", AclError::RT_MEMORY_ALLOCATION)
+    );
+    assert_eq!(
+        code(sim.alloc_block(0, MemKind::Dvpp, 1)),
+        ("acldvppMalloc", AclError::RT_MEMORY_ALLOCATION)
+    );
+    // Host memory is separate.
+    let h = sim.alloc_block(0, MemKind::Host, 1).unwrap();
+    sim.free_block(b).unwrap();
+    let c = sim.alloc_block(0, MemKind::Cached(p), 1000).unwrap();
+    for blk in [a, c, h] {
+        sim.free_block(blk).unwrap();
+    }
+    assert_eq!(
+        sim.mem_info(0, MemKind::DEVICE).unwrap(),
+        (1 << 20, 1 << 20)
+    );
+    assert_eq!(sim.stats().live_blocks, 0);
+}
+
+#[test]
+fn dvpp_limit_and_info() {
+    let sim = small();
+    assert_eq!(sim.mem_info(0, MemKind::Dvpp).unwrap(), (1 << 19, 1 << 19));
+    // The limit is per process: devices 0 and 1 share it.
+    let a = sim.alloc_block(0, MemKind::Dvpp, (256 << 10) - 32).unwrap();
+    let b = sim.alloc_block(1, MemKind::Dvpp, (256 << 10) - 32).unwrap();
+    assert_eq!(sim.mem_info(1, MemKind::Dvpp).unwrap().0, 0);
+    assert_eq!(
+        code(sim.alloc_block(1, MemKind::Dvpp, 1)).1,
+        AclError::RT_MEMORY_ALLOCATION
+    );
+    // Plain device memory is still there.
+    assert_eq!(
+        sim.mem_info(1, MemKind::DEVICE).unwrap().0,
+        (1 << 20) - (256 << 10)
+    );
+    sim.free_block(a).unwrap();
+    sim.free_block(b).unwrap();
+}
+
+#[test]
+fn host_capacity() {
+    let sim = small();
+    let a = sim.alloc_block(0, MemKind::Host, (1 << 18) - 32).unwrap();
+    assert_eq!(
+        code(sim.alloc_block(0, MemKind::Host, 1)),
+        ("aclrtMallocHost", AclError::RT_MEMORY_ALLOCATION)
+    );
+    assert_eq!(sim.mem_info(0, MemKind::Host).unwrap(), (0, 1 << 18));
+    sim.free_block(a).unwrap();
+    assert_eq!(sim.mem_info(0, MemKind::Host).unwrap(), (1 << 18, 1 << 18));
+}
+
+#[test]
+fn bad_frees_are_errors() {
+    let sim = small();
+    let p = MallocPolicy::HugeFirst;
+    let d = sim.alloc_block(0, MemKind::Dvpp, 100).unwrap();
+    let m = sim.alloc_block(0, MemKind::Device(p), 100).unwrap();
+    // aclrtFree on DVPP memory, acldvppFree on aclrtMalloc memory.
+    let as_device = Block {
+        kind: MemKind::Device(p),
+        ..d
+    };
+    assert_eq!(
+        code(sim.free_block(as_device)),
+        ("aclrtFree", AclError::RT_MEMORY_FREE)
+    );
+    let as_dvpp = Block {
+        kind: MemKind::Dvpp,
+        ..m
+    };
+    assert_eq!(
+        code(sim.free_block(as_dvpp)),
+        ("acldvppFree", AclError::RT_MEMORY_FREE)
+    );
+    // Same free function, but not the block handed out.
+    let wrong_size = Block { size: 99, ..m };
+    assert_eq!(code(sim.free_block(wrong_size)).1, AclError::INVALID_PARAM);
+    let wrong_kind = Block {
+        kind: MemKind::Cached(p),
+        ..m
+    };
+    assert_eq!(code(sim.free_block(wrong_kind)).1, AclError::INVALID_PARAM);
+    // Inside a block but not its start, and nowhere at all.
+    let inside = Block {
+        addr: m.addr + 64,
+        ..m
+    };
+    assert_eq!(code(sim.free_block(inside)).1, AclError::RT_MEMORY_FREE);
+    let nowhere = Block { addr: 64, ..m };
+    assert_eq!(code(sim.free_block(nowhere)).1, AclError::RT_MEMORY_FREE);
+    // The refusals changed nothing.
+    assert_eq!(sim.stats().live_blocks, 2);
+    sim.free_block(m).unwrap();
+    assert_eq!(
+        code(sim.free_block(m)),
+        ("aclrtFree", AclError::RT_MEMORY_FREE)
+    );
+    sim.free_block(d).unwrap();
+    let s = sim.stats();
+    assert_eq!(s.free_calls(MemKind::Dvpp), 2);
+    assert_eq!(s.failures(AclFunc::Free), 6);
+    assert_eq!(s.live_blocks, 0);
+}
+
+#[test]
+fn stale_handles() {
+    let sim = SimSource::default();
+    let s = sim.create_stream(0).unwrap();
+    let e = sim.create_event(0).unwrap();
+    sim.destroy_stream(s).unwrap();
+    sim.destroy_event(e).unwrap();
+    let h = AclError::RT_INVALID_HANDLE;
+    assert_eq!(code(sim.destroy_stream(s)), ("aclrtDestroyStream", h));
+    assert_eq!(code(sim.synchronize_stream(s)).1, h);
+    assert_eq!(code(sim.destroy_event(e)), ("aclrtDestroyEvent", h));
+    assert_eq!(code(sim.query_event(e)), ("aclrtQueryEventStatus", h));
+    assert_eq!(code(sim.synchronize_event(e)).1, h);
+    let s2 = sim.create_stream(0).unwrap();
+    let e2 = sim.create_event(0).unwrap();
+    assert_ne!(s2.0, s.0, "ids are not reused");
+    assert_eq!(code(sim.record_event(e, s2)).1, h);
+    assert_eq!(code(sim.record_event(e2, s)).1, h);
+    assert_eq!(code(sim.stream_wait_event(s2, e)).1, h);
+    assert_eq!(code(sim.stream_wait_event(s, e2)).1, h);
+    assert_eq!(code(sim.enqueue_delay(s, Duration::ZERO)).1, h);
+    assert!(sim.hold_stream(s).is_err());
+    assert_eq!(code(sim.pending_ops(s)).1, h);
+    let b = sim.alloc_block(0, MemKind::DEVICE, 64).unwrap();
+    // SAFETY: the block is live; a refused call touches nothing.
+    unsafe {
+        assert_eq!(code(sim.memset_async(b.addr, 64, 0, 64, s)).1, h);
+        assert_eq!(
+            code(sim.memcpy_async(b.addr, 64, b.addr, 64, MemcpyKind::DeviceToDevice, s)).1,
+            h
+        );
+    }
+    assert!(sim.query_event(e2).unwrap(), "never recorded is complete");
+    let st = sim.stats();
+    assert_eq!((st.live_streams, st.live_events), (1, 1));
+}
+
+#[test]
+fn debug_is_a_summary() {
+    let sim = SimSource::default();
+    let b = sim.alloc_block(0, MemKind::DEVICE, 64).unwrap();
+    let text = format!("{sim:?}");
+    assert!(text.contains("live_blocks: 1"), "{text}");
+    sim.free_block(b).unwrap();
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<SimSource>();
+}
+
+#[test]
+fn cost_follows_bandwidth() {
+    let cfg = SimConfig::default()
+        .with_copy_bandwidth(1 << 20)
+        .with_op_latency(Duration::from_millis(1));
+    assert_eq!(cfg.cost(1 << 20), Duration::from_millis(1001));
+    assert_eq!(SimConfig::default().cost(1 << 30), Duration::ZERO);
+}

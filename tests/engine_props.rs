@@ -1,0 +1,206 @@
+//! Property tests: random allocate/free sequences against a shadow model, after every step.
+//!
+//! Invariants checked:
+//! - every live segment lies inside the range, starts at its rule's alignment and has
+//!   exactly the rule's footprint;
+//! - no two live segments overlap (the shadow keeps them ordered by offset);
+//! - freeing a handle twice, or a handle from another engine, is a typed error and
+//!   changes nothing;
+//! - `validate()` passes and the counters equal the shadow's sums after every step.
+
+use ascend_pool::engine::{Allocation, CarveEngine, EngineConfig, EngineError, RangeTier};
+use ascend_pool::CarveRule;
+use proptest::prelude::*;
+use std::collections::BTreeMap;
+
+#[derive(Debug, Clone)]
+enum Op {
+    Alloc { len: u64, align: u64, padding: u64 },
+    Free(usize),
+    DoubleFree(usize),
+    Foreign,
+    Trim,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let len = prop_oneof![
+        4 => 1u64..256,
+        4 => 256u64..8192,
+        2 => 8192u64..(1 << 20),
+        1 => Just(3_110_400u64),
+        1 => (0u64..4).prop_map(|k| u64::MAX - k * 1000), // overflow
+        1 => Just(0u64),
+    ];
+    let align =
+        prop_oneof![6 => Just(64u64), 3 => Just(128u64), 1 => Just(4096u64), 1 => Just(2u64 << 20)];
+    prop_oneof![
+        6 => (len, align, prop_oneof![Just(32u64), Just(0u64), Just(64u64)])
+            .prop_map(|(len, align, padding)| Op::Alloc { len, align, padding }),
+        4 => any::<usize>().prop_map(Op::Free),
+        1 => any::<usize>().prop_map(Op::DoubleFree),
+        1 => Just(Op::Foreign),
+        1 => Just(Op::Trim),
+    ]
+}
+
+struct Shadow {
+    /// offset -> (footprint, len)
+    live: BTreeMap<u64, (u64, u64)>,
+    handles: Vec<Allocation>,
+    freed: Vec<Allocation>,
+}
+
+impl Shadow {
+    fn check(&self, e: &CarveEngine, capacity: u64) {
+        e.validate().unwrap();
+        let mut end = 0;
+        for (&off, &(fp, _)) in &self.live {
+            assert!(off >= end, "segments overlap at {off}");
+            end = off + fp;
+        }
+        assert!(end <= capacity);
+        let c = e.counters();
+        assert_eq!(c.live as usize, self.live.len());
+        assert_eq!(
+            c.footprint_bytes,
+            self.live.values().map(|v| v.0).sum::<u64>()
+        );
+        assert_eq!(
+            c.requested_bytes,
+            self.live.values().map(|v| v.1).sum::<u64>()
+        );
+        assert!(e.high_water() >= end);
+    }
+}
+
+fn run(ops: Vec<Op>, tier: RangeTier, slab_max: u64) {
+    let capacity = 64 << 20;
+    let cfg = EngineConfig {
+        range: tier,
+        slab_max,
+    };
+    let mut e = CarveEngine::new(capacity, cfg).unwrap();
+    let mut other = CarveEngine::new(1 << 20, cfg).unwrap();
+    let foreign = other.alloc(100, CarveRule::default()).unwrap();
+    let mut s = Shadow {
+        live: BTreeMap::new(),
+        handles: vec![],
+        freed: vec![],
+    };
+    for op in ops {
+        match op {
+            Op::Alloc {
+                len,
+                align,
+                padding,
+            } => {
+                let rule = CarveRule::new(padding, align).unwrap();
+                match e.alloc(len, rule) {
+                    Ok(a) => {
+                        assert_eq!(a.len(), len);
+                        assert_eq!(Ok(a.footprint()), rule.footprint(len));
+                        assert_eq!(a.offset() % align, 0, "misaligned start");
+                        assert!(a.offset() + a.footprint() <= capacity);
+                        assert!(s.live.insert(a.offset(), (a.footprint(), len)).is_none());
+                        s.handles.push(a);
+                    }
+                    Err(EngineError::Carve(_)) => assert!(len == 0 || len > capacity),
+                    Err(EngineError::OutOfSpace { footprint, .. }) => {
+                        assert_eq!(Ok(footprint), rule.footprint(len))
+                    }
+                    Err(other) => panic!("unexpected {other:?}"),
+                }
+            }
+            Op::Free(i) if !s.handles.is_empty() => {
+                let a = s.handles.swap_remove(i % s.handles.len());
+                e.free(a).unwrap();
+                s.live.remove(&a.offset()).unwrap();
+                s.freed.push(a);
+            }
+            Op::DoubleFree(i) if !s.freed.is_empty() => {
+                let a = s.freed[i % s.freed.len()];
+                assert!(matches!(e.free(a), Err(EngineError::AlreadyFreed { .. })));
+            }
+            Op::Foreign => assert_eq!(e.free(foreign), Err(EngineError::ForeignAllocation)),
+            Op::Trim => e.trim(),
+            _ => {}
+        }
+        s.check(&e, capacity);
+    }
+    for a in s.handles.drain(..) {
+        e.free(a).unwrap();
+    }
+    e.trim();
+    e.validate().unwrap();
+    assert!(e.is_empty());
+    assert_eq!(e.stats().range.free_bytes, capacity, "everything came back");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+
+    #[test]
+    fn tlsf_with_slabs_matches_shadow(ops in prop::collection::vec(op(), 1..400)) {
+        run(ops, RangeTier::Tlsf, 1024);
+    }
+
+    #[test]
+    fn tlsf_without_slabs_matches_shadow(ops in prop::collection::vec(op(), 1..300)) {
+        run(ops, RangeTier::Tlsf, 0);
+    }
+
+    #[test]
+    fn buddy_with_slabs_matches_shadow(ops in prop::collection::vec(op(), 1..300)) {
+        run(ops, RangeTier::Buddy, 2048);
+    }
+}
+
+#[test]
+fn exhaustion_is_typed_and_recoverable() {
+    let mut e = CarveEngine::new(1 << 20, EngineConfig::default()).unwrap();
+    let mut held = vec![];
+    loop {
+        match e.alloc(100_000, CarveRule::default()) {
+            Ok(a) => held.push(a),
+            Err(EngineError::OutOfSpace {
+                footprint,
+                largest_free,
+            }) => {
+                assert_eq!(footprint, 100_032);
+                assert!(largest_free < footprint);
+                break;
+            }
+            Err(other) => panic!("{other:?}"),
+        }
+    }
+    e.validate().unwrap();
+    let a = held.pop().unwrap();
+    e.free(a).unwrap();
+    assert!(e.alloc(100_000, CarveRule::default()).is_ok());
+    e.validate().unwrap();
+}
+
+#[test]
+fn zero_and_huge_lengths_are_typed() {
+    let mut e = CarveEngine::new(1 << 20, EngineConfig::default()).unwrap();
+    assert!(matches!(
+        e.alloc(0, CarveRule::default()),
+        Err(EngineError::Carve(_))
+    ));
+    assert!(matches!(
+        e.alloc(u64::MAX, CarveRule::default()),
+        Err(EngineError::Carve(_))
+    ));
+    assert!(matches!(
+        e.alloc(u64::MAX - 100, CarveRule::default()),
+        Err(EngineError::OutOfSpace { .. })
+    ));
+    assert!(matches!(
+        e.alloc(1 << 40, CarveRule::default()),
+        Err(EngineError::OutOfSpace { .. })
+    ));
+    e.validate().unwrap();
+    assert_eq!(e.counters().failed, 4);
+    assert!(CarveEngine::new(0, EngineConfig::default()).is_err());
+    assert!(CarveEngine::new(100, EngineConfig::default()).is_err());
+}
