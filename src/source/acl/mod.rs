@@ -92,21 +92,14 @@ fn check(func: &'static str, code: sys::aclError) -> Result<()> {
     AclError::check(code).map_err(|code| Error::Runtime { func, code })
 }
 
-/// The error for a value that does not fit the C type the runtime takes.
-fn too_big(func: &'static str) -> Error {
-    Error::Runtime {
-        func,
-        code: AclError::INVALID_PARAM,
-    }
-}
-
-/// The error for a handle or address this source does not hold.
+/// The error for a call refused before the runtime: a handle or address this source does not
+/// hold, or a value that does not fit the C type the runtime takes.
 fn refused(func: &'static str, code: AclError) -> Error {
     Error::Runtime { func, code }
 }
 
 fn to_usize(func: &'static str, v: u64) -> Result<usize> {
-    usize::try_from(v).map_err(|_| too_big(func))
+    usize::try_from(v).map_err(|_| refused(func, AclError::INVALID_PARAM))
 }
 
 /// A process-unique id per [`AclSource`], for the per-thread current-device cache.
@@ -426,7 +419,8 @@ impl AclSource {
                         .map_err(|_| Error::NotSupported {
                             func: "acldvppMalloc",
                         })?;
-                    let dev = u32::try_from(device).map_err(|_| too_big("hi_mpi_dvpp_malloc"))?;
+                    let dev = u32::try_from(device)
+                        .map_err(|_| refused("hi_mpi_dvpp_malloc", AclError::INVALID_PARAM))?;
                     // SAFETY: `ptr` is a live out-pointer.
                     let code = unsafe { f(dev, &mut ptr, size as u64) };
                     ("hi_mpi_dvpp_malloc", code, Freer::HiMpiDvppFree)
