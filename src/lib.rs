@@ -11,17 +11,26 @@
 //! - [`kind`]: memory kinds and the rule each implies;
 //! - [`engine`]: carving engines over offsets (buddy, TLSF, slab), no memory, no `unsafe`;
 //! - [`source`]: block sources, the only code that talks to a runtime;
+//! - [`pool`]: one pool per memory kind, chunks from a source, statistics, snapshots;
+//! - [`region`]: typed regions and validated copies, the public face;
+//! - [`trace`] and [`peers`]: tools — allocation traces, a validating reader, a replay driver,
+//!   and other range allocators behind the same replay trait for comparison;
 //! - [`error`]: the typed errors every layer returns.
 #![warn(missing_docs, missing_debug_implementations, rust_2018_idioms)]
 
 pub mod align;
 pub mod engine;
-
 pub mod error;
 pub mod kind;
+pub mod peers;
+pub mod pool;
+pub mod region;
 pub mod source;
+pub mod trace;
 
 pub use align::CarveRule;
 pub use error::{AclError, Error, Result};
 pub use kind::{MallocPolicy, MemKind};
+pub use pool::{Pool, PoolConfig};
+pub use region::{DeviceRegion, DvppRegion, HostRegion, Region, Stream};
 pub use source::sim::SimSource;

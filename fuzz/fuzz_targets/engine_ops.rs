@@ -1,0 +1,83 @@
+//! Arbitrary operation sequences against every engine configuration, `validate()` after each.
+#![no_main]
+
+use arbitrary::Arbitrary;
+use ascend_pool::engine::{Allocation, CarveEngine, EngineConfig, EngineError, RangeTier};
+use ascend_pool::CarveRule;
+use libfuzzer_sys::fuzz_target;
+
+#[derive(Arbitrary, Debug)]
+enum Op {
+    Alloc { len: u64, align_log: u8, padding: u8 },
+    AllocSmall { len: u16 },
+    Free { index: u16 },
+    FreeAgain { index: u16 },
+    FreeForeign,
+    Trim,
+}
+
+#[derive(Arbitrary, Debug)]
+struct Input {
+    buddy: bool,
+    slab_max: u16,
+    capacity_log: u8,
+    ops: Vec<Op>,
+}
+
+fuzz_target!(|input: Input| {
+    let capacity = 1u64 << (12 + input.capacity_log % 16);
+    let config = EngineConfig {
+        range: if input.buddy { RangeTier::Buddy } else { RangeTier::Tlsf },
+        slab_max: u64::from(input.slab_max % 8192),
+    };
+    let mut engine = CarveEngine::new(capacity, config).unwrap();
+    let mut other = CarveEngine::new(1 << 16, config).unwrap();
+    let foreign = other.alloc(1, CarveRule::default()).unwrap();
+    let mut live: Vec<Allocation> = Vec::new();
+    let mut freed: Vec<Allocation> = Vec::new();
+    for op in input.ops.into_iter().take(2000) {
+        match op {
+            Op::Alloc { len, align_log, padding } => {
+                let Ok(rule) = CarveRule::new(u64::from(padding % 4) * 32, 1 << (6 + align_log % 16))
+                else {
+                    continue;
+                };
+                if let Ok(a) = engine.alloc(len, rule) {
+                    assert_eq!(a.offset() % rule.align(), 0);
+                    assert!(a.offset() + a.footprint() <= capacity);
+                    live.push(a);
+                }
+            }
+            Op::AllocSmall { len } => {
+                if let Ok(a) = engine.alloc(u64::from(len), CarveRule::default()) {
+                    live.push(a);
+                }
+            }
+            Op::Free { index } if !live.is_empty() => {
+                let a = live.swap_remove(usize::from(index) % live.len());
+                engine.free(a).unwrap();
+                freed.push(a);
+            }
+            Op::FreeAgain { index } if !freed.is_empty() => {
+                let a = freed[usize::from(index) % freed.len()];
+                assert!(matches!(engine.free(a), Err(EngineError::AlreadyFreed { .. })));
+            }
+            Op::FreeForeign => assert_eq!(engine.free(foreign), Err(EngineError::ForeignAllocation)),
+            Op::Trim => engine.trim(),
+            _ => {}
+        }
+        engine.validate().unwrap();
+        // No two live segments overlap.
+        let mut spans: Vec<(u64, u64)> = live.iter().map(|a| (a.offset(), a.footprint())).collect();
+        spans.sort_unstable();
+        for w in spans.windows(2) {
+            assert!(w[0].0 + w[0].1 <= w[1].0);
+        }
+    }
+    for a in live {
+        engine.free(a).unwrap();
+    }
+    engine.trim();
+    engine.validate().unwrap();
+    assert!(engine.is_empty());
+});

@@ -1,0 +1,415 @@
+//! Peer allocators behind [`RangeReplayer`], for `ascend-pool replay --compare`.
+//!
+//! Each adapter manages one address range per memory kind, starting at offset 0,
+//! and carves every segment with the same rule as our own engine: it asks its
+//! allocator for `rule.footprint(len)` bytes at a start aligned to
+//! `rule.align()`. The reserved bytes of a range are its high water: the
+//! highest segment end (`offset + footprint`) it ever handed out.
+//!
+//! - [`OffsetAllocatorFactory`]: the `offset-allocator` crate (two-level bins over
+//!   `u32` units). Its unit is the kind's default alignment (64 bytes, 128 for DVPP);
+//!   an event asking for more alignment than the unit gets `align - unit` extra
+//!   bytes and its offset rounded up.
+//! - [`RlsfFactory`]: the `rlsf` crate (TLSF with in-band headers). It manages real
+//!   memory, so each range is an `mmap(MAP_NORESERVE)` region; offsets are measured
+//!   from its base. Only the pages holding rlsf's headers are ever touched.
+//! - [`BuddyFactory`]: `buddy_system_allocator::FrameAllocator` with 64-byte frames
+//!   (power-of-two blocks, naturally aligned).
+
+use std::alloc::Layout;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ptr::NonNull;
+use std::rc::Rc;
+
+use crate::align::CarveRule;
+use crate::kind::MemKind;
+use crate::trace::{RangeReplayer, ReplayerFactory};
+
+// ---------------------------------------------------------------------------
+// offset-allocator
+
+/// One range of the `offset-allocator` crate.
+pub struct OffsetAllocatorRange {
+    inner: offset_allocator::Allocator,
+    /// Bytes per allocator unit (a power of two >= 64).
+    unit: u64,
+    high_water: u64,
+}
+
+impl std::fmt::Debug for OffsetAllocatorRange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OffsetAllocatorRange")
+            .field("unit", &self.unit)
+            .field("high_water", &self.high_water)
+            .finish_non_exhaustive()
+    }
+}
+
+impl OffsetAllocatorRange {
+    /// A range of `capacity` bytes counted in units of `unit` bytes (a power of two);
+    /// capped at `u32::MAX - 1` units.
+    pub fn new(capacity: u64, unit: u64) -> Self {
+        assert!(unit.is_power_of_two());
+        let units = (capacity / unit).min(u64::from(u32::MAX - 1)) as u32;
+        Self {
+            // The default node budget (128 Ki) is too small for the largest traces.
+            inner: offset_allocator::Allocator::with_max_allocs(units, 1 << 21),
+            unit,
+            high_water: 0,
+        }
+    }
+}
+
+impl RangeReplayer for OffsetAllocatorRange {
+    type Token = offset_allocator::Allocation;
+
+    fn alloc(&mut self, len: u64, rule: CarveRule) -> Option<(u64, Self::Token)> {
+        let footprint = rule.footprint(len).ok()?;
+        let align = rule.align();
+        // Units cover the footprint plus the worst-case gap to reach `align`.
+        let extra = align.saturating_sub(self.unit);
+        let units = footprint.checked_add(extra)?.div_ceil(self.unit);
+        let a = self.inner.allocate(u32::try_from(units).ok()?)?;
+        let offset = crate::align::align_up(u64::from(a.offset) * self.unit, align)?;
+        self.high_water = self.high_water.max(offset + footprint);
+        Some((offset, a))
+    }
+
+    fn free(&mut self, token: Self::Token) {
+        self.inner.free(token);
+    }
+
+    fn high_water(&self) -> u64 {
+        self.high_water
+    }
+}
+
+/// Builds [`OffsetAllocatorRange`]s, unit = the kind's default alignment.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct OffsetAllocatorFactory;
+
+impl ReplayerFactory for OffsetAllocatorFactory {
+    type Replayer = OffsetAllocatorRange;
+
+    fn name(&self) -> &str {
+        "offset-allocator"
+    }
+
+    fn new_range(&self, kind: MemKind, capacity: u64) -> Result<OffsetAllocatorRange, String> {
+        Ok(OffsetAllocatorRange::new(capacity, kind.default_align()))
+    }
+}
+
+// ---------------------------------------------------------------------------
+// rlsf
+
+/// A private anonymous mapping that reserves address space but no memory.
+#[derive(Debug)]
+struct Reservation {
+    base: NonNull<u8>,
+    len: usize,
+}
+
+impl Reservation {
+    fn new(len: usize) -> Result<Self, String> {
+        // SAFETY: an anonymous private mapping at an address of the kernel's choosing
+        // aliases nothing; the result is checked before use.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(format!(
+                "mmap of {len} bytes failed: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+        let base = NonNull::new(p.cast::<u8>()).ok_or("mmap returned null")?;
+        Ok(Self { base, len })
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        // SAFETY: `base..base+len` is exactly the mapping made in `new`, unmapped once here.
+        unsafe {
+            libc::munmap(self.base.as_ptr().cast(), self.len);
+        }
+    }
+}
+
+/// The TLSF configuration: 32 first-level classes of 32 bytes << fl (blocks up to
+/// 128 GiB), 32 second-level classes each.
+type RlsfTlsf = rlsf::Tlsf<'static, u32, u32, 32, 32>;
+
+/// One range of the `rlsf` crate over an `mmap(MAP_NORESERVE)` region.
+pub struct RlsfRange {
+    // Field order matters: `tlsf` points into `region` and is dropped first.
+    tlsf: RlsfTlsf,
+    region: Rc<Reservation>,
+    high_water: u64,
+}
+
+impl std::fmt::Debug for RlsfRange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RlsfRange")
+            .field("region", &self.region)
+            .field("high_water", &self.high_water)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RlsfRange {
+    /// A range of `capacity` bytes of reserved (not committed) address space.
+    pub fn new(capacity: u64) -> Result<Self, String> {
+        let len = usize::try_from(capacity).map_err(|e| e.to_string())?;
+        Self::over(Rc::new(Reservation::new(len)?))
+    }
+
+    /// A fresh TLSF over `region`, which no other live range may use.
+    fn over(region: Rc<Reservation>) -> Result<Self, String> {
+        let mut tlsf = RlsfTlsf::new();
+        let block = NonNull::slice_from_raw_parts(region.base, region.len);
+        // SAFETY: the region is mapped read/write and, while this range lives, used by
+        // nothing else (the factory hands a region to one live range at a time, see
+        // `RlsfFactory::new_range`); it outlives `tlsf` because this range holds an `Rc` to
+        // it and drops `tlsf` first (field order). The `'static` lifetime never leaves this
+        // struct.
+        unsafe { tlsf.insert_free_block_ptr(block) }.ok_or("region too small for rlsf")?;
+        Ok(Self {
+            tlsf,
+            region,
+            high_water: 0,
+        })
+    }
+}
+
+impl RangeReplayer for RlsfRange {
+    /// Offset from the region base and the alignment used.
+    type Token = (u64, usize);
+
+    fn alloc(&mut self, len: u64, rule: CarveRule) -> Option<(u64, Self::Token)> {
+        let footprint = usize::try_from(rule.footprint(len).ok()?).ok()?;
+        let align = usize::try_from(rule.align()).ok()?;
+        let layout = Layout::from_size_align(footprint, align).ok()?;
+        let p = self.tlsf.allocate(layout)?;
+        let offset = (p.as_ptr() as usize - self.region.base.as_ptr() as usize) as u64;
+        self.high_water = self.high_water.max(offset + footprint as u64);
+        Some((offset, (offset, align)))
+    }
+
+    fn free(&mut self, (offset, align): Self::Token) {
+        // SAFETY: `offset` came from `alloc` on this range, so base + offset is inside the
+        // region and is a pointer `tlsf.allocate` returned with alignment `align`; the
+        // driver frees each token once.
+        unsafe {
+            let p = NonNull::new_unchecked(self.region.base.as_ptr().add(offset as usize));
+            self.tlsf.deallocate(p, align);
+        }
+    }
+
+    fn high_water(&self) -> u64 {
+        self.high_water
+    }
+}
+
+/// Builds [`RlsfRange`]s.
+///
+/// The factory keeps each kind's region mapped after its range is dropped and gives it
+/// to the next range of that kind, so a second replay of a trace (the warm-up policy of
+/// the CLI) touches pages that are already faulted in, like the other backends' heap
+/// metadata.
+#[derive(Debug, Default)]
+pub struct RlsfFactory {
+    regions: RefCell<HashMap<(usize, u64), Rc<Reservation>>>,
+}
+
+impl ReplayerFactory for RlsfFactory {
+    type Replayer = RlsfRange;
+
+    fn name(&self) -> &str {
+        "rlsf"
+    }
+
+    fn new_range(&self, kind: MemKind, capacity: u64) -> Result<RlsfRange, String> {
+        let key = (crate::trace::kind_index(kind), capacity);
+        let mut regions = self.regions.borrow_mut();
+        if let Some(r) = regions.get(&key) {
+            // Only reuse a region no live range holds (the factory's own count is 1).
+            if Rc::strong_count(r) == 1 {
+                return RlsfRange::over(Rc::clone(r));
+            }
+        }
+        let range = RlsfRange::new(capacity)?;
+        regions.insert(key, Rc::clone(&range.region));
+        Ok(range)
+    }
+}
+
+// ---------------------------------------------------------------------------
+// buddy_system_allocator
+
+/// Bytes per buddy frame.
+pub const BUDDY_FRAME: u64 = 64;
+
+/// One range of `buddy_system_allocator::FrameAllocator`, 64-byte frames.
+pub struct BuddyRange {
+    inner: buddy_system_allocator::FrameAllocator<33>,
+    high_water: u64,
+}
+
+impl std::fmt::Debug for BuddyRange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BuddyRange")
+            .field("high_water", &self.high_water)
+            .finish_non_exhaustive()
+    }
+}
+
+impl BuddyRange {
+    /// A range of `capacity` bytes.
+    pub fn new(capacity: u64) -> Self {
+        let mut inner = buddy_system_allocator::FrameAllocator::new();
+        inner.add_frame(0, (capacity / BUDDY_FRAME) as usize);
+        Self {
+            inner,
+            high_water: 0,
+        }
+    }
+}
+
+impl RangeReplayer for BuddyRange {
+    /// First frame and the layout (in frames) used.
+    type Token = (usize, Layout);
+
+    fn alloc(&mut self, len: u64, rule: CarveRule) -> Option<(u64, Self::Token)> {
+        let footprint = rule.footprint(len).ok()?;
+        let frames = usize::try_from(footprint.div_ceil(BUDDY_FRAME)).ok()?;
+        let align = usize::try_from(rule.align() / BUDDY_FRAME).ok()?;
+        let layout = Layout::from_size_align(frames, align).ok()?;
+        let first = self.inner.alloc_aligned(layout)?;
+        let offset = first as u64 * BUDDY_FRAME;
+        self.high_water = self.high_water.max(offset + footprint);
+        Some((offset, (first, layout)))
+    }
+
+    fn free(&mut self, (first, layout): Self::Token) {
+        self.inner.dealloc_aligned(first, layout);
+    }
+
+    fn high_water(&self) -> u64 {
+        self.high_water
+    }
+}
+
+/// Builds [`BuddyRange`]s.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BuddyFactory;
+
+impl ReplayerFactory for BuddyFactory {
+    type Replayer = BuddyRange;
+
+    fn name(&self) -> &str {
+        "buddy_system_allocator"
+    }
+
+    fn new_range(&self, _kind: MemKind, capacity: u64) -> Result<BuddyRange, String> {
+        Ok(BuddyRange::new(capacity))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    /// Random alloc/free against a shadow map of live ranges: no overlap, alignment kept,
+    /// high water equals the largest end seen.
+    fn conformance<R: RangeReplayer>(mut r: R) {
+        let rules = [
+            CarveRule::default(),
+            CarveRule::model_input(),
+            CarveRule::default().with_align(4096).unwrap(),
+        ];
+        let mut live: BTreeMap<u64, (u64, R::Token)> = BTreeMap::new();
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let mut max_end = 0;
+        for _ in 0..3000 {
+            if live.is_empty() || next() % 3 != 0 {
+                let rule = rules[(next() % 3) as usize];
+                let len = 1 + next() % 100_000;
+                let f = rule.footprint(len).unwrap();
+                let (off, tok) = r.alloc(len, rule).expect("range large enough");
+                assert_eq!(off % rule.align(), 0);
+                if let Some((&s, &(e, _))) = live.range(..=off).next_back() {
+                    assert!(e <= off, "overlaps {s}..{e}");
+                }
+                if let Some((&s, _)) = live.range(off..).next() {
+                    assert!(off + f <= s);
+                }
+                live.insert(off, (off + f, tok));
+                max_end = max_end.max(off + f);
+            } else {
+                let k = *live.keys().nth((next() as usize) % live.len()).unwrap();
+                let (_, tok) = live.remove(&k).unwrap();
+                r.free(tok);
+            }
+            assert_eq!(r.high_water(), max_end);
+        }
+    }
+
+    #[test]
+    fn offset_allocator_conforms() {
+        conformance(OffsetAllocatorRange::new(1 << 30, 64));
+        conformance(OffsetAllocatorRange::new(1 << 30, 128));
+    }
+
+    #[test]
+    fn rlsf_conforms() {
+        conformance(RlsfRange::new(1 << 30).unwrap());
+    }
+
+    #[test]
+    fn buddy_conforms() {
+        conformance(BuddyRange::new(1 << 30));
+    }
+
+    #[test]
+    fn rlsf_factory_reuses_idle_regions_only() {
+        let f = RlsfFactory::default();
+        let a = f.new_range(MemKind::Host, 1 << 30).unwrap();
+        let b = f.new_range(MemKind::Host, 1 << 30).unwrap();
+        assert_ne!(a.region.base, b.region.base);
+        let base = b.region.base;
+        drop(b);
+        let c = f.new_range(MemKind::Host, 1 << 30).unwrap();
+        assert_eq!(c.region.base, base);
+        conformance(c);
+    }
+
+    #[test]
+    fn full_range_refuses() {
+        let rule = CarveRule::default();
+        assert!(OffsetAllocatorRange::new(4096, 64)
+            .alloc(8192, rule)
+            .is_none());
+        assert!(RlsfRange::new(1 << 16)
+            .unwrap()
+            .alloc(1 << 17, rule)
+            .is_none());
+        assert!(BuddyRange::new(4096).alloc(8192, rule).is_none());
+    }
+}

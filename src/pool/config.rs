@@ -1,0 +1,257 @@
+//! Pool configuration: a builder, and `ASCEND_POOL_CONF` strings in the style of
+//! `PYTORCH_NPU_ALLOC_CONF` (`key:value` pairs separated by commas).
+
+use crate::engine::{EngineConfig, RangeTier};
+use crate::error::{Error, Result};
+use crate::kind::MallocPolicy;
+use crate::source::DeviceId;
+
+/// The environment variable [`PoolConfig::from_env`] reads.
+pub const CONF_ENV: &str = "ASCEND_POOL_CONF";
+
+/// How a pool grows, trims and checks itself.
+///
+/// | key (`ASCEND_POOL_CONF`) | field | default |
+/// |---|---|---|
+/// | `chunk_size` | [`chunk_size`](Self::chunk_size): bytes per block taken from the source | `32m` |
+/// | `large_threshold` | [`large_threshold`](Self::large_threshold): requests at least this big get a chunk of their own size | `chunk_size / 2` |
+/// | `padding` | [`padding`](Self::padding): carve-rule padding after each segment | `32` |
+/// | `limit` | [`limit`](Self::limit): most bytes one memory kind may reserve (`0` = none) | `0` |
+/// | `release_threshold` | [`release_threshold`](Self::release_threshold): empty chunks beyond this many bytes go back at once | `0` (none kept) |
+/// | `debug` | [`debug`](Self::debug): canaries in the padding, checked on free | `0` |
+/// | `slab_max` | largest footprint served by slabs | `1024` |
+/// | `range` | `tlsf` or `buddy` | `tlsf` |
+/// | `policy` | `huge_first`, `huge_only`, `normal_only`, `huge1g_only` | `huge_first` |
+/// | `device` | device id | `0` |
+///
+/// Sizes take `k`, `m`, `g` suffixes (powers of 1024).
+///
+/// ```
+/// use ascend_pool::pool::PoolConfig;
+/// let c = PoolConfig::parse("chunk_size:64m,padding:32,debug:1").unwrap();
+/// assert_eq!(c.chunk_size, 64 << 20);
+/// assert!(c.debug);
+/// assert!(PoolConfig::parse("chunk_size:lots").is_err());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolConfig {
+    /// Bytes per chunk taken from the block source (a multiple of 2 MiB).
+    pub chunk_size: u64,
+    /// Requests whose footprint reaches this get a dedicated chunk of their own size.
+    pub large_threshold: u64,
+    /// Carve-rule padding after each segment (32 by default; 0 on newer SoCs).
+    pub padding: u64,
+    /// Most bytes one memory kind may reserve from the source; 0 means no limit.
+    pub limit: u64,
+    /// Bytes of empty chunks a kind keeps cached; beyond this they go back on free.
+    pub release_threshold: u64,
+    /// Fill each segment's padding with a canary and check it on free.
+    pub debug: bool,
+    /// Carving engine settings for each chunk.
+    pub engine: EngineConfig,
+    /// Malloc policy for device kinds.
+    pub policy: MallocPolicy,
+    /// Device the pool allocates on.
+    pub device: DeviceId,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        Self {
+            chunk_size: 32 << 20,
+            large_threshold: 16 << 20,
+            padding: crate::align::DEFAULT_PADDING,
+            limit: 0,
+            release_threshold: 0,
+            debug: false,
+            engine: EngineConfig::default(),
+            policy: MallocPolicy::HugeFirst,
+            device: 0,
+        }
+    }
+}
+
+/// Granule chunks are sized in: the device's huge page.
+pub const CHUNK_GRANULE: u64 = 2 << 20;
+
+fn parse_size(v: &str) -> Option<u64> {
+    let v = v.trim().to_ascii_lowercase();
+    let (num, shift) = match v.strip_suffix(['k', 'm', 'g']) {
+        Some(n) => (
+            n,
+            match v.as_bytes()[v.len() - 1] {
+                b'k' => 10,
+                b'm' => 20,
+                _ => 30,
+            },
+        ),
+        None => (v.as_str(), 0),
+    };
+    num.parse::<u64>().ok()?.checked_mul(1u64 << shift)
+}
+
+impl PoolConfig {
+    /// Reads [`CONF_ENV`]; defaults when it is unset.
+    pub fn from_env() -> Result<Self> {
+        match std::env::var(CONF_ENV) {
+            Ok(s) => Self::parse(&s),
+            Err(_) => Ok(Self::default()),
+        }
+    }
+
+    /// Parses a `key:value,key:value` string over the defaults.
+    pub fn parse(s: &str) -> Result<Self> {
+        let mut c = Self::default();
+        let mut large_set = false;
+        for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+            let (k, v) = item
+                .split_once(':')
+                .ok_or_else(|| Error::Config(format!("`{item}` is not key:value")))?;
+            let size = || {
+                parse_size(v).ok_or_else(|| Error::Config(format!("`{v}` is not a size for {k}")))
+            };
+            match k.trim() {
+                "chunk_size" => c.chunk_size = size()?,
+                "large_threshold" => {
+                    c.large_threshold = size()?;
+                    large_set = true;
+                }
+                "padding" => c.padding = size()?,
+                "limit" => c.limit = size()?,
+                "release_threshold" => c.release_threshold = size()?,
+                "slab_max" => c.engine.slab_max = size()?,
+                "debug" => {
+                    c.debug = match v.trim() {
+                        "1" | "true" | "on" => true,
+                        "0" | "false" | "off" => false,
+                        _ => return Err(Error::Config(format!("debug:{v} is not 0 or 1"))),
+                    }
+                }
+                "range" => {
+                    c.engine.range = match v.trim() {
+                        "tlsf" => RangeTier::Tlsf,
+                        "buddy" => RangeTier::Buddy,
+                        _ => return Err(Error::Config(format!("range:{v} is not tlsf or buddy"))),
+                    }
+                }
+                "policy" => {
+                    c.policy = match v.trim() {
+                        "huge_first" => MallocPolicy::HugeFirst,
+                        "huge_only" => MallocPolicy::HugeOnly,
+                        "normal_only" => MallocPolicy::NormalOnly,
+                        "huge1g_only" => MallocPolicy::Huge1gOnly,
+                        _ => return Err(Error::Config(format!("unknown policy {v}"))),
+                    }
+                }
+                "device" => {
+                    c.device = v
+                        .trim()
+                        .parse()
+                        .map_err(|_| Error::Config(format!("device:{v} is not a device id")))?
+                }
+                other => return Err(Error::Config(format!("unknown key `{other}`"))),
+            }
+        }
+        if !large_set {
+            c.large_threshold = c.chunk_size / 2;
+        }
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// Checks that the settings make sense together.
+    pub fn validate(&self) -> Result<()> {
+        if self.chunk_size == 0 || self.chunk_size % CHUNK_GRANULE != 0 {
+            return Err(Error::Config(format!(
+                "chunk_size {} is not a non-zero multiple of 2 MiB",
+                self.chunk_size
+            )));
+        }
+        crate::align::CarveRule::new(self.padding, 64)?;
+        if self.engine.slab_max % 64 != 0 || self.engine.slab_max > self.chunk_size / 64 {
+            return Err(Error::Config(format!(
+                "slab_max {} is not a multiple of 64 well below chunk_size",
+                self.engine.slab_max
+            )));
+        }
+        Ok(())
+    }
+
+    /// Builder: bytes per chunk (a multiple of 2 MiB).
+    pub fn with_chunk_size(mut self, bytes: u64) -> Self {
+        self.chunk_size = bytes;
+        self.large_threshold = bytes / 2;
+        self
+    }
+    /// Builder: memory limit per kind.
+    pub fn with_limit(mut self, bytes: u64) -> Self {
+        self.limit = bytes;
+        self
+    }
+    /// Builder: carve-rule padding.
+    pub fn with_padding(mut self, bytes: u64) -> Self {
+        self.padding = bytes;
+        self
+    }
+    /// Builder: canaries in padding.
+    pub fn with_debug(mut self, on: bool) -> Self {
+        self.debug = on;
+        self
+    }
+    /// Builder: empty-chunk bytes kept cached.
+    pub fn with_release_threshold(mut self, bytes: u64) -> Self {
+        self.release_threshold = bytes;
+        self
+    }
+    /// Builder: device id.
+    pub fn with_device(mut self, device: DeviceId) -> Self {
+        self.device = device;
+        self
+    }
+    /// Builder: engine settings.
+    pub fn with_engine(mut self, engine: EngineConfig) -> Self {
+        self.engine = engine;
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_every_key() {
+        let c = PoolConfig::parse(
+            "chunk_size:64m, padding:0, limit:8g, release_threshold:128m, debug:on, \
+             slab_max:2k, range:buddy, policy:huge1g_only, device:3",
+        )
+        .unwrap();
+        assert_eq!(c.chunk_size, 64 << 20);
+        assert_eq!(c.large_threshold, 32 << 20);
+        assert_eq!(c.padding, 0);
+        assert_eq!(c.limit, 8 << 30);
+        assert_eq!(c.release_threshold, 128 << 20);
+        assert!(c.debug);
+        assert_eq!(c.engine.slab_max, 2048);
+        assert_eq!(c.engine.range, RangeTier::Buddy);
+        assert_eq!(c.policy, MallocPolicy::Huge1gOnly);
+        assert_eq!(c.device, 3);
+    }
+
+    #[test]
+    fn rejects_nonsense() {
+        for bad in [
+            "chunk_size:3m",
+            "chunk_size:0",
+            "padding:17",
+            "debug:maybe",
+            "frobnicate:1",
+            "chunk_size",
+            "limit:99999999999999999999g",
+            "range:first_fit",
+        ] {
+            assert!(PoolConfig::parse(bad).is_err(), "{bad} was accepted");
+        }
+        assert_eq!(PoolConfig::parse("").unwrap(), PoolConfig::default());
+    }
+}

@@ -1,0 +1,895 @@
+//! The pool: big blocks from a [`BlockSource`], carved by [`CarveEngine`]s, one pool per
+//! memory kind of one device.
+//!
+//! A kind's pool grows by chunks (dedicated chunks for large requests), serves from the
+//! chunks' engines, defers frees of regions still in use by streams until an event
+//! recorded at free time has completed, gives empty chunks back on [`Pool::trim`] and past
+//! the release threshold, and honours a memory limit. When the source runs out it reclaims
+//! deferred frees, trims, waits for streams, and retries before failing with an error
+//! that says what was requested, reserved, in use and the largest free range.
+
+pub mod config;
+
+pub use config::PoolConfig;
+
+use crate::align::CarveRule;
+use crate::engine::{Allocation, CarveEngine, EngineError, EngineStats};
+use crate::error::{Error, Result};
+use crate::kind::MemKind;
+use crate::source::{Block, BlockSource, EventHandle, MemcpyKind, StreamHandle};
+use smallvec::SmallVec;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// Byte written into every padding byte in debug mode.
+pub const CANARY: u8 = 0xCD;
+/// Idle events kept for reuse; more are destroyed.
+const EVENT_POOL_MAX: usize = 256;
+
+/// Per-kind statistics, as `torch_npu` users know them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct KindStats {
+    /// The memory kind.
+    pub kind: MemKind,
+    /// Footprint bytes of live regions.
+    pub allocated_bytes: u64,
+    /// Requested bytes of live regions.
+    pub requested_bytes: u64,
+    /// Bytes held from the block source.
+    pub reserved_bytes: u64,
+    /// Peak of `allocated_bytes`.
+    pub peak_allocated_bytes: u64,
+    /// Peak of `requested_bytes`.
+    pub peak_requested_bytes: u64,
+    /// Peak of `reserved_bytes`.
+    pub peak_reserved_bytes: u64,
+    /// Live regions.
+    pub live_regions: u64,
+    /// Allocations served so far.
+    pub allocations: u64,
+    /// Frees completed so far.
+    pub frees: u64,
+    /// Frees waiting for a stream to pass the region.
+    pub pending_frees: u64,
+    /// Chunks held.
+    pub chunks: u64,
+    /// Calls to the source's allocate.
+    pub source_alloc_calls: u64,
+    /// Calls to the source's free.
+    pub source_free_calls: u64,
+    /// Allocations that failed for lack of memory (after retrying).
+    pub ooms: u64,
+}
+
+impl KindStats {
+    fn new(kind: MemKind) -> Self {
+        Self {
+            kind,
+            allocated_bytes: 0,
+            requested_bytes: 0,
+            reserved_bytes: 0,
+            peak_allocated_bytes: 0,
+            peak_requested_bytes: 0,
+            peak_reserved_bytes: 0,
+            live_regions: 0,
+            allocations: 0,
+            frees: 0,
+            pending_frees: 0,
+            chunks: 0,
+            source_alloc_calls: 0,
+            source_free_calls: 0,
+            ooms: 0,
+        }
+    }
+}
+
+/// One live segment in a snapshot or leak report.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct SegmentInfo {
+    /// Memory kind.
+    pub kind: MemKind,
+    /// Address of the segment.
+    pub addr: usize,
+    /// Offset in its chunk.
+    pub offset: u64,
+    /// Requested bytes.
+    pub len: u64,
+    /// Footprint under the carve rule.
+    pub footprint: u64,
+    /// Whether its free waits for a stream.
+    pub pending: bool,
+}
+
+/// One chunk in a snapshot.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ChunkInfo {
+    /// Address of the block from the source.
+    pub addr: usize,
+    /// Bytes of the block.
+    pub size: u64,
+    /// Whether the chunk was made for one large request.
+    pub dedicated: bool,
+    /// The chunk engine's statistics.
+    pub engine: EngineStats,
+    /// Live segments, by offset.
+    pub segments: Vec<SegmentInfo>,
+}
+
+/// A kind's part of a snapshot.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct KindSnapshot {
+    /// Counters.
+    pub stats: KindStats,
+    /// Chunks, by address.
+    pub chunks: Vec<ChunkInfo>,
+}
+
+/// Every chunk and segment of a pool at one moment (serialise it with `serde_json`).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct PoolSnapshot {
+    /// The source's name.
+    pub source: String,
+    /// Device id.
+    pub device: i32,
+    /// Kinds that have been used.
+    pub kinds: Vec<KindSnapshot>,
+}
+
+#[derive(Debug)]
+struct Chunk {
+    block: Block,
+    /// First usable address (the block start, or higher for over-aligned dedicated chunks).
+    base: usize,
+    engine: CarveEngine,
+    dedicated: bool,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct LiveEntry {
+    chunk: usize,
+    alloc: Allocation,
+    addr: usize,
+    /// Set while the free waits for stream events.
+    pending: bool,
+}
+
+#[derive(Debug)]
+struct PendingFree {
+    key: usize,
+    events: SmallVec<[EventHandle; 2]>,
+}
+
+/// One memory kind's pool.
+///
+/// Invariants (checked by [`Pool::validate`]):
+/// - every entry of `live` names a chunk in `chunks` and an allocation live in its engine;
+/// - `stats.reserved_bytes` is the sum of chunk block sizes, `stats.chunks` their number;
+/// - `stats.allocated_bytes` / `requested_bytes` are the sums over `live`;
+/// - every pending free names a `live` entry marked pending, and no other entry is.
+#[derive(Debug)]
+struct KindPool {
+    kind: MemKind,
+    chunks: slab::Slab<Chunk>,
+    /// Chunk that served last: tried first.
+    hint: usize,
+    live: slab::Slab<LiveEntry>,
+    pending: Vec<PendingFree>,
+    stats: KindStats,
+}
+
+/// Shared state behind a [`Pool`] and its regions.
+#[derive(Debug)]
+pub(crate) struct PoolInner {
+    pub(crate) source: Arc<dyn BlockSource>,
+    pub(crate) config: PoolConfig,
+    kinds: [Mutex<KindPool>; 5],
+    idle_events: Mutex<Vec<EventHandle>>,
+    /// Overruns found when regions were dropped (drop cannot return them).
+    corruption: Mutex<Vec<Error>>,
+}
+
+/// A handle on a live segment: what a region holds.
+#[derive(Debug)]
+pub(crate) struct RawSegment {
+    pub(crate) kind: MemKind,
+    pub(crate) addr: usize,
+    pub(crate) len: u64,
+    pub(crate) align: u64,
+    key: usize,
+    alloc: Allocation,
+}
+
+fn kind_index(kind: MemKind) -> usize {
+    match kind {
+        MemKind::Device(_) => 0,
+        MemKind::DeviceAlign32(_) => 1,
+        MemKind::Cached(_) => 2,
+        MemKind::Dvpp => 3,
+        MemKind::Host => 4,
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding a kind lock cannot leave the engine half-updated in a way
+    // validate() would not report, so keep serving rather than poisoning every caller.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A pool over one block source and one device: one sub-pool per memory kind.
+///
+/// `Pool` is `Send + Sync`; share it with `Arc<Pool>` or by reference. Regions keep the
+/// memory they need alive on their own, so dropping the pool while regions live is safe:
+/// it prints a leak report and the chunks go back when the last region does.
+///
+/// ```
+/// use ascend_pool::pool::{Pool, PoolConfig};
+/// use ascend_pool::source::sim::SimSource;
+/// use std::sync::Arc;
+///
+/// let pool = Pool::new(Arc::new(SimSource::default()), PoolConfig::default()).unwrap();
+/// let mut frame = pool.alloc_dvpp(1920 * 1080 * 3 / 2).unwrap();
+/// let packet = vec![7u8; 4096];
+/// pool.copy_from_host(&mut frame, 0, &packet).unwrap();
+/// let mut back = vec![0u8; 4096];
+/// pool.copy_to_host(&frame, 0, &mut back).unwrap();
+/// assert_eq!(back, packet);
+/// drop(frame);
+/// pool.validate().unwrap();
+/// ```
+#[derive(Debug)]
+pub struct Pool {
+    pub(crate) inner: Arc<PoolInner>,
+}
+
+impl Pool {
+    /// A pool over `source` with `config`.
+    pub fn new(source: Arc<dyn BlockSource>, config: PoolConfig) -> Result<Self> {
+        config.validate()?;
+        let kinds = MemKind::ALL.map(|k| {
+            let kind = match k.policy() {
+                Some(_) => match k {
+                    MemKind::Device(_) => MemKind::Device(config.policy),
+                    MemKind::DeviceAlign32(_) => MemKind::DeviceAlign32(config.policy),
+                    _ => MemKind::Cached(config.policy),
+                },
+                None => k,
+            };
+            Mutex::new(KindPool {
+                kind,
+                chunks: slab::Slab::new(),
+                hint: 0,
+                live: slab::Slab::new(),
+                pending: Vec::new(),
+                stats: KindStats::new(kind),
+            })
+        });
+        Ok(Self {
+            inner: Arc::new(PoolInner {
+                source,
+                config,
+                kinds,
+                idle_events: Mutex::new(Vec::new()),
+                corruption: Mutex::new(Vec::new()),
+            }),
+        })
+    }
+
+    /// A pool over the simulator with the configuration in `ASCEND_POOL_CONF`.
+    pub fn from_env(source: Arc<dyn BlockSource>) -> Result<Self> {
+        Self::new(source, PoolConfig::from_env()?)
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &PoolConfig {
+        &self.inner.config
+    }
+
+    /// The block source.
+    pub fn source(&self) -> &Arc<dyn BlockSource> {
+        &self.inner.source
+    }
+
+    /// Counters of one kind.
+    pub fn stats(&self, kind: MemKind) -> KindStats {
+        let mut k = lock(&self.inner.kinds[kind_index(kind)]);
+        k.stats.pending_frees = k.pending.len() as u64;
+        k.stats
+    }
+
+    /// Counters of every kind, summed where summing makes sense (peaks are sums of peaks).
+    pub fn all_stats(&self) -> Vec<KindStats> {
+        MemKind::ALL.iter().map(|&k| self.stats(k)).collect()
+    }
+
+    /// Gives every empty chunk back to the source (after reclaiming completed deferred frees).
+    /// Returns the bytes released.
+    pub fn trim(&self) -> u64 {
+        let mut released = 0;
+        for m in &self.inner.kinds {
+            let mut k = lock(m);
+            self.inner.reclaim(&mut k, false);
+            released += self.inner.trim_kind(&mut k, 0);
+        }
+        released
+    }
+
+    /// Waits for every stream a deferred free is waiting on, then completes those frees.
+    pub fn synchronize(&self) -> Result<()> {
+        for m in &self.inner.kinds {
+            let mut k = lock(m);
+            self.inner.reclaim(&mut k, true);
+        }
+        Ok(())
+    }
+
+    /// Checks every invariant of every kind's pool and chunk engine.
+    pub fn validate(&self) -> Result<()> {
+        for m in &self.inner.kinds {
+            let k = lock(m);
+            k.validate()?;
+        }
+        Ok(())
+    }
+
+    /// Live segments (including those whose free waits for a stream).
+    pub fn leak_report(&self) -> Vec<SegmentInfo> {
+        let mut out = Vec::new();
+        for m in &self.inner.kinds {
+            let k = lock(m);
+            for (_, e) in k.live.iter() {
+                out.push(SegmentInfo {
+                    kind: k.kind,
+                    addr: e.addr,
+                    offset: e.alloc.offset(),
+                    len: e.alloc.len(),
+                    footprint: e.alloc.footprint(),
+                    pending: e.pending,
+                });
+            }
+        }
+        out.sort_by_key(|s| s.addr);
+        out
+    }
+
+    /// Padding overruns found when regions were dropped; taking them clears the list.
+    pub fn take_corruption_reports(&self) -> Vec<Error> {
+        std::mem::take(&mut *lock(&self.inner.corruption))
+    }
+
+    /// Every chunk and live segment, for a JSON dump or a picture.
+    pub fn snapshot(&self) -> PoolSnapshot {
+        let mut kinds = Vec::new();
+        for m in &self.inner.kinds {
+            let mut k = lock(m);
+            if k.stats.allocations == 0 && k.chunks.is_empty() {
+                continue;
+            }
+            k.stats.pending_frees = k.pending.len() as u64;
+            let mut chunks: Vec<(usize, ChunkInfo)> = k
+                .chunks
+                .iter()
+                .map(|(id, c)| {
+                    (
+                        id,
+                        ChunkInfo {
+                            addr: c.block.addr,
+                            size: c.block.size,
+                            dedicated: c.dedicated,
+                            engine: c.engine.stats(),
+                            segments: Vec::new(),
+                        },
+                    )
+                })
+                .collect();
+            for (_, e) in k.live.iter() {
+                if let Some((_, info)) = chunks.iter_mut().find(|(id, _)| *id == e.chunk) {
+                    info.segments.push(SegmentInfo {
+                        kind: k.kind,
+                        addr: e.addr,
+                        offset: e.alloc.offset(),
+                        len: e.alloc.len(),
+                        footprint: e.alloc.footprint(),
+                        pending: e.pending,
+                    });
+                }
+            }
+            let mut chunks: Vec<ChunkInfo> = chunks.into_iter().map(|(_, c)| c).collect();
+            chunks.sort_by_key(|c| c.addr);
+            for c in &mut chunks {
+                c.segments.sort_by_key(|s| s.offset);
+            }
+            kinds.push(KindSnapshot {
+                stats: k.stats,
+                chunks,
+            });
+        }
+        PoolSnapshot {
+            source: self.inner.source.name().to_string(),
+            device: self.inner.config.device,
+            kinds,
+        }
+    }
+
+    /// Allocates a raw segment (used by the typed constructors).
+    pub(crate) fn alloc_raw(&self, kind: MemKind, len: u64, align: u64) -> Result<RawSegment> {
+        self.inner.allocate(kind, len, align)
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        let leaks = self.leak_report();
+        if !leaks.is_empty() {
+            eprintln!(
+                "ascend-pool: pool dropped with {} live region(s); their chunks go back when they drop:",
+                leaks.len()
+            );
+            for l in leaks.iter().take(32) {
+                eprintln!(
+                    "  {} at {:#x} (chunk offset {}): {} bytes, footprint {}{}",
+                    l.kind,
+                    l.addr,
+                    l.offset,
+                    l.len,
+                    l.footprint,
+                    if l.pending {
+                        ", free waiting on a stream"
+                    } else {
+                        ""
+                    }
+                );
+            }
+        }
+    }
+}
+
+impl KindPool {
+    fn validate(&self) -> Result<()> {
+        let inv = |m: String| Err(Error::Invalid(format!("{} pool: {m}", self.kind)));
+        let mut reserved = 0;
+        for (_, c) in self.chunks.iter() {
+            c.engine.validate().map_err(|e| Error::Invalid(e.to_string()))?;
+            reserved += c.block.size;
+        }
+        if reserved != self.stats.reserved_bytes || self.chunks.len() as u64 != self.stats.chunks
+        {
+            return inv(format!(
+                "{} chunks / {reserved} bytes, counters say {} / {}",
+                self.chunks.len(),
+                self.stats.chunks,
+                self.stats.reserved_bytes
+            ));
+        }
+        let (mut fp, mut req) = (0, 0);
+        let mut per_chunk = std::collections::HashMap::<usize, u64>::new();
+        for (key, e) in self.live.iter() {
+            let Some(c) = self.chunks.get(e.chunk) else {
+                return inv(format!("segment {key} names a missing chunk"));
+            };
+            if c.base + e.alloc.offset() as usize != e.addr {
+                return inv(format!("segment {key} address disagrees with its chunk"));
+            }
+            fp += e.alloc.footprint();
+            req += e.alloc.len();
+            *per_chunk.entry(e.chunk).or_default() += 1;
+            let pending = self.pending.iter().any(|p| p.key == key);
+            if pending != e.pending {
+                return inv(format!("segment {key} pending flag is stale"));
+            }
+        }
+        for (id, c) in self.chunks.iter() {
+            let n = per_chunk.get(&id).copied().unwrap_or(0);
+            if c.engine.counters().live != n {
+                return inv(format!(
+                    "chunk {id} engine has {} live, registry {n}",
+                    c.engine.counters().live
+                ));
+            }
+        }
+        if fp != self.stats.allocated_bytes || req != self.stats.requested_bytes {
+            return inv("allocated/requested counters drifted".into());
+        }
+        if self.live.len() as u64 != self.stats.live_regions {
+            return inv("live counter drifted".into());
+        }
+        Ok(())
+    }
+}
+
+impl PoolInner {
+    fn rule(&self, kind: MemKind, align: u64) -> Result<CarveRule> {
+        let padding = match kind.policy() {
+            Some(p) if p.has_no_padding() => 0,
+            _ => self.config.padding,
+        };
+        Ok(CarveRule::new(padding, align)?)
+    }
+
+    fn allocate(&self, kind: MemKind, len: u64, align: u64) -> Result<RawSegment> {
+        let rule = self.rule(kind, align)?;
+        let footprint = rule.footprint(len)?;
+        let mut k = lock(&self.kinds[kind_index(kind)]);
+        let kind = k.kind;
+        let found = match Self::carve_existing(&mut k, len, rule) {
+            Some(x) => Some(x),
+            None => {
+                // Memory freed behind streams may be usable now: look lazily, only here.
+                if !k.pending.is_empty() && self.reclaim(&mut k, false) > 0 {
+                    Self::carve_existing(&mut k, len, rule)
+                } else {
+                    None
+                }
+            }
+        };
+        let (chunk, alloc) = match found {
+            Some(x) => x,
+            None => self.grow_and_carve(&mut k, len, rule, footprint)?,
+        };
+        let c = &k.chunks[chunk];
+        let addr = c.base + alloc.offset() as usize;
+        let key = k.live.insert(LiveEntry {
+            chunk,
+            alloc,
+            addr,
+            pending: false,
+        });
+        let s = &mut k.stats;
+        s.allocated_bytes += alloc.footprint();
+        s.requested_bytes += len;
+        s.peak_allocated_bytes = s.peak_allocated_bytes.max(s.allocated_bytes);
+        s.peak_requested_bytes = s.peak_requested_bytes.max(s.requested_bytes);
+        s.live_regions += 1;
+        s.allocations += 1;
+        drop(k);
+        if self.config.debug {
+            // Canary over the rule's padding and the alignment slack after it.
+            let pad_start = crate::align::align_up(len, crate::align::LEN_GRANULE).unwrap_or(len);
+            // SAFETY: [addr, addr + footprint) is the segment just carved from a live block of
+            // this source; nothing else uses it yet.
+            unsafe {
+                self.source.memset(
+                    addr + pad_start as usize,
+                    alloc.footprint() - pad_start,
+                    CANARY,
+                    alloc.footprint() - pad_start,
+                )?;
+            }
+        }
+        Ok(RawSegment {
+            kind,
+            addr,
+            len,
+            align,
+            key,
+            alloc,
+        })
+    }
+
+    fn carve_existing(k: &mut KindPool, len: u64, rule: CarveRule) -> Option<(usize, Allocation)> {
+        let hint = k.hint;
+        if let Some(c) = k.chunks.get_mut(hint) {
+            if c.base % rule.align() as usize == 0 {
+                if let Ok(a) = c.engine.alloc(len, rule) {
+                    return Some((hint, a));
+                }
+            }
+        }
+        for (id, c) in k.chunks.iter_mut() {
+            if id == hint || c.base % rule.align() as usize != 0 {
+                continue;
+            }
+            if let Ok(a) = c.engine.alloc(len, rule) {
+                k.hint = id;
+                return Some((id, a));
+            }
+        }
+        None
+    }
+
+    fn grow_and_carve(
+        &self,
+        k: &mut KindPool,
+        len: u64,
+        rule: CarveRule,
+        footprint: u64,
+    ) -> Result<(usize, Allocation)> {
+        let granule = config::CHUNK_GRANULE;
+        let dedicated = footprint >= self.config.large_threshold;
+        let size = if dedicated {
+            crate::align::align_up(footprint, granule).ok_or(Error::Carve(
+                crate::align::CarveRuleError::LengthOverflow { len },
+            ))?
+        } else {
+            self.config.chunk_size
+        };
+        // Try, then make room (deferred frees, empty chunks, then wait for streams) and retry.
+        let mut last_err = None;
+        for attempt in 0..3 {
+            if attempt == 1 {
+                self.reclaim(k, false);
+                self.trim_kind(k, 0);
+            } else if attempt == 2 {
+                self.reclaim(k, true);
+                self.trim_kind(k, 0);
+            }
+            if attempt > 0 {
+                if let Some(x) = Self::carve_existing(k, len, rule) {
+                    return Ok(x);
+                }
+            }
+            if self.config.limit != 0 && k.stats.reserved_bytes + size > self.config.limit {
+                last_err = Some(Error::LimitExceeded {
+                    kind: k.kind,
+                    requested: len,
+                    limit: self.config.limit,
+                    reserved: k.stats.reserved_bytes,
+                });
+                continue;
+            }
+            match self.new_chunk(k, size, rule.align(), dedicated) {
+                Ok(id) => {
+                    let a = k.chunks[id]
+                        .engine
+                        .alloc(len, rule)
+                        .map_err(|e| Error::Invalid(format!("fresh chunk refused: {e}")))?;
+                    k.hint = id;
+                    return Ok((id, a));
+                }
+                Err(Error::Runtime { code, .. }) if code.is_out_of_memory() => {
+                    last_err = Some(code.into_oom(k, len));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        k.stats.ooms += 1;
+        Err(match last_err {
+            Some(Error::OutOfMemory { source, .. }) => {
+                let largest_free = k
+                    .chunks
+                    .iter()
+                    .map(|(_, c)| c.engine.stats().range.largest_free)
+                    .max()
+                    .unwrap_or(0);
+                Error::OutOfMemory {
+                    kind: k.kind,
+                    requested: len,
+                    reserved: k.stats.reserved_bytes,
+                    in_use: k.stats.allocated_bytes,
+                    largest_free,
+                    source,
+                }
+            }
+            Some(e) => e,
+            None => Error::Invalid("growth failed without an error".into()),
+        })
+    }
+
+    fn new_chunk(&self, k: &mut KindPool, size: u64, align: u64, dedicated: bool) -> Result<usize> {
+        k.stats.source_alloc_calls += 1;
+        let mut block = self
+            .source
+            .alloc_block(self.config.device, k.kind, size)?;
+        let mut base = block.addr;
+        if base % align as usize != 0 {
+            // An over-aligned request on a block the source aligned less: take a bigger block
+            // and start the chunk at the first aligned address.
+            k.stats.source_free_calls += 1;
+            self.source.free_block(block)?;
+            k.stats.source_alloc_calls += 1;
+            block = self
+                .source
+                .alloc_block(self.config.device, k.kind, size + align)?;
+            base = block.addr.next_multiple_of(align as usize);
+        }
+        let usable = (block.size - (base - block.addr) as u64) / 64 * 64;
+        let engine = match CarveEngine::new(usable, self.config.engine) {
+            Ok(e) => e,
+            Err(e) => {
+                k.stats.source_free_calls += 1;
+                let _ = self.source.free_block(block);
+                return Err(Error::Invalid(e.to_string()));
+            }
+        };
+        let id = k.chunks.insert(Chunk {
+            block,
+            base,
+            engine,
+            dedicated,
+        });
+        k.stats.chunks += 1;
+        k.stats.reserved_bytes += block.size;
+        k.stats.peak_reserved_bytes = k.stats.peak_reserved_bytes.max(k.stats.reserved_bytes);
+        Ok(id)
+    }
+
+    /// Gives empty chunks back until at most `keep` bytes of empty chunks remain.
+    fn trim_kind(&self, k: &mut KindPool, keep: u64) -> u64 {
+        let mut empty: Vec<usize> = Vec::new();
+        for (id, c) in k.chunks.iter_mut() {
+            c.engine.trim();
+            if c.engine.is_empty() {
+                empty.push(id);
+            }
+        }
+        let mut kept = 0;
+        let mut released = 0;
+        for id in empty {
+            let size = k.chunks[id].block.size;
+            if kept + size <= keep {
+                kept += size;
+                continue;
+            }
+            let c = k.chunks.remove(id);
+            k.stats.source_free_calls += 1;
+            match self.source.free_block(c.block) {
+                Ok(()) => {
+                    k.stats.chunks -= 1;
+                    k.stats.reserved_bytes -= c.block.size;
+                    released += c.block.size;
+                }
+                Err(e) => {
+                    // The source refused: keep the chunk rather than lose track of it.
+                    eprintln!("ascend-pool: could not free a {} chunk: {e}", k.kind);
+                    let id = k.chunks.insert(c);
+                    debug_assert!(k.chunks.contains(id));
+                }
+            }
+        }
+        released
+    }
+
+    /// Completes deferred frees whose events have completed (waiting for all if `wait`).
+    /// Returns how many completed.
+    fn reclaim(&self, k: &mut KindPool, wait: bool) -> usize {
+        let mut done = 0;
+        let mut i = 0;
+        while i < k.pending.len() {
+            let ready = k.pending[i].events.iter().all(|&ev| {
+                if wait {
+                    self.source.synchronize_event(ev).is_ok()
+                } else {
+                    self.source.query_event(ev).unwrap_or(true)
+                }
+            });
+            if ready {
+                let p = k.pending.swap_remove(i);
+                for ev in p.events {
+                    self.put_event(ev);
+                }
+                self.finish_free(k, p.key);
+                done += 1;
+            } else {
+                i += 1;
+            }
+        }
+        done
+    }
+
+    fn take_event(&self) -> Result<EventHandle> {
+        if let Some(ev) = lock(&self.idle_events).pop() {
+            return Ok(ev);
+        }
+        self.source.create_event(self.config.device)
+    }
+
+    fn put_event(&self, ev: EventHandle) {
+        let mut idle = lock(&self.idle_events);
+        if idle.len() < EVENT_POOL_MAX {
+            idle.push(ev);
+        } else {
+            drop(idle);
+            let _ = self.source.destroy_event(ev);
+        }
+    }
+
+    /// Frees a segment; with `streams`, only once work queued on them so far has run.
+    pub(crate) fn release(&self, seg: &RawSegment, streams: &[StreamHandle]) -> Result<()> {
+        let mut k = lock(&self.kinds[kind_index(seg.kind)]);
+        match k.live.get(seg.key) {
+            Some(e) if e.alloc == seg.alloc && !e.pending => {}
+            Some(e) if e.alloc == seg.alloc => return Err(Error::AlreadyFreed),
+            _ => return Err(Error::AlreadyFreed),
+        }
+        if self.config.debug {
+            self.check_canary(&k, seg)?;
+        }
+        if !streams.is_empty() {
+            let mut events = SmallVec::new();
+            for &s in streams {
+                let ev = self.take_event()?;
+                if let Err(e) = self.source.record_event(ev, s) {
+                    self.put_event(ev);
+                    return Err(e);
+                }
+                events.push(ev);
+            }
+            k.live[seg.key].pending = true;
+            k.pending.push(PendingFree {
+                key: seg.key,
+                events,
+            });
+            return Ok(());
+        }
+        self.finish_free(&mut k, seg.key);
+        Ok(())
+    }
+
+    fn finish_free(&self, k: &mut KindPool, key: usize) {
+        let e = k.live.remove(key);
+        let chunk = &mut k.chunks[e.chunk];
+        chunk
+            .engine
+            .free(e.alloc)
+            .expect("registry and engine agree on live segments");
+        let now_empty = chunk.engine.is_empty();
+        let s = &mut k.stats;
+        s.allocated_bytes -= e.alloc.footprint();
+        s.requested_bytes -= e.alloc.len();
+        s.live_regions -= 1;
+        s.frees += 1;
+        if now_empty && chunk.dedicated {
+            // A dedicated chunk fits one request: holding it rarely pays.
+            self.trim_kind(k, self.config.release_threshold);
+        }
+    }
+
+    fn check_canary(&self, k: &KindPool, seg: &RawSegment) -> Result<()> {
+        let pad_start = crate::align::align_up(seg.len, crate::align::LEN_GRANULE).unwrap_or(seg.len);
+        let pad = (seg.alloc.footprint() - pad_start) as usize;
+        let mut buf = vec![0u8; pad];
+        let kind = if k.kind.is_device() {
+            MemcpyKind::DeviceToHost
+        } else {
+            MemcpyKind::HostToHost
+        };
+        // SAFETY: the padding lies inside the live segment; `buf` is a host buffer of `pad` bytes.
+        unsafe {
+            self.source.memcpy(
+                buf.as_mut_ptr() as usize,
+                pad as u64,
+                seg.addr + pad_start as usize,
+                pad as u64,
+                kind,
+            )?;
+        }
+        if let Some(i) = buf.iter().position(|&b| b != CANARY) {
+            let err = Error::Corruption {
+                kind: k.kind,
+                offset: seg.alloc.offset(),
+                len: seg.len,
+                first_bad: pad_start + i as u64,
+            };
+            lock(&self.corruption).push(err.clone());
+            eprintln!("ascend-pool: {err}");
+            return Err(err);
+        }
+        Ok(())
+    }
+}
+
+trait IntoOom {
+    fn into_oom(self, k: &KindPool, len: u64) -> Error;
+}
+
+impl IntoOom for crate::error::AclError {
+    fn into_oom(self, k: &KindPool, len: u64) -> Error {
+        Error::OutOfMemory {
+            kind: k.kind,
+            requested: len,
+            reserved: k.stats.reserved_bytes,
+            in_use: k.stats.allocated_bytes,
+            largest_free: 0,
+            source: Some(self),
+        }
+    }
+}
+
+impl From<EngineError> for Error {
+    fn from(e: EngineError) -> Self {
+        match e {
+            EngineError::Carve(c) => Error::Carve(c),
+            EngineError::ForeignAllocation => Error::ForeignHandle,
+            EngineError::AlreadyFreed { .. } => Error::AlreadyFreed,
+            other => Error::Invalid(other.to_string()),
+        }
+    }
+}

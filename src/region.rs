@@ -1,0 +1,486 @@
+//! Typed regions: what the pool hands out, safe by construction for their uses.
+//!
+//! Each memory kind has its own region type, and capability traits say what a region may
+//! be given to:
+//! - [`AsyncCopySafe`]: start 64-aligned, so `aclrtMemcpyAsync` accepts it;
+//! - [`DvppInput`] / [`DvppOutput`]: DVPP memory;
+//! - [`ModelInput`]: start 128-aligned (DVPP output feeding a model, or device memory
+//!   allocated as model input).
+//!
+//! So passing host memory to DVPP, or a 64-aligned buffer to a model, does not compile:
+//!
+//! ```compile_fail
+//! use ascend_pool::region::{DvppInput, HostRegion};
+//! fn decode(_input: &impl DvppInput) {}
+//! fn give(host: &HostRegion) { decode(host) } // HostRegion is not DVPP memory
+//! ```
+//!
+//! ```compile_fail
+//! use ascend_pool::region::{DeviceRegion, ModelInput};
+//! fn infer(_input: &impl ModelInput) {}
+//! fn give(buf: &DeviceRegion) { infer(buf) } // only 64-aligned
+//! ```
+//!
+//! Device memory is never exposed as a Rust slice; host regions are. A region hands its
+//! memory back when dropped; if a stream still uses it, only once the stream has passed.
+
+use crate::error::{Error, Result};
+use crate::kind::MemKind;
+use crate::pool::{Pool, PoolInner, RawSegment};
+use crate::source::{BlockSource, MemcpyKind, StreamHandle};
+use smallvec::SmallVec;
+use std::marker::PhantomData;
+use std::sync::{Arc, Mutex};
+
+/// What every region tells about itself.
+pub trait Region {
+    /// Start address (a device address for device kinds).
+    fn addr(&self) -> usize;
+    /// Usable bytes (the requested length).
+    fn len(&self) -> u64;
+    /// Whether the region is empty (never, for pool regions).
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Memory kind.
+    fn kind(&self) -> MemKind;
+    /// Guaranteed start alignment.
+    fn align(&self) -> u64;
+    /// The segment behind the region (its pool and stream record).
+    #[doc(hidden)]
+    fn segment(&self) -> &Segment;
+}
+
+/// A region whose start is 64-aligned: `aclrtMemcpyAsync` accepts it.
+pub trait AsyncCopySafe: Region {}
+/// A region DVPP may read.
+pub trait DvppInput: Region {}
+/// A region DVPP may write.
+pub trait DvppOutput: Region {}
+/// A region a model may take as input: start 128-aligned.
+pub trait ModelInput: AsyncCopySafe {}
+
+/// Start-alignment markers for [`DeviceRegion`].
+pub trait AlignMarker: Send + Sync + 'static + std::fmt::Debug {
+    /// The alignment in bytes.
+    const ALIGN: u64;
+}
+/// 64-byte starts: the AscendCL default.
+#[derive(Debug)]
+pub struct Align64;
+/// 128-byte starts: model input.
+#[derive(Debug)]
+pub struct Align128;
+impl AlignMarker for Align64 {
+    const ALIGN: u64 = 64;
+}
+impl AlignMarker for Align128 {
+    const ALIGN: u64 = 128;
+}
+
+/// A live segment of a pool, shared by the typed regions.
+#[derive(Debug)]
+pub struct Segment {
+    pool: Arc<PoolInner>,
+    raw: RawSegment,
+    /// Streams that have queued work on this segment (`record_stream`).
+    streams: Mutex<SmallVec<[StreamHandle; 2]>>,
+    freed: bool,
+}
+
+impl Segment {
+    fn new(pool: &Pool, raw: RawSegment) -> Self {
+        Self {
+            pool: Arc::clone(&pool.inner),
+            raw,
+            streams: Mutex::new(SmallVec::new()),
+            freed: false,
+        }
+    }
+
+    /// Marks the segment as used by work queued on `stream`: its memory is reused only
+    /// after that work has run.
+    pub fn record_stream(&self, stream: &Stream) {
+        let mut s = self.streams.lock().unwrap_or_else(|p| p.into_inner());
+        if !s.contains(&stream.handle) {
+            s.push(stream.handle);
+        }
+    }
+
+    fn source(&self) -> &Arc<dyn BlockSource> {
+        &self.pool.source
+    }
+
+    fn free(&mut self) -> Result<()> {
+        if self.freed {
+            return Err(Error::AlreadyFreed);
+        }
+        self.freed = true;
+        let streams = std::mem::take(&mut *self.streams.lock().unwrap_or_else(|p| p.into_inner()));
+        self.pool.release(&self.raw, &streams)
+    }
+}
+
+impl Drop for Segment {
+    fn drop(&mut self) {
+        if !self.freed {
+            // Errors (a padding overrun in debug mode) are kept in the pool's report.
+            let _ = self.free();
+        }
+    }
+}
+
+macro_rules! region_common {
+    ($ty:ident $(<$a:ident>)?) => {
+        impl$(<$a: AlignMarker>)? Region for $ty$(<$a>)? {
+            fn addr(&self) -> usize { self.seg.raw.addr }
+            fn len(&self) -> u64 { self.seg.raw.len }
+            fn kind(&self) -> MemKind { self.seg.raw.kind }
+            fn align(&self) -> u64 { self.seg.raw.align }
+            fn segment(&self) -> &Segment { &self.seg }
+        }
+        impl$(<$a: AlignMarker>)? AsyncCopySafe for $ty$(<$a>)? {}
+        impl$(<$a: AlignMarker>)? $ty$(<$a>)? {
+            /// Frees the region now, reporting a padding overrun (debug mode) as an error.
+            pub fn free(mut self) -> Result<()> { self.seg.free() }
+            /// Marks the region as used by work queued on `stream` (see [`Segment::record_stream`]).
+            pub fn record_stream(&self, stream: &Stream) { self.seg.record_stream(stream) }
+        }
+    };
+}
+
+/// Device memory (`aclrtMalloc`, `aclrtMallocAlign32`, `aclrtMallocCached`); never a slice.
+#[derive(Debug)]
+pub struct DeviceRegion<A: AlignMarker = Align64> {
+    seg: Segment,
+    _align: PhantomData<A>,
+}
+region_common!(DeviceRegion<A>);
+impl ModelInput for DeviceRegion<Align128> {}
+
+/// DVPP memory (`acldvppMalloc`): 128-aligned, readable and writable by DVPP, model input.
+#[derive(Debug)]
+pub struct DvppRegion {
+    seg: Segment,
+}
+region_common!(DvppRegion);
+impl DvppInput for DvppRegion {}
+impl DvppOutput for DvppRegion {}
+impl ModelInput for DvppRegion {}
+
+/// Pinned host memory (`aclrtMallocHost`): a Rust slice, and a copy endpoint for streams.
+#[derive(Debug)]
+pub struct HostRegion {
+    seg: Segment,
+}
+region_common!(HostRegion);
+
+impl HostRegion {
+    /// The bytes of the region.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: host regions are page-locked host memory of `len` bytes owned by this
+        // region until it drops; the shared borrow forbids writes through `as_mut_slice`.
+        // Queued stream writes into it are the caller's to order (synchronize the stream).
+        unsafe { std::slice::from_raw_parts(self.addr() as *const u8, self.len() as usize) }
+    }
+
+    /// The bytes of the region, writable.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as `as_slice`, and the exclusive borrow makes this the only access.
+        unsafe { std::slice::from_raw_parts_mut(self.addr() as *mut u8, self.len() as usize) }
+    }
+}
+
+/// A stream of the pool's source; destroyed (after its work has run) on drop.
+#[derive(Debug)]
+pub struct Stream {
+    source: Arc<dyn BlockSource>,
+    handle: StreamHandle,
+}
+
+impl Stream {
+    /// The raw handle.
+    pub fn handle(&self) -> StreamHandle {
+        self.handle
+    }
+    /// Waits for all work queued so far.
+    pub fn synchronize(&self) -> Result<()> {
+        self.source.synchronize_stream(self.handle)
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        let _ = self.source.synchronize_stream(self.handle);
+        let _ = self.source.destroy_stream(self.handle);
+    }
+}
+
+/// Checks `offset + len <= capacity` without overflow.
+fn check_bounds(offset: u64, len: u64, capacity: u64) -> Result<()> {
+    match offset.checked_add(len) {
+        Some(end) if end <= capacity && len > 0 => Ok(()),
+        _ => Err(Error::OutOfBounds {
+            offset,
+            len,
+            capacity,
+        }),
+    }
+}
+
+fn copy_kind(dst: MemKind, src: MemKind) -> MemcpyKind {
+    MemcpyKind::between(dst, src)
+}
+
+impl Pool {
+    fn typed<T>(&self, kind: MemKind, len: u64, align: u64, wrap: impl FnOnce(Segment) -> T) -> Result<T> {
+        let raw = self.alloc_raw(kind, len, align)?;
+        Ok(wrap(Segment::new(self, raw)))
+    }
+
+    /// Device memory (`aclrtMalloc` with the pool's policy), 64-aligned.
+    pub fn alloc_device(&self, len: u64) -> Result<DeviceRegion> {
+        self.typed(MemKind::Device(self.config().policy), len, 64, |seg| DeviceRegion {
+            seg,
+            _align: PhantomData,
+        })
+    }
+
+    /// Device memory of one of the device kinds (`Device`, `DeviceAlign32`, `Cached`).
+    pub fn alloc_device_kind(&self, kind: MemKind, len: u64) -> Result<DeviceRegion> {
+        if matches!(kind, MemKind::Dvpp | MemKind::Host) {
+            return Err(Error::WrongKind {
+                expected: "device, device_align32 or cached",
+                got: kind,
+            });
+        }
+        self.typed(kind, len, 64, |seg| DeviceRegion {
+            seg,
+            _align: PhantomData,
+        })
+    }
+
+    /// Device memory with 128-byte starts, fit for model input.
+    pub fn alloc_model_input(&self, len: u64) -> Result<DeviceRegion<Align128>> {
+        self.typed(MemKind::Device(self.config().policy), len, 128, |seg| DeviceRegion {
+            seg,
+            _align: PhantomData,
+        })
+    }
+
+    /// DVPP memory (`acldvppMalloc`), 128-aligned.
+    pub fn alloc_dvpp(&self, len: u64) -> Result<DvppRegion> {
+        self.typed(MemKind::Dvpp, len, 128, |seg| DvppRegion { seg })
+    }
+
+    /// Pinned host memory (`aclrtMallocHost`), 64-aligned.
+    pub fn alloc_host(&self, len: u64) -> Result<HostRegion> {
+        self.typed(MemKind::Host, len, 64, |seg| HostRegion { seg })
+    }
+
+    /// A new stream on the pool's device.
+    pub fn create_stream(&self) -> Result<Stream> {
+        let handle = self.source().create_stream(self.config().device)?;
+        Ok(Stream {
+            source: Arc::clone(self.source()),
+            handle,
+        })
+    }
+
+    fn same_source(&self, r: &impl Region) -> Result<()> {
+        if Arc::ptr_eq(&r.segment().pool, &self.inner) || Arc::ptr_eq(r.segment().source(), self.source()) {
+            Ok(())
+        } else {
+            Err(Error::ForeignHandle)
+        }
+    }
+
+    /// Copies `src` into `dst` at `offset` and waits.
+    pub fn copy_from_host(&self, dst: &mut impl Region, offset: u64, src: &[u8]) -> Result<()> {
+        self.same_source(dst)?;
+        check_bounds(offset, src.len() as u64, dst.len())?;
+        let kind = copy_kind(dst.kind(), MemKind::Host);
+        // SAFETY: bounds checked above; `dst` is a live region of this source, exclusively
+        // borrowed; `src` is a live host slice of `src.len()` bytes.
+        unsafe {
+            self.source().memcpy(
+                dst.addr() + offset as usize,
+                dst.len() - offset,
+                src.as_ptr() as usize,
+                src.len() as u64,
+                kind,
+            )
+        }
+    }
+
+    /// Copies `dst.len()` bytes of `src` from `offset` into `dst` and waits.
+    pub fn copy_to_host(&self, src: &impl Region, offset: u64, dst: &mut [u8]) -> Result<()> {
+        self.same_source(src)?;
+        check_bounds(offset, dst.len() as u64, src.len())?;
+        let kind = copy_kind(MemKind::Host, src.kind());
+        // SAFETY: bounds checked; `src` is a live region of this source; `dst` a live slice.
+        unsafe {
+            self.source().memcpy(
+                dst.as_mut_ptr() as usize,
+                dst.len() as u64,
+                src.addr() + src_offset(offset),
+                dst.len() as u64,
+                kind,
+            )
+        }
+    }
+
+    /// Copies `len` bytes between regions and waits.
+    pub fn copy(
+        &self,
+        dst: &mut impl Region,
+        dst_offset: u64,
+        src: &impl Region,
+        src_off: u64,
+        len: u64,
+    ) -> Result<()> {
+        self.same_source(dst)?;
+        self.same_source(src)?;
+        check_bounds(dst_offset, len, dst.len())?;
+        check_bounds(src_off, len, src.len())?;
+        // SAFETY: both ranges checked against live regions of this source; `dst` is
+        // exclusively borrowed, so the two do not alias.
+        unsafe {
+            self.source().memcpy(
+                dst.addr() + dst_offset as usize,
+                dst.len() - dst_offset,
+                src.addr() + src_off as usize,
+                len,
+                copy_kind(dst.kind(), src.kind()),
+            )
+        }
+    }
+
+    /// Queues a copy of `len` bytes between regions on `stream`.
+    ///
+    /// Both offsets must keep 64-byte alignment, as `aclrtMemcpyAsync` requires. Both regions
+    /// are recorded on the stream, so dropping either before the copy has run is safe: its
+    /// memory is reused only after the stream passes the copy.
+    pub fn copy_async(
+        &self,
+        dst: &mut impl AsyncCopySafe,
+        dst_offset: u64,
+        src: &impl AsyncCopySafe,
+        src_off: u64,
+        len: u64,
+        stream: &Stream,
+    ) -> Result<()> {
+        self.same_source(dst)?;
+        self.same_source(src)?;
+        check_bounds(dst_offset, len, dst.len())?;
+        check_bounds(src_off, len, src.len())?;
+        for (addr, off) in [(dst.addr(), dst_offset), (src.addr(), src_off)] {
+            let a = addr as u64 + off;
+            if a % 64 != 0 {
+                return Err(Error::Misaligned { addr: a, required: 64 });
+            }
+        }
+        dst.segment().record_stream(stream);
+        src.segment().record_stream(stream);
+        // SAFETY: ranges checked against live regions; both are recorded on the stream, so
+        // their memory stays reserved until the stream has passed the copy.
+        unsafe {
+            self.source().memcpy_async(
+                dst.addr() + dst_offset as usize,
+                dst.len() - dst_offset,
+                src.addr() + src_off as usize,
+                len,
+                copy_kind(dst.kind(), src.kind()),
+                stream.handle,
+            )
+        }
+    }
+
+    /// Fills `len` bytes of `dst` from `offset` with `value` and waits.
+    pub fn memset(&self, dst: &mut impl Region, offset: u64, value: u8, len: u64) -> Result<()> {
+        self.same_source(dst)?;
+        check_bounds(offset, len, dst.len())?;
+        // SAFETY: range checked against a live, exclusively borrowed region of this source.
+        unsafe {
+            self.source()
+                .memset(dst.addr() + offset as usize, dst.len() - offset, value, len)
+        }
+    }
+
+    /// Queues a fill on `stream`; the region is recorded on the stream.
+    pub fn memset_async(
+        &self,
+        dst: &mut impl AsyncCopySafe,
+        offset: u64,
+        value: u8,
+        len: u64,
+        stream: &Stream,
+    ) -> Result<()> {
+        self.same_source(dst)?;
+        check_bounds(offset, len, dst.len())?;
+        dst.segment().record_stream(stream);
+        // SAFETY: range checked; the region is recorded on the stream so it outlives the fill.
+        unsafe {
+            self.source().memset_async(
+                dst.addr() + offset as usize,
+                dst.len() - offset,
+                value,
+                len,
+                stream.handle,
+            )
+        }
+    }
+}
+
+fn src_offset(offset: u64) -> usize {
+    offset as usize
+}
+
+/// A view of part of a region that keeps the region's guarantees.
+#[derive(Debug)]
+pub struct SubRegion<'a, R: Region> {
+    parent: &'a R,
+    offset: u64,
+    len: u64,
+}
+
+impl<'a, R: Region> SubRegion<'a, R> {
+    /// `len` bytes of `parent` from `offset`; the offset must keep the parent's alignment.
+    pub fn new(parent: &'a R, offset: u64, len: u64) -> Result<Self> {
+        check_bounds(offset, len, parent.len())?;
+        if offset % parent.align() != 0 {
+            return Err(Error::Misaligned {
+                addr: parent.addr() as u64 + offset,
+                required: parent.align(),
+            });
+        }
+        Ok(Self { parent, offset, len })
+    }
+
+    /// Offset in the parent.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+}
+
+impl<R: Region> Region for SubRegion<'_, R> {
+    fn addr(&self) -> usize {
+        self.parent.addr() + self.offset as usize
+    }
+    fn len(&self) -> u64 {
+        self.len
+    }
+    fn kind(&self) -> MemKind {
+        self.parent.kind()
+    }
+    fn align(&self) -> u64 {
+        self.parent.align()
+    }
+    fn segment(&self) -> &Segment {
+        self.parent.segment()
+    }
+}
+impl<R: AsyncCopySafe> AsyncCopySafe for SubRegion<'_, R> {}
+impl<R: DvppInput> DvppInput for SubRegion<'_, R> {}
+impl<R: DvppOutput> DvppOutput for SubRegion<'_, R> {}
+impl<R: ModelInput> ModelInput for SubRegion<'_, R> {}

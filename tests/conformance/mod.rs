@@ -1,0 +1,313 @@
+//! The block-source conformance suite: written once, run against every source.
+//!
+//! `conformance_suite!(make)` expands to one test per property; `make(capacity)` must
+//! return a fresh source whose device holds `capacity` bytes and whose copies take real
+//! time (so stream-ordering bugs would show as corrupted data).
+
+#[macro_export]
+macro_rules! conformance_suite {
+    ($make:expr) => {
+        use ascend_pool::pool::{Pool, PoolConfig};
+        use ascend_pool::region::{Region, SubRegion};
+        use ascend_pool::source::{BlockSource, MemcpyKind};
+        use ascend_pool::{Error, MemKind};
+        use std::sync::Arc;
+
+        fn source(capacity: u64) -> Arc<dyn BlockSource> {
+            let make: fn(u64) -> Arc<dyn BlockSource> = $make;
+            make(capacity)
+        }
+
+        fn pool_with(capacity: u64, config: PoolConfig) -> Pool {
+            Pool::new(source(capacity), config).unwrap()
+        }
+
+        fn pool() -> Pool {
+            pool_with(1 << 30, PoolConfig::default())
+        }
+
+        #[test]
+        fn typed_regions_are_aligned_and_round_trip() {
+            let pool = pool();
+            let data: Vec<u8> = (0..10_000u32).map(|i| (i * 7 % 251) as u8).collect();
+            let mut d = pool.alloc_device(10_000).unwrap();
+            let mut m = pool.alloc_model_input(10_000).unwrap();
+            let mut v = pool.alloc_dvpp(10_000).unwrap();
+            let mut h = pool.alloc_host(10_000).unwrap();
+            let mut a = pool.alloc_device_kind(MemKind::DeviceAlign32(Default::default()), 10_000).unwrap();
+            let mut c = pool.alloc_device_kind(MemKind::Cached(Default::default()), 10_000).unwrap();
+            assert_eq!(d.addr() % 64, 0);
+            assert_eq!(m.addr() % 128, 0);
+            assert_eq!(v.addr() % 128, 0);
+            assert_eq!(h.addr() % 64, 0);
+            pool.copy_from_host(&mut d, 0, &data).unwrap();
+            pool.copy_from_host(&mut m, 0, &data).unwrap();
+            pool.copy_from_host(&mut v, 0, &data).unwrap();
+            pool.copy_from_host(&mut a, 0, &data).unwrap();
+            pool.copy_from_host(&mut c, 0, &data).unwrap();
+            h.as_mut_slice().copy_from_slice(&data);
+            for r in [&d as &dyn Region, &m, &v, &a, &c] {
+                let _ = r;
+            }
+            let mut out = vec![0u8; 10_000];
+            pool.copy_to_host(&d, 0, &mut out).unwrap();
+            assert_eq!(out, data);
+            pool.copy_to_host(&v, 0, &mut out).unwrap();
+            assert_eq!(out, data);
+            pool.copy_to_host(&c, 0, &mut out).unwrap();
+            assert_eq!(out, data);
+            // Device -> device and device -> host regions.
+            let mut d2 = pool.alloc_device(10_000).unwrap();
+            pool.copy(&mut d2, 0, &m, 0, 10_000).unwrap();
+            pool.copy(&mut h, 0, &d2, 0, 10_000).unwrap();
+            assert_eq!(h.as_slice(), &data[..]);
+            pool.memset(&mut d2, 64, 0xAB, 100).unwrap();
+            pool.copy_to_host(&d2, 0, &mut out[..256]).unwrap();
+            assert!(out[64..164].iter().all(|&b| b == 0xAB));
+            assert_eq!(out[0..64], data[0..64]);
+            pool.validate().unwrap();
+            drop((d, m, v, h, a, c, d2));
+            pool.validate().unwrap();
+            assert!(pool.leak_report().is_empty());
+        }
+
+        #[test]
+        fn bad_input_gets_typed_errors_and_leaves_the_pool_valid() {
+            let pool = pool_with(256 << 20, PoolConfig::default());
+            assert!(matches!(pool.alloc_device(0), Err(Error::Carve(_))));
+            assert!(matches!(pool.alloc_dvpp(u64::MAX), Err(Error::Carve(_))));
+            assert!(matches!(pool.alloc_host(u64::MAX - 64), Err(Error::Carve(_))));
+            assert!(matches!(pool.alloc_device(1 << 50), Err(Error::OutOfMemory { .. })));
+            assert!(matches!(pool.alloc_device_kind(MemKind::Host, 10), Err(Error::WrongKind { .. })));
+            pool.validate().unwrap();
+            let mut d = pool.alloc_device(1000).unwrap();
+            let mut small = vec![0u8; 2000];
+            assert!(matches!(pool.copy_from_host(&mut d, 0, &small), Err(Error::OutOfBounds { .. })));
+            assert!(matches!(pool.copy_from_host(&mut d, u64::MAX, &small[..1]), Err(Error::OutOfBounds { .. })));
+            assert!(matches!(pool.copy_to_host(&d, 999, &mut small[..2]), Err(Error::OutOfBounds { .. })));
+            assert!(matches!(pool.memset(&mut d, 0, 0, 1001), Err(Error::OutOfBounds { .. })));
+            assert!(matches!(pool.memset(&mut d, 0, 0, 0), Err(Error::OutOfBounds { .. })));
+            let mut e = pool.alloc_device(1000).unwrap();
+            let stream = pool.create_stream().unwrap();
+            assert!(matches!(pool.copy_async(&mut e, 32, &d, 0, 64, &stream), Err(Error::Misaligned { required: 64, .. })));
+            assert!(matches!(pool.copy_async(&mut e, 0, &d, 0, 1001, &stream), Err(Error::OutOfBounds { .. })));
+            // Sub-slicing keeps the guarantee or refuses.
+            assert!(SubRegion::new(&d, 64, 128).is_ok());
+            assert!(matches!(SubRegion::new(&d, 32, 128), Err(Error::Misaligned { .. })));
+            assert!(matches!(SubRegion::new(&d, 960, 128), Err(Error::OutOfBounds { .. })));
+            // A region of another pool (another source) is refused.
+            let other = pool_with(64 << 20, PoolConfig::default());
+            let mut foreign = other.alloc_device(100).unwrap();
+            assert!(matches!(pool.copy_from_host(&mut foreign, 0, &small[..10]), Err(Error::ForeignHandle)));
+            pool.validate().unwrap();
+            drop((d, e));
+            pool.validate().unwrap();
+            let st = pool.stats(MemKind::DEVICE);
+            assert_eq!(st.live_regions, 0);
+            assert_eq!(st.allocated_bytes, 0);
+        }
+
+        #[test]
+        fn exhaustion_trims_retries_then_reports() {
+            let pool = pool_with(256 << 20, PoolConfig::default().with_chunk_size(32 << 20));
+            let mut held = Vec::new();
+            let err = loop {
+                match pool.alloc_device(8 << 20) {
+                    Ok(r) => held.push(r),
+                    Err(e) => break e,
+                }
+                assert!(held.len() < 1000);
+            };
+            match err {
+                Error::OutOfMemory { kind, requested, reserved, in_use, largest_free, source } => {
+                    assert_eq!(kind, MemKind::DEVICE);
+                    assert_eq!(requested, 8 << 20);
+                    assert!(reserved > 0 && in_use > 0 && in_use <= reserved);
+                    assert!(largest_free < (8 << 20) + 64);
+                    assert!(source.is_some_and(|c| c.is_out_of_memory()));
+                }
+                other => panic!("expected OutOfMemory, got {other:?}"),
+            }
+            assert!(held.len() >= 20, "only {} regions fit", held.len());
+            pool.validate().unwrap();
+            // Memory cached in empty chunks of another kind is given back on exhaustion.
+            held.truncate(held.len() / 2);
+            assert!(pool.alloc_device(8 << 20).is_ok());
+            assert_eq!(pool.stats(MemKind::DEVICE).ooms, 1);
+            pool.validate().unwrap();
+        }
+
+        #[test]
+        fn limit_is_honoured() {
+            let pool = pool_with(1 << 30, PoolConfig::default().with_chunk_size(16 << 20).with_limit(64 << 20));
+            let mut held = Vec::new();
+            let err = loop {
+                match pool.alloc_dvpp(4 << 20) {
+                    Ok(r) => held.push(r),
+                    Err(e) => break e,
+                }
+            };
+            assert!(matches!(err, Error::LimitExceeded { limit, .. } if limit == 64 << 20), "{err:?}");
+            assert!(pool.stats(MemKind::Dvpp).reserved_bytes <= 64 << 20);
+            pool.validate().unwrap();
+        }
+
+        #[test]
+        fn trim_gives_empty_chunks_back() {
+            let pool = pool();
+            let regions: Vec<_> = (0..50).map(|i| pool.alloc_host(1000 + i * 10_000).unwrap()).collect();
+            let st = pool.stats(MemKind::Host);
+            assert!(st.reserved_bytes >= st.allocated_bytes && st.chunks >= 1);
+            drop(regions);
+            pool.trim();
+            let st = pool.stats(MemKind::Host);
+            assert_eq!((st.reserved_bytes, st.chunks, st.live_regions), (0, 0, 0));
+            assert_eq!(st.source_alloc_calls, st.source_free_calls);
+            pool.validate().unwrap();
+        }
+
+        #[test]
+        fn debug_canary_reports_padding_overruns() {
+            let pool = pool_with(1 << 30, PoolConfig::default().with_debug(true));
+            let d = pool.alloc_device(100).unwrap();
+            // What a buggy kernel would do: write past ALIGN_UP(100, 32) = 128 into the padding.
+            let junk = [0x55u8; 8];
+            // SAFETY: bytes 130..138 lie inside the segment's footprint (its padding).
+            unsafe {
+                pool.source()
+                    .memcpy(d.addr() + 130, 8, junk.as_ptr() as usize, 8, MemcpyKind::HostToDevice)
+                    .unwrap();
+            }
+            match d.free() {
+                Err(Error::Corruption { kind, len, first_bad, .. }) => {
+                    assert_eq!(kind, MemKind::DEVICE);
+                    assert_eq!(len, 100);
+                    assert_eq!(first_bad, 130);
+                }
+                other => panic!("overrun not caught: {other:?}"),
+            }
+            assert_eq!(pool.take_corruption_reports().len(), 1);
+            // An intact region frees cleanly, and a dropped overrun is kept in the report.
+            pool.alloc_dvpp(1000).unwrap().free().unwrap();
+            let mut h = pool.alloc_host(40).unwrap();
+            h.as_mut_slice()[0] = 1;
+            // SAFETY: byte 70 of a 40-byte host segment is inside its padding (64..96).
+            unsafe { *(h.addr() as *mut u8).add(70) = 9 };
+            drop(h);
+            assert_eq!(pool.take_corruption_reports().len(), 1);
+            pool.validate().unwrap();
+        }
+
+        #[test]
+        fn async_copies_round_trip() {
+            let pool = pool();
+            let stream = pool.create_stream().unwrap();
+            let mut src = pool.alloc_host(4 << 20).unwrap();
+            for (i, b) in src.as_mut_slice().iter_mut().enumerate() {
+                *b = (i % 253) as u8;
+            }
+            let mut dev = pool.alloc_device(4 << 20).unwrap();
+            let mut back = pool.alloc_host(4 << 20).unwrap();
+            pool.copy_async(&mut dev, 0, &src, 0, 4 << 20, &stream).unwrap();
+            pool.copy_async(&mut back, 0, &dev, 0, 4 << 20, &stream).unwrap();
+            stream.synchronize().unwrap();
+            assert_eq!(back.as_slice(), src.as_slice());
+            pool.validate().unwrap();
+        }
+
+        #[test]
+        fn memory_in_use_by_a_stream_is_not_reused_before_the_stream_passes() {
+            let pool = pool();
+            let stream = pool.create_stream().unwrap();
+            // Small enough to be carved from a shared chunk, so reuse happens inside the pool.
+            let len = 4u64 << 20;
+            let mut src = pool.alloc_host(len).unwrap();
+            src.as_mut_slice().fill(0xEE);
+            // Work queued ahead keeps the stream busy, so the copy into `target` lands late.
+            let mut filler_dst = pool.alloc_device(16 * len).unwrap();
+            let filler_src = pool.alloc_device(16 * len).unwrap();
+            for round in 0..3 {
+                let mut target = pool.alloc_device(len).unwrap();
+                let target_addr = target.addr();
+                pool.copy_async(&mut filler_dst, 0, &filler_src, 0, 16 * len, &stream).unwrap();
+                // A copy into `target`, then `target` is dropped before it has run.
+                pool.copy_async(&mut target, 0, &src, 0, len, &stream).unwrap();
+                drop(target);
+                let mut fresh = pool.alloc_device(len).unwrap();
+                assert!(fresh.addr() + len as usize <= target_addr || fresh.addr() >= target_addr + len as usize
+                    || pool.stats(MemKind::DEVICE).pending_frees == 0,
+                    "round {round}: reused memory a stream was still writing");
+                pool.memset(&mut fresh, 0, 0x11, len).unwrap();
+                stream.synchronize().unwrap();
+                let mut check = vec![0u8; len as usize];
+                pool.copy_to_host(&fresh, 0, &mut check).unwrap();
+                assert!(check.iter().all(|&b| b == 0x11), "round {round}: data corrupted by a late copy");
+            }
+            pool.synchronize().unwrap();
+            assert_eq!(pool.stats(MemKind::DEVICE).pending_frees, 0);
+            pool.validate().unwrap();
+        }
+
+        #[test]
+        fn snapshot_and_leak_report_describe_live_segments() {
+            let pool = pool();
+            let a = pool.alloc_dvpp(3_110_400).unwrap();
+            let b = pool.alloc_host(1024).unwrap();
+            let snap = pool.snapshot();
+            let json = serde_json::to_value(&snap).unwrap();
+            let kinds = json["kinds"].as_array().unwrap();
+            assert_eq!(kinds.len(), 2);
+            let dvpp = kinds.iter().find(|k| k["stats"]["kind"] == "dvpp").unwrap();
+            assert_eq!(dvpp["chunks"][0]["segments"][0]["len"], 3_110_400);
+            assert_eq!(dvpp["chunks"][0]["segments"][0]["footprint"], 3_110_528);
+            let leaks = pool.leak_report();
+            assert_eq!(leaks.len(), 2);
+            assert!(leaks.iter().any(|l| l.addr == a.addr() && l.len == 3_110_400));
+            assert!(leaks.iter().any(|l| l.addr == b.addr() && l.kind == MemKind::Host));
+            drop((a, b));
+            assert!(pool.leak_report().is_empty());
+        }
+
+        #[test]
+        fn regions_outlive_a_dropped_pool() {
+            let pool = pool();
+            let mut d = pool.alloc_device(1000).unwrap();
+            pool.copy_from_host(&mut d, 0, &[1, 2, 3]).unwrap();
+            drop(pool); // prints a leak report; the chunk stays until `d` goes
+            assert_eq!(d.len(), 1000);
+            drop(d);
+        }
+
+        #[test]
+        fn threads_share_a_pool() {
+            let pool = Arc::new(pool());
+            let handles: Vec<_> = (0..4u64)
+                .map(|t| {
+                    let pool = Arc::clone(&pool);
+                    std::thread::spawn(move || {
+                        let mut live = Vec::new();
+                        for i in 0..400u64 {
+                            let len = 16 + (i * 7919 + t * 104_729) % 300_000;
+                            let mut r = pool.alloc_device(len).unwrap();
+                            pool.copy_from_host(&mut r, 0, &[t as u8; 16]).unwrap();
+                            live.push(r);
+                            if i % 3 == 0 {
+                                live.swap_remove((i as usize * 31) % live.len());
+                            }
+                        }
+                        for r in &live {
+                            let mut b = [0u8; 16];
+                            pool.copy_to_host(r, 0, &mut b).unwrap();
+                            assert_eq!(b, [t as u8; 16]);
+                        }
+                    })
+                })
+                .collect();
+            for h in handles {
+                h.join().unwrap();
+            }
+            pool.validate().unwrap();
+            assert_eq!(pool.stats(MemKind::DEVICE).live_regions, 0);
+        }
+    };
+}
