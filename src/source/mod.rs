@@ -4,13 +4,15 @@
 //! runtime operations the pool and its regions need (streams, events, copies,
 //! fills). Two sources exist:
 //! - [`SimSource`], the default: a faithful AscendCL simulator on host memory;
-//! - `AclSource`, the real runtime loaded at run time.
+//! - [`AclSource`], the real runtime loaded at run time.
 //!
 //! Addresses are plain `usize` values: device addresses are never dereferenced
 //! by the pool, only passed back to the source.
 
+pub mod acl;
 pub mod sim;
 
+pub use acl::AclSource;
 pub use sim::SimSource;
 
 use crate::error::Result;

@@ -1,0 +1,539 @@
+//! The ascend-pool simulator ([`SimSource`]) behind the AscendCL C API, built as a drop-in
+//! `libascendcl.so`.
+//!
+//! Every exported function has the prototype of `include/ascend_pool_acl.h`, checks its
+//! pointers (a null out-pointer is `ACL_ERROR_INVALID_PARAM`), fills every out-parameter on
+//! success and returns the `aclError` code the simulator gives. It exports the core runtime
+//! (init, devices, memory, copies, fills, memory info, streams, events) and the DVPP
+//! allocators; virtual memory, shareable handles and mbufs are not exported, as the simulator
+//! has none, so a loader sees them as absent.
+//!
+//! Behaviour beyond the simulator's own:
+//! - `aclInit` answers `ACL_ERROR_REPEAT_INITIALIZE` (100002) when already initialised;
+//!   `aclFinalize` makes the next `aclInit` succeed again. Other calls do not require `aclInit`.
+//! - The current device is per thread (`aclrtSetDevice`), device 0 until set; an id outside
+//!   the simulated devices is `ACL_ERROR_RT_PARAM_INVALID`.
+//! - A null stream is the current device's default stream, created on first use.
+//! - Freeing an address that does not start a live block, or with the wrong free function,
+//!   is `ACL_ERROR_RT_MEMORY_FREE`.
+//! - A panic inside the simulator is caught and answered `ACL_ERROR_INTERNAL_ERROR`.
+//!
+//! Configuration, read once when the library is first used:
+//! `ASCEND_POOL_SIM_DEVICES` (default 8), `ASCEND_POOL_SIM_DEVICE_CAPACITY` (bytes per
+//! device, default the simulator's).
+//!
+//! # Safety
+//! Every function is `unsafe`: pointer arguments must be null or valid for what the AscendCL
+//! function of the same name reads or writes, as in the real runtime.
+#![warn(missing_docs, missing_debug_implementations, rust_2018_idioms)]
+#![allow(clippy::missing_safety_doc)] // one contract for all, stated above
+
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::ffi::{c_char, c_int, c_void};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+use ascend_pool::source::sim::{SimConfig, SimSource};
+use ascend_pool::source::{BlockSource, DeviceId, EventHandle, MemcpyKind, StreamHandle};
+use ascend_pool::{AclError, Error, MallocPolicy, MemKind};
+
+type AclResult = Result<(), i32>;
+
+const INVALID_PARAM: i32 = AclError::INVALID_PARAM.0;
+const REPEAT_INITIALIZE: i32 = 100_002;
+
+/// The simulator and the little state the C API adds to it.
+struct DropIn {
+    sim: SimSource,
+    devices: u32,
+    initialized: AtomicBool,
+    /// The stream a null `aclrtStream` stands for, per device.
+    default_streams: Mutex<HashMap<DeviceId, StreamHandle>>,
+}
+
+static STATE: OnceLock<Result<DropIn, i32>> = OnceLock::new();
+
+thread_local! {
+    /// This thread's current device (`aclrtSetDevice`).
+    static DEVICE: Cell<DeviceId> = const { Cell::new(0) };
+}
+
+fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok()?.trim().parse().ok()
+}
+
+fn state() -> Result<&'static DropIn, i32> {
+    STATE
+        .get_or_init(|| {
+            let devices = env_u64("ASCEND_POOL_SIM_DEVICES").map_or(8, |d| d as u32);
+            let mut config = SimConfig::default().with_devices(devices);
+            if let Some(bytes) = env_u64("ASCEND_POOL_SIM_DEVICE_CAPACITY") {
+                config = config.with_device_capacity(bytes);
+            }
+            let sim = SimSource::new(config).map_err(|e| code_of(&e))?;
+            Ok(DropIn {
+                sim,
+                devices,
+                initialized: AtomicBool::new(false),
+                default_streams: Mutex::new(HashMap::new()),
+            })
+        })
+        .as_ref()
+        .map_err(|code| *code)
+}
+
+/// The `aclError` code for a library error.
+fn code_of(e: &Error) -> i32 {
+    match e {
+        Error::Runtime { code, .. } => code.0,
+        Error::NotSupported { .. } => AclError::RT_FEATURE_NOT_SUPPORT.0,
+        Error::OutOfMemory {
+            source: Some(code), ..
+        } => code.0,
+        Error::OutOfMemory { .. } | Error::LimitExceeded { .. } => AclError::RT_MEMORY_ALLOCATION.0,
+        Error::ForeignHandle | Error::AlreadyFreed => AclError::RT_INVALID_HANDLE.0,
+        _ => AclError::INTERNAL_ERROR.0,
+    }
+}
+
+/// Runs `body`, turning its error (or a panic) into an `aclError`.
+fn run(body: impl FnOnce(&'static DropIn) -> AclResult) -> c_int {
+    match catch_unwind(AssertUnwindSafe(|| body(state()?))) {
+        Ok(Ok(())) => 0,
+        Ok(Err(code)) => code,
+        Err(_) => AclError::INTERNAL_ERROR.0,
+    }
+}
+
+/// Maps a library result to the C API's.
+fn acl<T>(r: ascend_pool::Result<T>) -> Result<T, i32> {
+    r.map_err(|e| code_of(&e))
+}
+
+/// Writes `value` through a C out-pointer, refusing null.
+unsafe fn put<T>(out: *mut T, value: T) -> AclResult {
+    if out.is_null() {
+        return Err(INVALID_PARAM);
+    }
+    // SAFETY: non-null, and the caller's contract makes it valid for a write of `T`.
+    unsafe { out.write(value) };
+    Ok(())
+}
+
+fn current_device() -> DeviceId {
+    DEVICE.with(Cell::get)
+}
+
+fn policy(raw: u32) -> MallocPolicy {
+    // Flags sit above the low byte; unknown policies fall back to the default, as the runtime does.
+    match raw & 0xff {
+        1 => MallocPolicy::HugeOnly,
+        2 => MallocPolicy::NormalOnly,
+        3 => MallocPolicy::HugeFirstP2p,
+        4 => MallocPolicy::HugeOnlyP2p,
+        5 => MallocPolicy::NormalOnlyP2p,
+        6 => MallocPolicy::Huge1gOnly,
+        7 => MallocPolicy::Huge1gOnlyP2p,
+        _ => MallocPolicy::HugeFirst,
+    }
+}
+
+fn copy_kind(raw: u32) -> Result<MemcpyKind, i32> {
+    Ok(match raw {
+        0 => MemcpyKind::HostToHost,
+        1 | 5 => MemcpyKind::HostToDevice,
+        2 => MemcpyKind::DeviceToHost,
+        3 | 6 | 7 => MemcpyKind::DeviceToDevice,
+        4 => MemcpyKind::Default,
+        _ => return Err(INVALID_PARAM),
+    })
+}
+
+impl DropIn {
+    fn alloc(
+        &self,
+        out: *mut *mut c_void,
+        device: DeviceId,
+        kind: MemKind,
+        size: usize,
+    ) -> AclResult {
+        if out.is_null() {
+            return Err(INVALID_PARAM);
+        }
+        let block = acl(self.sim.alloc_block(device, kind, size as u64))?;
+        // SAFETY: `out` is non-null and valid per the caller's contract.
+        unsafe { put(out, block.addr as *mut c_void) }
+    }
+
+    /// Frees the block starting at `ptr` if `is_kind` accepts its kind.
+    fn free(&self, ptr: *mut c_void, is_kind: impl Fn(MemKind) -> bool) -> AclResult {
+        if ptr.is_null() {
+            return Err(INVALID_PARAM);
+        }
+        match self.sim.block_containing(ptr as usize) {
+            Some(block) if block.addr == ptr as usize && is_kind(block.kind) => {
+                acl(self.sim.free_block(block))
+            }
+            _ => Err(AclError::RT_MEMORY_FREE.0),
+        }
+    }
+
+    /// The stream a C handle names: itself, or the current device's default stream for null.
+    fn stream(&self, raw: *mut c_void) -> Result<StreamHandle, i32> {
+        if !raw.is_null() {
+            return Ok(StreamHandle(raw as usize));
+        }
+        let device = current_device();
+        let mut defaults = self
+            .default_streams
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = defaults.get(&device) {
+            return Ok(*s);
+        }
+        let s = acl(self.sim.create_stream(device))?;
+        defaults.insert(device, s);
+        Ok(s)
+    }
+}
+
+fn is_device(kind: MemKind) -> bool {
+    matches!(
+        kind,
+        MemKind::Device(_) | MemKind::DeviceAlign32(_) | MemKind::Cached(_)
+    )
+}
+
+// ---- initialisation and devices ----------------------------------------------------------
+
+/// `aclInit`: 0 the first time, `ACL_ERROR_REPEAT_INITIALIZE` after.
+#[no_mangle]
+pub unsafe extern "C" fn aclInit(_config_path: *const c_char) -> c_int {
+    run(|s| match s.initialized.swap(true, Ordering::AcqRel) {
+        false => Ok(()),
+        true => Err(REPEAT_INITIALIZE),
+    })
+}
+
+/// `aclFinalize`.
+#[no_mangle]
+pub unsafe extern "C" fn aclFinalize() -> c_int {
+    run(|s| {
+        s.initialized.store(false, Ordering::Release);
+        Ok(())
+    })
+}
+
+/// `aclrtSetDevice`: makes `device` current on this thread.
+#[no_mangle]
+pub unsafe extern "C" fn aclrtSetDevice(device: i32) -> c_int {
+    run(|s| {
+        if device < 0 || device as u32 >= s.devices {
+            return Err(AclError::RT_PARAM_INVALID.0);
+        }
+        DEVICE.with(|d| d.set(device));
+        Ok(())
+    })
+}
+
+/// `aclrtResetDevice`.
+#[no_mangle]
+pub unsafe extern "C" fn aclrtResetDevice(device: i32) -> c_int {
+    run(|s| {
+        if device < 0 || device as u32 >= s.devices {
+            return Err(AclError::RT_PARAM_INVALID.0);
+        }
+        Ok(())
+    })
+}
+
+// ---- memory ------------------------------------------------------------------------------
+
+/// `aclrtMalloc`.
+#[no_mangle]
+pub unsafe extern "C" fn aclrtMalloc(out: *mut *mut c_void, size: usize, pol: u32) -> c_int {
+    run(|s| s.alloc(out, current_device(), MemKind::Device(policy(pol)), size))
+}
+
+/// `aclrtMallocAlign32`.
+#[no_mangle]
+pub unsafe extern "C" fn aclrtMallocAlign32(out: *mut *mut c_void, size: usize, pol: u32) -> c_int {
+    run(|s| {
+        s.alloc(
+            out,
+            current_device(),
+            MemKind::DeviceAlign32(policy(pol)),
+            size,
+        )
+    })
+}
+
+/// `aclrtMallocCached`.
+#[no_mangle]
+pub unsafe extern "C" fn aclrtMallocCached(out: *mut *mut c_void, size: usize, pol: u32) -> c_int {
+    run(|s| s.alloc(out, current_device(), MemKind::Cached(policy(pol)), size))
+}
+
+/// `aclrtFree`: device, align32 and cached memory.
+#[no_mangle]
+pub unsafe extern "C" fn aclrtFree(ptr: *mut c_void) -> c_int {
+    run(|s| s.free(ptr, is_device))
+}
+
+/// `aclrtMallocHost`.
+#[no_mangle]
+pub unsafe extern "C" fn aclrtMallocHost(out: *mut *mut c_void, size: usize) -> c_int {
+    run(|s| s.alloc(out, current_device(), MemKind::Host, size))
+}
+
+/// `aclrtFreeHost`.
+#[no_mangle]
+pub unsafe extern "C" fn aclrtFreeHost(ptr: *mut c_void) -> c_int {
+    run(|s| s.free(ptr, |k| k == MemKind::Host))
+}
+
+/// `acldvppMalloc`.
+#[no_mangle]
+pub unsafe extern "C" fn acldvppMalloc(out: *mut *mut c_void, size: usize) -> c_int {
+    run(|s| s.alloc(out, current_device(), MemKind::Dvpp, size))
+}
+
+/// `acldvppFree`.
+#[no_mangle]
+pub unsafe extern "C" fn acldvppFree(ptr: *mut c_void) -> c_int {
+    run(|s| s.free(ptr, |k| k == MemKind::Dvpp))
+}
+
+/// `hi_mpi_dvpp_malloc`: DVPP memory on `dev_id`.
+#[no_mangle]
+pub unsafe extern "C" fn hi_mpi_dvpp_malloc(dev_id: u32, out: *mut *mut c_void, size: u64) -> i32 {
+    run(|s| {
+        let device = DeviceId::try_from(dev_id).map_err(|_| AclError::RT_PARAM_INVALID.0)?;
+        let size = usize::try_from(size).map_err(|_| INVALID_PARAM)?;
+        s.alloc(out, device, MemKind::Dvpp, size)
+    })
+}
+
+/// `hi_mpi_dvpp_free`.
+#[no_mangle]
+pub unsafe extern "C" fn hi_mpi_dvpp_free(ptr: *mut c_void) -> i32 {
+    run(|s| s.free(ptr, |k| k == MemKind::Dvpp))
+}
+
+/// `aclrtMemcpy`.
+#[no_mangle]
+pub unsafe extern "C" fn aclrtMemcpy(
+    dst: *mut c_void,
+    dst_max: usize,
+    src: *const c_void,
+    count: usize,
+    kind: u32,
+) -> c_int {
+    run(|s| {
+        let kind = copy_kind(kind)?;
+        // SAFETY: the caller's contract (AscendCL's) makes both ranges valid.
+        acl(unsafe {
+            s.sim.memcpy(
+                dst as usize,
+                dst_max as u64,
+                src as usize,
+                count as u64,
+                kind,
+            )
+        })
+    })
+}
+
+/// `aclrtMemcpyAsync`.
+#[no_mangle]
+pub unsafe extern "C" fn aclrtMemcpyAsync(
+    dst: *mut c_void,
+    dst_max: usize,
+    src: *const c_void,
+    count: usize,
+    kind: u32,
+    stream: *mut c_void,
+) -> c_int {
+    run(|s| {
+        let kind = copy_kind(kind)?;
+        let stream = s.stream(stream)?;
+        // SAFETY: the caller's contract makes both ranges valid until the stream passes them.
+        acl(unsafe {
+            s.sim.memcpy_async(
+                dst as usize,
+                dst_max as u64,
+                src as usize,
+                count as u64,
+                kind,
+                stream,
+            )
+        })
+    })
+}
+
+/// `aclrtMemset`.
+#[no_mangle]
+pub unsafe extern "C" fn aclrtMemset(
+    dst: *mut c_void,
+    max: usize,
+    value: i32,
+    count: usize,
+) -> c_int {
+    run(|s| {
+        // SAFETY: the caller's contract makes the range valid.
+        acl(unsafe {
+            s.sim
+                .memset(dst as usize, max as u64, value as u8, count as u64)
+        })
+    })
+}
+
+/// `aclrtMemsetAsync`.
+#[no_mangle]
+pub unsafe extern "C" fn aclrtMemsetAsync(
+    dst: *mut c_void,
+    max: usize,
+    value: i32,
+    count: usize,
+    stream: *mut c_void,
+) -> c_int {
+    run(|s| {
+        let stream = s.stream(stream)?;
+        // SAFETY: the caller's contract makes the range valid until the stream passes it.
+        acl(unsafe {
+            s.sim
+                .memset_async(dst as usize, max as u64, value as u8, count as u64, stream)
+        })
+    })
+}
+
+/// `aclrtGetMemInfo`: device memory of the current device, whatever the class asked.
+#[no_mangle]
+pub unsafe extern "C" fn aclrtGetMemInfo(attr: u32, free: *mut usize, total: *mut usize) -> c_int {
+    run(|s| {
+        let pol = match attr {
+            0 | 1 => MallocPolicy::HugeFirst,
+            2 | 4 => MallocPolicy::HugeOnly,
+            3 | 5 => MallocPolicy::NormalOnly,
+            6 | 8 => MallocPolicy::HugeOnlyP2p,
+            7 | 9 => MallocPolicy::NormalOnlyP2p,
+            10 => MallocPolicy::Huge1gOnly,
+            11 => MallocPolicy::Huge1gOnlyP2p,
+            _ => return Err(INVALID_PARAM),
+        };
+        if free.is_null() || total.is_null() {
+            return Err(INVALID_PARAM);
+        }
+        let (f, t) = acl(s.sim.mem_info(current_device(), MemKind::Device(pol)))?;
+        // SAFETY: both checked non-null; valid per the caller's contract.
+        unsafe {
+            put(free, f as usize)?;
+            put(total, t as usize)
+        }
+    })
+}
+
+// ---- streams and events ------------------------------------------------------------------
+
+/// `aclrtCreateStream` on the current device.
+#[no_mangle]
+pub unsafe extern "C" fn aclrtCreateStream(out: *mut *mut c_void) -> c_int {
+    run(|s| {
+        if out.is_null() {
+            return Err(INVALID_PARAM);
+        }
+        let stream = acl(s.sim.create_stream(current_device()))?;
+        // SAFETY: checked non-null; valid per the caller's contract.
+        unsafe { put(out, stream.0 as *mut c_void) }
+    })
+}
+
+/// `aclrtDestroyStream`.
+#[no_mangle]
+pub unsafe extern "C" fn aclrtDestroyStream(stream: *mut c_void) -> c_int {
+    run(|s| {
+        if stream.is_null() {
+            return Err(INVALID_PARAM);
+        }
+        acl(s.sim.destroy_stream(StreamHandle(stream as usize)))
+    })
+}
+
+/// `aclrtSynchronizeStream` (null: the default stream).
+#[no_mangle]
+pub unsafe extern "C" fn aclrtSynchronizeStream(stream: *mut c_void) -> c_int {
+    run(|s| acl(s.sim.synchronize_stream(s.stream(stream)?)))
+}
+
+/// `aclrtCreateEvent` on the current device.
+#[no_mangle]
+pub unsafe extern "C" fn aclrtCreateEvent(out: *mut *mut c_void) -> c_int {
+    run(|s| {
+        if out.is_null() {
+            return Err(INVALID_PARAM);
+        }
+        let event = acl(s.sim.create_event(current_device()))?;
+        // SAFETY: checked non-null; valid per the caller's contract.
+        unsafe { put(out, event.0 as *mut c_void) }
+    })
+}
+
+/// `aclrtDestroyEvent`.
+#[no_mangle]
+pub unsafe extern "C" fn aclrtDestroyEvent(event: *mut c_void) -> c_int {
+    run(|s| acl(s.sim.destroy_event(EventHandle(event as usize))))
+}
+
+/// `aclrtRecordEvent` (null stream: the default stream).
+#[no_mangle]
+pub unsafe extern "C" fn aclrtRecordEvent(event: *mut c_void, stream: *mut c_void) -> c_int {
+    run(|s| {
+        acl(s
+            .sim
+            .record_event(EventHandle(event as usize), s.stream(stream)?))
+    })
+}
+
+/// `aclrtQueryEventStatus`: `ACL_EVENT_RECORDED_STATUS_COMPLETE` (1) or `NOT_READY` (0).
+#[no_mangle]
+pub unsafe extern "C" fn aclrtQueryEventStatus(event: *mut c_void, status: *mut u32) -> c_int {
+    run(|s| {
+        if status.is_null() {
+            return Err(INVALID_PARAM);
+        }
+        let done = acl(s.sim.query_event(EventHandle(event as usize)))?;
+        // SAFETY: checked non-null; valid per the caller's contract.
+        unsafe { put(status, u32::from(done)) }
+    })
+}
+
+/// `aclrtQueryEvent`: `ACL_EVENT_STATUS_COMPLETE` (0) or `NOT_READY` (1).
+#[no_mangle]
+pub unsafe extern "C" fn aclrtQueryEvent(event: *mut c_void, status: *mut u32) -> c_int {
+    run(|s| {
+        if status.is_null() {
+            return Err(INVALID_PARAM);
+        }
+        let done = acl(s.sim.query_event(EventHandle(event as usize)))?;
+        // SAFETY: checked non-null; valid per the caller's contract.
+        unsafe { put(status, u32::from(!done)) }
+    })
+}
+
+/// `aclrtStreamWaitEvent` (null stream: the default stream).
+#[no_mangle]
+pub unsafe extern "C" fn aclrtStreamWaitEvent(stream: *mut c_void, event: *mut c_void) -> c_int {
+    run(|s| {
+        acl(s
+            .sim
+            .stream_wait_event(s.stream(stream)?, EventHandle(event as usize)))
+    })
+}
+
+/// `aclrtSynchronizeEvent`.
+#[no_mangle]
+pub unsafe extern "C" fn aclrtSynchronizeEvent(event: *mut c_void) -> c_int {
+    run(|s| acl(s.sim.synchronize_event(EventHandle(event as usize))))
+}

@@ -1,0 +1,253 @@
+//! `AclSource` end to end over the simulator built as a drop-in `libascendcl.so` (`acl-sim/`):
+//! allocation of every kind, copies, fills, streams and events, several devices, and the
+//! error codes the simulator gives, through the C ABI and back.
+//!
+//! The library is `$ASCEND_POOL_SIM_LIB` when set, otherwise it is built here with
+//! `cargo build -p acl-sim` into a target directory of its own (a nested build in the
+//! test's target directory would wait on cargo's lock).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use ascend_pool::source::acl::{sys, AclSource};
+use ascend_pool::source::{BlockSource, MemcpyKind};
+use ascend_pool::{AclError, Error, MallocPolicy, MemKind};
+
+fn dropin() -> &'static Path {
+    static LIB: OnceLock<PathBuf> = OnceLock::new();
+    LIB.get_or_init(|| {
+        if let Some(path) = std::env::var_os("ASCEND_POOL_SIM_LIB") {
+            return PathBuf::from(path);
+        }
+        let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join("acl-sim-target");
+        let status = Command::new(env!("CARGO"))
+            .args(["build", "--quiet", "-p", "acl-sim", "--target-dir"])
+            .arg(&target)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .status()
+            .expect("run cargo to build acl-sim");
+        assert!(status.success(), "building the acl-sim drop-in failed");
+        target.join("debug").join("libascendcl.so")
+    })
+}
+
+fn open() -> AclSource {
+    AclSource::open(dropin()).expect("the drop-in loads")
+}
+
+fn code(e: Error) -> (&'static str, i32) {
+    match e {
+        Error::Runtime { func, code } => (func, code.0),
+        other => panic!("expected a runtime error, got {other:?}"),
+    }
+}
+
+#[test]
+fn every_kind_allocates_with_its_alignment() {
+    let acl = open();
+    assert!(acl.name().ends_with("libascendcl.so"));
+    for kind in [
+        MemKind::DEVICE,
+        MemKind::DeviceAlign32(MallocPolicy::HugeFirst),
+        MemKind::Cached(MallocPolicy::NormalOnly),
+        MemKind::Device(MallocPolicy::Huge1gOnly),
+        MemKind::Dvpp,
+        MemKind::Host,
+    ] {
+        let b = acl.alloc_block(0, kind, 3 << 20).unwrap();
+        assert_eq!(b.addr % kind.default_align() as usize, 0, "{kind}");
+        assert_eq!(b.size, 3 << 20);
+        acl.free_block(b).unwrap();
+    }
+    let (free, total) = acl.mem_info(0, MemKind::DEVICE).unwrap();
+    assert!(total > 0 && free <= total);
+}
+
+#[test]
+fn simulator_errors_arrive_as_typed_runtime_errors() {
+    let acl = open();
+    assert_eq!(
+        code(acl.alloc_block(0, MemKind::DEVICE, 0).unwrap_err()),
+        ("aclrtMalloc", AclError::INVALID_PARAM.0)
+    );
+    let e = acl.alloc_block(0, MemKind::DEVICE, 1 << 50).unwrap_err();
+    assert_eq!(code(e.clone()), ("aclrtMalloc", 207_001));
+    assert!(matches!(e, Error::Runtime { code, .. } if code.is_out_of_memory()));
+    assert_eq!(
+        code(acl.alloc_block(99, MemKind::DEVICE, 64).unwrap_err()),
+        ("aclrtSetDevice", AclError::RT_PARAM_INVALID.0)
+    );
+    // An unaligned asynchronous device-to-device copy, refused by the simulator itself.
+    let a = acl.alloc_block(0, MemKind::DEVICE, 4096).unwrap();
+    let s = acl.create_stream(0).unwrap();
+    // SAFETY: both ranges lie inside the live 4096-byte block `a`.
+    let r = unsafe {
+        acl.memcpy_async(
+            a.addr + 1,
+            100,
+            a.addr + 2048,
+            100,
+            MemcpyKind::DeviceToDevice,
+            s,
+        )
+    };
+    assert_eq!(
+        code(r.unwrap_err()),
+        ("aclrtMemcpyAsync", AclError::RT_ADDR_UNALIGNED.0)
+    );
+    acl.destroy_stream(s).unwrap();
+    acl.free_block(a).unwrap();
+}
+
+#[test]
+fn the_c_functions_check_pointers_and_frees_themselves() {
+    // Below AclSource's own checks: the drop-in's answers to bad calls, through the raw table.
+    // SAFETY: the drop-in's initialisers have no preconditions.
+    let lib = unsafe { libloading::Library::new(dropin()) }.unwrap();
+    // SAFETY: resolving symbols only.
+    let api = unsafe { sys::AclApi::from_library(lib) }.unwrap();
+    let (malloc, free, info) = (
+        api.aclrtMalloc.as_ref().unwrap(),
+        api.aclrtFree.as_ref().unwrap(),
+        api.aclrtGetMemInfo.as_ref().unwrap(),
+    );
+    let dvpp_free = api.acldvppFree.as_ref().unwrap();
+    // SAFETY: every pointer passed is null, a live local, or an address the drop-in handed out.
+    unsafe {
+        let init = (api.aclInit.as_ref().unwrap())(std::ptr::null());
+        assert!(init == 0 || init == sys::ACL_ERROR_REPEAT_INITIALIZE);
+        assert_eq!(
+            (api.aclInit.as_ref().unwrap())(std::ptr::null()),
+            sys::ACL_ERROR_REPEAT_INITIALIZE
+        );
+        assert_eq!(
+            malloc(std::ptr::null_mut(), 64, 0),
+            sys::ACL_ERROR_INVALID_PARAM
+        );
+        let mut p = std::ptr::null_mut();
+        assert_eq!(malloc(&mut p, 64, sys::ACL_MEM_MALLOC_HUGE_FIRST), 0);
+        assert!(!p.is_null() && p as usize % 64 == 0);
+        assert_eq!(
+            dvpp_free(p),
+            sys::ACL_ERROR_RT_MEMORY_FREE,
+            "wrong free function"
+        );
+        assert_eq!(free(p), 0);
+        assert_eq!(free(p), sys::ACL_ERROR_RT_MEMORY_FREE, "double free");
+        assert_eq!(free(std::ptr::null_mut()), sys::ACL_ERROR_INVALID_PARAM);
+        let (mut f, mut t) = (0usize, 0usize);
+        assert_eq!(info(sys::ACL_HBM_MEM, &mut f, &mut t), 0);
+        assert!(t > 0 && f <= t);
+        assert_eq!(info(99, &mut f, &mut t), sys::ACL_ERROR_INVALID_PARAM);
+        assert_eq!(
+            info(sys::ACL_HBM_MEM, std::ptr::null_mut(), &mut t),
+            sys::ACL_ERROR_INVALID_PARAM
+        );
+    }
+}
+
+#[test]
+fn copies_fills_streams_and_events_end_to_end() {
+    let acl = open();
+    let n = 1 << 16;
+    let host = acl.alloc_block(0, MemKind::Host, n).unwrap();
+    let a = acl.alloc_block(0, MemKind::DEVICE, n).unwrap();
+    let b = acl.alloc_block(0, MemKind::Dvpp, n).unwrap();
+    let pattern: Vec<u8> = (0..n).map(|i| (i * 7 % 251) as u8).collect();
+    let (s1, s2) = (acl.create_stream(0).unwrap(), acl.create_stream(0).unwrap());
+    let done = acl.create_event(0).unwrap();
+    assert!(acl.query_event(done).unwrap());
+    // SAFETY: `pattern` and `back` are live host buffers of `n` bytes; `host`, `a` and `b` are
+    // live blocks of `n` bytes; every stream is synchronised before the buffers are reused.
+    let back = unsafe {
+        acl.memcpy(
+            host.addr,
+            n,
+            pattern.as_ptr() as usize,
+            n,
+            MemcpyKind::HostToHost,
+        )
+        .unwrap();
+        acl.memcpy_async(a.addr, n, host.addr, n, MemcpyKind::HostToDevice, s1)
+            .unwrap();
+        acl.memset_async(a.addr, n, 0xee, 64, s1).unwrap();
+        acl.record_event(done, s1).unwrap();
+        acl.stream_wait_event(s2, done).unwrap();
+        acl.memcpy_async(b.addr, n, a.addr, n, MemcpyKind::DeviceToDevice, s2)
+            .unwrap();
+        acl.synchronize_stream(s2).unwrap();
+        acl.synchronize_event(done).unwrap();
+        assert!(acl.query_event(done).unwrap());
+        let mut back = vec![0u8; n as usize];
+        acl.memcpy(
+            back.as_mut_ptr() as usize,
+            n,
+            b.addr,
+            n,
+            MemcpyKind::DeviceToHost,
+        )
+        .unwrap();
+        acl.memset(host.addr, n, 0, n).unwrap();
+        back
+    };
+    assert!(back[..64].iter().all(|&x| x == 0xee));
+    assert_eq!(&back[64..], &pattern[64..]);
+
+    acl.destroy_event(done).unwrap();
+    acl.destroy_stream(s1).unwrap();
+    acl.destroy_stream(s2).unwrap();
+    assert_eq!(
+        code(acl.synchronize_stream(s1).unwrap_err()),
+        ("aclrtSynchronizeStream", AclError::RT_INVALID_HANDLE.0)
+    );
+    for blk in [host, a, b] {
+        acl.free_block(blk).unwrap();
+    }
+    assert_eq!(
+        code(acl.free_block(a).unwrap_err()),
+        ("aclrtFree", AclError::RT_MEMORY_FREE.0)
+    );
+}
+
+#[test]
+fn several_devices_and_threads() {
+    let acl = open();
+    std::thread::scope(|sc| {
+        for dev in 0..4 {
+            let acl = &acl;
+            sc.spawn(move || {
+                for _ in 0..8 {
+                    let blk = acl.alloc_block(dev, MemKind::DEVICE, 1 << 20).unwrap();
+                    assert_eq!(blk.device, dev);
+                    let s = acl.create_stream(dev).unwrap();
+                    // SAFETY: `blk` is a live 1 MiB block.
+                    unsafe { acl.memset_async(blk.addr, 1 << 20, 1, 1 << 20, s).unwrap() };
+                    acl.synchronize_stream(s).unwrap();
+                    acl.destroy_stream(s).unwrap();
+                    acl.free_block(blk).unwrap();
+                }
+            });
+        }
+    });
+}
+
+#[test]
+fn features_the_simulator_lacks_are_not_supported() {
+    let acl = open();
+    assert!(acl.supports("aclrtMallocAlign32"));
+    assert!(acl.supports("hi_mpi_dvpp_malloc"));
+    assert!(!acl.supports("aclrtReserveMemAddress"));
+    assert!(matches!(
+        acl.reserve_address(0, 2 << 20, 0),
+        Err(Error::NotSupported {
+            func: "aclrtReserveMemAddress"
+        })
+    ));
+    assert!(matches!(
+        acl.alloc_buf(64, false),
+        Err(Error::NotSupported {
+            func: "acltdtAllocBuf"
+        })
+    ));
+}
