@@ -72,6 +72,15 @@ fn state() -> Result<&'static DropIn, i32> {
             if let Some(bytes) = env_u64("ASCEND_POOL_SIM_DEVICE_CAPACITY") {
                 config = config.with_device_capacity(bytes);
             }
+            if let Some(bytes) = env_u64("ASCEND_POOL_SIM_HOST_CAPACITY") {
+                config = config.with_host_capacity(bytes);
+            }
+            if let Some(bytes) = env_u64("ASCEND_POOL_SIM_DVPP_LIMIT") {
+                config = config.with_dvpp_limit(bytes);
+            }
+            if let Some(rate) = env_u64("ASCEND_POOL_SIM_COPY_BANDWIDTH") {
+                config = config.with_copy_bandwidth(rate);
+            }
             let sim = SimSource::new(config).map_err(|e| code_of(&e))?;
             Ok(DropIn {
                 sim,

@@ -143,7 +143,7 @@ impl BuddyRange {
         let mut spans: Vec<(u64, u64, bool)> = Vec::new();
         let mut free_bytes = 0;
         for (k, set) in self.free.iter().enumerate() {
-            if (self.nonempty >> k & 1 == 1) != !set.is_empty() {
+            if (self.nonempty >> k & 1 == 1) == set.is_empty() {
                 return fail(format!("nonempty bit {k} is stale"));
             }
             let size = 1u64 << k;

@@ -225,7 +225,8 @@ impl Allocation {
 
 #[derive(Debug)]
 enum Range {
-    Tlsf(tlsf::TlsfRange),
+    // Boxed: the TLSF bin heads are 8 KiB, the buddy's sets a few words.
+    Tlsf(Box<tlsf::TlsfRange>),
     Buddy(buddy::BuddyRange),
 }
 
@@ -298,7 +299,7 @@ impl CarveEngine {
     pub fn new(capacity: u64, config: EngineConfig) -> Result<Self, EngineError> {
         const UNIT: u64 = crate::align::DEFAULT_ALIGN;
         let range = match config.range {
-            RangeTier::Tlsf => Range::Tlsf(tlsf::TlsfRange::new(capacity, UNIT)?),
+            RangeTier::Tlsf => Range::Tlsf(Box::new(tlsf::TlsfRange::new(capacity, UNIT)?)),
             RangeTier::Buddy => Range::Buddy(buddy::BuddyRange::new(capacity, UNIT)?),
         };
         Ok(Self {
