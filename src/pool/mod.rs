@@ -24,6 +24,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 pub const CANARY: u8 = 0xCD;
 /// Idle events kept for reuse; more are destroyed.
 const EVENT_POOL_MAX: usize = 256;
+/// Deferred frees that accumulate before their events are queried outside growth.
+const PENDING_RECLAIM_BATCH: usize = 64;
 
 /// Per-kind statistics, as `torch_npu` users know them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -806,6 +808,10 @@ impl PoolInner {
                 key: seg.key,
                 events,
             });
+            // Keep the list bounded without querying events on every call.
+            if k.pending.len() % PENDING_RECLAIM_BATCH == 0 {
+                self.reclaim(&mut k, false);
+            }
             return Ok(());
         }
         self.finish_free(&mut k, seg.key);
