@@ -104,44 +104,29 @@ impl ReplayerFactory for OffsetAllocatorFactory {
 // ---------------------------------------------------------------------------
 // rlsf
 
-/// A private anonymous mapping that reserves address space but no memory.
+/// A private anonymous mapping that reserves address space but no memory: the
+/// simulator's lazy mapping, reused.
 #[derive(Debug)]
 struct Reservation {
     base: NonNull<u8>,
     len: usize,
+    _mapping: crate::source::sim::mapping::Mapping,
 }
 
 impl Reservation {
     fn new(len: usize) -> Result<Self, String> {
-        // SAFETY: an anonymous private mapping at an address of the kernel's choosing
-        // aliases nothing; the result is checked before use.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(format!(
+        let mapping = crate::source::sim::mapping::Mapping::new(len).ok_or_else(|| {
+            format!(
                 "mmap of {len} bytes failed: {}",
                 std::io::Error::last_os_error()
-            ));
-        }
-        let base = NonNull::new(p.cast::<u8>()).ok_or("mmap returned null")?;
-        Ok(Self { base, len })
-    }
-}
-
-impl Drop for Reservation {
-    fn drop(&mut self) {
-        // SAFETY: `base..base+len` is exactly the mapping made in `new`, unmapped once here.
-        unsafe {
-            libc::munmap(self.base.as_ptr().cast(), self.len);
-        }
+            )
+        })?;
+        let base = NonNull::new(mapping.addr() as *mut u8).ok_or("mmap returned null")?;
+        Ok(Self {
+            base,
+            len: mapping.len(),
+            _mapping: mapping,
+        })
     }
 }
 

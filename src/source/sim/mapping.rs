@@ -9,7 +9,7 @@ use std::ptr::NonNull;
 /// Invariants: `addr..addr + len` is a live mapping created by `mmap` with
 /// `PROT_READ | PROT_WRITE` that nothing else unmaps; `len > 0`.
 #[derive(Debug)]
-pub(super) struct Mapping {
+pub(crate) struct Mapping {
     addr: NonNull<u8>,
     len: usize,
 }
@@ -24,7 +24,7 @@ impl Mapping {
     /// Maps `len` bytes lazily (`MAP_NORESERVE`): pages cost host memory only once touched.
     ///
     /// Returns `None` when `len` is 0 or the kernel refuses the mapping.
-    pub(super) fn new(len: usize) -> Option<Self> {
+    pub(crate) fn new(len: usize) -> Option<Self> {
         if len == 0 {
             return None;
         }
@@ -48,12 +48,12 @@ impl Mapping {
     }
 
     /// Start address (page-aligned, so 64- and 128-aligned too).
-    pub(super) fn addr(&self) -> usize {
+    pub(crate) fn addr(&self) -> usize {
         self.addr.as_ptr() as usize
     }
 
     /// Mapped length in bytes.
-    pub(super) fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.len
     }
 }

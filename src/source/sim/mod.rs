@@ -55,7 +55,7 @@
 //! Huge-page granules (2 MiB, 1 GiB) are not simulated: rounding stops at 32 bytes.
 
 mod fault;
-mod mapping;
+pub(crate) mod mapping;
 mod stats;
 mod stream;
 
