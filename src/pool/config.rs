@@ -17,7 +17,7 @@ pub const CONF_ENV: &str = "ASCEND_POOL_CONF";
 /// | `large_threshold` | [`large_threshold`](Self::large_threshold): requests at least this big get a chunk of their own size | `chunk_size / 2` |
 /// | `padding` | [`padding`](Self::padding): carve-rule padding after each segment | `32` |
 /// | `limit` | [`limit`](Self::limit): most bytes one memory kind may reserve (`0` = none) | `0` |
-/// | `release_threshold` | [`release_threshold`](Self::release_threshold): empty chunks beyond this many bytes go back at once | `0` (none kept) |
+/// | `release_threshold` | [`release_threshold`](Self::release_threshold): empty chunks beyond this many bytes go back at once | `64m` |
 /// | `debug` | [`debug`](Self::debug): canaries in the padding, checked on free | `0` |
 /// | `slab_max` | largest footprint served by slabs | `1024` |
 /// | `range` | `tlsf` or `buddy` | `tlsf` |
@@ -62,7 +62,7 @@ impl Default for PoolConfig {
             large_threshold: 16 << 20,
             padding: crate::align::DEFAULT_PADDING,
             limit: 0,
-            release_threshold: 0,
+            release_threshold: 64 << 20,
             debug: false,
             engine: EngineConfig::default(),
             policy: MallocPolicy::HugeFirst,

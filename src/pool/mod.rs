@@ -831,9 +831,26 @@ impl PoolInner {
         s.requested_bytes -= e.alloc.len();
         s.live_regions -= 1;
         s.frees += 1;
-        if now_empty && chunk.dedicated {
-            // A dedicated chunk fits one request: holding it rarely pays.
-            self.trim_kind(k, self.config.release_threshold);
+        if now_empty {
+            // Past the release threshold, empty chunks go back to the source; a dedicated
+            // chunk fits one request, so holding it rarely pays.
+            let dedicated = chunk.dedicated;
+            let empty: u64 = k
+                .chunks
+                .iter()
+                .filter(|(_, c)| c.engine.is_empty())
+                .map(|(_, c)| c.block.size)
+                .sum();
+            if dedicated || empty > self.config.release_threshold {
+                self.trim_kind(
+                    k,
+                    if dedicated {
+                        0
+                    } else {
+                        self.config.release_threshold
+                    },
+                );
+            }
         }
     }
 

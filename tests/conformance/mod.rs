@@ -167,6 +167,20 @@ macro_rules! conformance_suite {
         }
 
         #[test]
+        fn empty_chunks_past_the_release_threshold_go_back() {
+            let config = PoolConfig::default().with_chunk_size(4 << 20).with_release_threshold(8 << 20);
+            let pool = pool_with(1 << 30, config);
+            let regions: Vec<_> = (0..12).map(|_| pool.alloc_device(1 << 20).unwrap()).collect();
+            let held = pool.stats(MemKind::DEVICE).reserved_bytes;
+            assert!(held >= 16 << 20, "four chunks in use");
+            drop(regions);
+            let st = pool.stats(MemKind::DEVICE);
+            assert!(st.reserved_bytes <= 8 << 20, "kept {} bytes of empty chunks", st.reserved_bytes);
+            assert!(st.source_free_calls > 0);
+            pool.validate().unwrap();
+        }
+
+        #[test]
         fn debug_canary_reports_padding_overruns() {
             let pool = pool_with(1 << 30, PoolConfig::default().with_debug(true));
             let d = pool.alloc_device(100).unwrap();
