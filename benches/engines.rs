@@ -9,8 +9,8 @@
 use ascend_pool::engine::{EngineConfig, RangeTier};
 use ascend_pool::peers::{BuddyFactory, OffsetAllocatorFactory, RlsfFactory};
 use ascend_pool::trace::{
-    kind_index, EngineFactory, RangeReplayer, ReplayerFactory, TraceConfig, TraceItem, TraceOp,
-    TraceReader, KIND_COUNT,
+    EngineFactory, RangeReplayer, ReplayerFactory, TraceConfig, TraceItem, TraceOp, TraceReader,
+    KIND_COUNT,
 };
 use ascend_pool::{CarveRule, MemKind};
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
@@ -82,13 +82,13 @@ fn load_trace(path: &PathBuf) -> Option<Sequence> {
                 ..
             }) => ops.push(Op::Alloc {
                 slot: slots.take(id),
-                kind: kind_index(kind) as u8,
+                kind: kind.index() as u8,
                 len,
                 rule,
             }),
             TraceItem::Op(TraceOp::Free { id, kind, .. }) => ops.push(Op::Free {
                 slot: slots.give(id),
-                kind: kind_index(kind) as u8,
+                kind: kind.index() as u8,
             }),
             TraceItem::Rejected(_) => {}
         }
@@ -122,7 +122,7 @@ fn random_sizes() -> Sequence {
                 (MemKind::DEVICE, CarveRule::default())
             };
             let slot = slots.take(id);
-            let kind = kind_index(kind) as u8;
+            let kind = kind.index() as u8;
             live.push((slot, kind));
             ops.push(Op::Alloc {
                 slot,

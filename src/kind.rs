@@ -65,6 +65,17 @@ impl MemKind {
         MemKind::Host,
     ];
 
+    /// Position of the kind in [`MemKind::ALL`] (the policy does not matter).
+    pub const fn index(self) -> usize {
+        match self {
+            Self::Device(_) => 0,
+            Self::DeviceAlign32(_) => 1,
+            Self::Cached(_) => 2,
+            Self::Dvpp => 3,
+            Self::Host => 4,
+        }
+    }
+
     /// `aclrtMalloc` with the default policy.
     pub const DEVICE: MemKind = MemKind::Device(MallocPolicy::HugeFirst);
 
@@ -137,7 +148,8 @@ mod tests {
 
     #[test]
     fn names_round_trip() {
-        for k in MemKind::ALL {
+        for (i, k) in MemKind::ALL.into_iter().enumerate() {
+            assert_eq!(k.index(), i);
             assert_eq!(MemKind::from_trace_name(k.trace_name()), Some(k));
         }
         assert_eq!(MemKind::from_trace_name("hbm"), None);

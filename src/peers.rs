@@ -224,7 +224,7 @@ impl ReplayerFactory for RlsfFactory {
     }
 
     fn new_range(&self, kind: MemKind, capacity: u64) -> Result<RlsfRange, String> {
-        let key = (crate::trace::kind_index(kind), capacity);
+        let key = (kind.index(), capacity);
         let mut regions = self.regions.borrow_mut();
         if let Some(r) = regions.get(&key) {
             // Only reuse a region no live range holds (the factory's own count is 1).

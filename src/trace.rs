@@ -229,17 +229,6 @@ impl Default for TraceConfig {
 /// Number of memory kinds a trace can name ([`MemKind::ALL`]).
 pub const KIND_COUNT: usize = MemKind::ALL.len();
 
-/// Index of a trace kind in [`MemKind::ALL`] (policies are ignored: traces carry none).
-pub fn kind_index(kind: MemKind) -> usize {
-    match kind {
-        MemKind::Device(_) => 0,
-        MemKind::DeviceAlign32(_) => 1,
-        MemKind::Cached(_) => 2,
-        MemKind::Dvpp => 3,
-        MemKind::Host => 4,
-    }
-}
-
 /// Live and peak byte counts of one memory kind, independent of any allocator.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct KindStats {
@@ -383,7 +372,7 @@ impl<R: BufRead> TraceReader<R> {
                         footprint,
                     },
                 );
-                let s = &mut self.kinds[kind_index(kind)];
+                let s = &mut self.kinds[kind.index()];
                 s.allocs += 1;
                 s.live_requested += len;
                 s.live_required += footprint;
@@ -394,7 +383,7 @@ impl<R: BufRead> TraceReader<R> {
             "free" => match self.live.remove(&id) {
                 Some(a) => {
                     self.freed.insert(id);
-                    let s = &mut self.kinds[kind_index(a.kind)];
+                    let s = &mut self.kinds[a.kind.index()];
                     s.frees += 1;
                     s.live_requested -= a.len;
                     s.live_required -= a.footprint;
@@ -530,7 +519,7 @@ impl PlacementCheck {
     }
 
     fn alloc(&mut self, kind: MemKind, offset: u64, footprint: u64, align: u64, capacity: u64) {
-        let k = kind_index(kind);
+        let k = kind.index();
         let name = kind.trace_name();
         let end = offset.saturating_add(footprint);
         if offset % align != 0 {
@@ -556,7 +545,7 @@ impl PlacementCheck {
     }
 
     fn free(&mut self, kind: MemKind, offset: u64) {
-        self.live[kind_index(kind)].remove(&offset);
+        self.live[kind.index()].remove(&offset);
     }
 
     fn finish<R: RangeReplayer>(mut self, ranges: &[Option<R>; KIND_COUNT]) -> Vec<String> {
@@ -702,7 +691,7 @@ pub fn replay<R: BufRead, F: ReplayerFactory>(
                 rule,
                 footprint,
             } => {
-                let slot = &mut ranges[kind_index(kind)];
+                let slot = &mut ranges[kind.index()];
                 if slot.is_none() {
                     match factory.new_range(kind, config.device_size) {
                         Ok(r) => {
@@ -737,7 +726,7 @@ pub fn replay<R: BufRead, F: ReplayerFactory>(
                 if let Some(check) = shadow.as_mut() {
                     check.free(kind, offset);
                 }
-                let Some(range) = ranges[kind_index(kind)].as_mut() else {
+                let Some(range) = ranges[kind.index()].as_mut() else {
                     continue;
                 };
                 let t = Instant::now();

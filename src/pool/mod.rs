@@ -154,6 +154,19 @@ struct LiveEntry {
     pending: bool,
 }
 
+impl LiveEntry {
+    fn info(&self, kind: MemKind) -> SegmentInfo {
+        SegmentInfo {
+            kind,
+            addr: self.addr,
+            offset: self.alloc.offset(),
+            len: self.alloc.len(),
+            footprint: self.alloc.footprint(),
+            pending: self.pending,
+        }
+    }
+}
+
 #[derive(Debug)]
 struct PendingFree {
     key: usize,
@@ -198,16 +211,6 @@ pub(crate) struct RawSegment {
     pub(crate) align: u64,
     key: usize,
     alloc: Allocation,
-}
-
-fn kind_index(kind: MemKind) -> usize {
-    match kind {
-        MemKind::Device(_) => 0,
-        MemKind::DeviceAlign32(_) => 1,
-        MemKind::Cached(_) => 2,
-        MemKind::Dvpp => 3,
-        MemKind::Host => 4,
-    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -292,7 +295,7 @@ impl Pool {
 
     /// Counters of one kind.
     pub fn stats(&self, kind: MemKind) -> KindStats {
-        let mut k = lock(&self.inner.kinds[kind_index(kind)]);
+        let mut k = lock(&self.inner.kinds[kind.index()]);
         k.stats.pending_frees = k.pending.len() as u64;
         k.stats
     }
@@ -338,14 +341,7 @@ impl Pool {
         for m in &self.inner.kinds {
             let k = lock(m);
             for (_, e) in k.live.iter() {
-                out.push(SegmentInfo {
-                    kind: k.kind,
-                    addr: e.addr,
-                    offset: e.alloc.offset(),
-                    len: e.alloc.len(),
-                    footprint: e.alloc.footprint(),
-                    pending: e.pending,
-                });
+                out.push(e.info(k.kind));
             }
         }
         out.sort_by_key(|s| s.addr);
@@ -384,14 +380,7 @@ impl Pool {
                 .collect();
             for (_, e) in k.live.iter() {
                 if let Some((_, info)) = chunks.iter_mut().find(|(id, _)| *id == e.chunk) {
-                    info.segments.push(SegmentInfo {
-                        kind: k.kind,
-                        addr: e.addr,
-                        offset: e.alloc.offset(),
-                        len: e.alloc.len(),
-                        footprint: e.alloc.footprint(),
-                        pending: e.pending,
-                    });
+                    info.segments.push(e.info(k.kind));
                 }
             }
             let mut chunks: Vec<ChunkInfo> = chunks.into_iter().map(|(_, c)| c).collect();
@@ -510,7 +499,7 @@ impl PoolInner {
     fn allocate(&self, kind: MemKind, len: u64, align: u64) -> Result<RawSegment> {
         let rule = self.rule(kind, align)?;
         let footprint = rule.footprint(len)?;
-        let mut k = lock(&self.kinds[kind_index(kind)]);
+        let mut k = lock(&self.kinds[kind.index()]);
         let kind = k.kind;
         let found = match Self::carve_existing(&mut k, len, rule) {
             Some(x) => Some(x),
@@ -784,7 +773,7 @@ impl PoolInner {
 
     /// Frees a segment; with `streams`, only once work queued on them so far has run.
     pub(crate) fn release(&self, seg: &RawSegment, streams: &[StreamHandle]) -> Result<()> {
-        let mut k = lock(&self.kinds[kind_index(seg.kind)]);
+        let mut k = lock(&self.kinds[seg.kind.index()]);
         match k.live.get(seg.key) {
             Some(e) if e.alloc == seg.alloc && !e.pending => {}
             Some(e) if e.alloc == seg.alloc => return Err(Error::AlreadyFreed),
