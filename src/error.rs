@@ -190,6 +190,20 @@ pub enum Error {
     },
     /// A structural invariant does not hold (reported by `validate()`).
     Invalid(String),
+    /// The exporting process does not let this process import a shareable handle: it is
+    /// not on the handle's whitelist (`aclrtMemSetPidToShareableHandle`).
+    ShareRefused {
+        /// The shareable handle.
+        handle: u64,
+        /// This process's id as `aclrtDeviceGetBareTgid` gives it.
+        pid: i32,
+    },
+    /// A shareable handle that no process exports (any more): never exported, already
+    /// released by its exporter, or its exporter is gone.
+    ShareGone {
+        /// The shareable handle.
+        handle: u64,
+    },
 }
 
 impl std::fmt::Display for Error {
@@ -254,6 +268,13 @@ impl std::fmt::Display for Error {
                  byte {first_bad} past the start was overwritten"
             ),
             Self::Invalid(msg) => write!(f, "invariant violated: {msg}"),
+            Self::ShareRefused { handle, pid } => write!(
+                f,
+                "process {pid} is not on the whitelist of shareable handle {handle:#x}"
+            ),
+            Self::ShareGone { handle } => {
+                write!(f, "shareable handle {handle:#x} is not exported (any more)")
+            }
         }
     }
 }

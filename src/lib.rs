@@ -13,6 +13,8 @@
 //! - [`source`]: block sources, the only code that talks to a runtime;
 //! - [`pool`]: one pool per memory kind, chunks from a source, statistics, snapshots;
 //! - [`region`]: typed regions and validated copies, the public face;
+//! - [`share`]: device memory published by one process and opened by another, over the
+//!   virtual-memory source ([`source::vmm`]);
 //! - [`trace`] and [`peers`]: tools — allocation traces, a validating reader, a replay driver,
 //!   and other range allocators behind the same replay trait for comparison;
 //! - [`error`]: the typed errors every layer returns.
@@ -25,6 +27,7 @@ pub mod kind;
 pub mod peers;
 pub mod pool;
 pub mod region;
+pub mod share;
 pub mod source;
 pub mod trace;
 

@@ -4,16 +4,21 @@
 //! runtime operations the pool and its regions need (streams, events, copies,
 //! fills). Two sources exist:
 //! - [`SimSource`], the default: a faithful AscendCL simulator on host memory;
-//! - [`AclSource`], the real runtime loaded at run time.
+//! - [`AclSource`], the real runtime loaded at run time;
+//!
+//! and one that composes over either: [`VmmSource`], device blocks mapped into one
+//! reserved address range, which can grow in place.
 //!
 //! Addresses are plain `usize` values: device addresses are never dereferenced
 //! by the pool, only passed back to the source.
 
 pub mod acl;
 pub mod sim;
+pub mod vmm;
 
 pub use acl::AclSource;
 pub use sim::SimSource;
+pub use vmm::{VmmRuntime, VmmSource};
 
 use crate::error::Result;
 use crate::kind::MemKind;
@@ -84,6 +89,23 @@ pub trait BlockSource: Send + Sync + std::fmt::Debug {
 
     /// Frees a block this source handed out. A block it does not know is refused.
     fn free_block(&self, block: Block) -> Result<()>;
+
+    /// Grows `block` where it is to `block.size + additional` bytes, keeping its address.
+    ///
+    /// `Ok(None)` when the source cannot (the default, and when the addresses after the
+    /// block are taken): the caller takes a new block instead. On an error nothing changed.
+    fn extend_block(&self, block: Block, additional: u64) -> Result<Option<Block>> {
+        let _ = (block, additional);
+        Ok(None)
+    }
+
+    /// Gives back memory past the first `new_size` bytes of `block` where the source can
+    /// (whole granules); returns the block as kept, of `new_size` bytes. The default keeps
+    /// everything and returns `block` unchanged.
+    fn shrink_block(&self, block: Block, new_size: u64) -> Result<Block> {
+        let _ = new_size;
+        Ok(block)
+    }
 
     /// Free and total bytes of `kind` on `device` (`aclrtGetMemInfo`).
     fn mem_info(&self, device: DeviceId, kind: MemKind) -> Result<(u64, u64)>;

@@ -156,9 +156,7 @@ impl Live {
     }
 }
 
-/// A physical memory allocation (`aclrtDrvMemHandle`) held by an [`AclSource`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct PhysicalHandle(usize);
+pub use crate::source::vmm::PhysicalHandle;
 
 /// A shared buffer (`acltdtBuf`) held by an [`AclSource`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

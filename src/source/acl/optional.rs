@@ -355,3 +355,49 @@ impl AclSource {
         self.track_mbuf(func, new)
     }
 }
+
+impl crate::source::vmm::VmmRuntime for AclSource {
+    fn allocation_granularity(&self, device: DeviceId, recommended: bool) -> Result<u64> {
+        AclSource::allocation_granularity(self, device, recommended)
+    }
+
+    fn reserve_address(&self, device: DeviceId, size: u64, alignment: u64) -> Result<usize> {
+        AclSource::reserve_address(self, device, size, alignment)
+    }
+
+    fn release_address(&self, va: usize) -> Result<()> {
+        AclSource::release_address(self, va)
+    }
+
+    fn malloc_physical(&self, device: DeviceId, size: u64) -> Result<PhysicalHandle> {
+        AclSource::malloc_physical(self, device, size)
+    }
+
+    fn free_physical(&self, handle: PhysicalHandle) -> Result<()> {
+        AclSource::free_physical(self, handle)
+    }
+
+    fn map(&self, va: usize, size: u64, offset: u64, handle: PhysicalHandle) -> Result<()> {
+        AclSource::map(self, va, size, offset, handle)
+    }
+
+    fn unmap(&self, va: usize) -> Result<()> {
+        AclSource::unmap(self, va)
+    }
+
+    fn export_shareable(&self, handle: PhysicalHandle, flags: u64) -> Result<u64> {
+        AclSource::export_shareable(self, handle, flags)
+    }
+
+    fn import_shareable(&self, shareable: u64, device: DeviceId) -> Result<PhysicalHandle> {
+        AclSource::import_shareable(self, shareable, device)
+    }
+
+    fn set_shareable_pids(&self, shareable: u64, pids: &[i32]) -> Result<()> {
+        AclSource::set_shareable_pids(self, shareable, pids)
+    }
+
+    fn bare_tgid(&self) -> Result<i32> {
+        AclSource::bare_tgid(self)
+    }
+}

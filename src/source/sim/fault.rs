@@ -50,6 +50,44 @@ pub enum AclFunc {
     Memset,
     /// `aclrtMemsetAsync`.
     MemsetAsync,
+    /// `aclrtMemGetAllocationGranularity`.
+    MemGetAllocationGranularity,
+    /// `aclrtReserveMemAddress`.
+    ReserveMemAddress,
+    /// `aclrtReleaseMemAddress`.
+    ReleaseMemAddress,
+    /// `aclrtMallocPhysical`.
+    MallocPhysical,
+    /// `aclrtFreePhysical`.
+    FreePhysical,
+    /// `aclrtMapMem`.
+    MapMem,
+    /// `aclrtUnmapMem`.
+    UnmapMem,
+    /// `aclrtMemExportToShareableHandle`.
+    MemExportToShareableHandle,
+    /// `aclrtMemImportFromShareableHandle`.
+    MemImportFromShareableHandle,
+    /// `aclrtMemSetPidToShareableHandle`.
+    MemSetPidToShareableHandle,
+    /// `aclrtDeviceGetBareTgid`.
+    DeviceGetBareTgid,
+    /// `acltdtAllocBuf`.
+    AllocBuf,
+    /// `acltdtFreeBuf`.
+    FreeBuf,
+    /// `acltdtGetBufData`.
+    GetBufData,
+    /// `acltdtSetBufDataLen`.
+    SetBufDataLen,
+    /// `acltdtGetBufDataLen`.
+    GetBufDataLen,
+    /// `acltdtSetBufUserData`.
+    SetBufUserData,
+    /// `acltdtGetBufUserData`.
+    GetBufUserData,
+    /// `acltdtCopyBufRef`.
+    CopyBufRef,
 }
 
 impl AclFunc {
@@ -78,6 +116,25 @@ impl AclFunc {
             Self::MemcpyAsync => "aclrtMemcpyAsync",
             Self::Memset => "aclrtMemset",
             Self::MemsetAsync => "aclrtMemsetAsync",
+            Self::MemGetAllocationGranularity => "aclrtMemGetAllocationGranularity",
+            Self::ReserveMemAddress => "aclrtReserveMemAddress",
+            Self::ReleaseMemAddress => "aclrtReleaseMemAddress",
+            Self::MallocPhysical => "aclrtMallocPhysical",
+            Self::FreePhysical => "aclrtFreePhysical",
+            Self::MapMem => "aclrtMapMem",
+            Self::UnmapMem => "aclrtUnmapMem",
+            Self::MemExportToShareableHandle => "aclrtMemExportToShareableHandle",
+            Self::MemImportFromShareableHandle => "aclrtMemImportFromShareableHandle",
+            Self::MemSetPidToShareableHandle => "aclrtMemSetPidToShareableHandle",
+            Self::DeviceGetBareTgid => "aclrtDeviceGetBareTgid",
+            Self::AllocBuf => "acltdtAllocBuf",
+            Self::FreeBuf => "acltdtFreeBuf",
+            Self::GetBufData => "acltdtGetBufData",
+            Self::SetBufDataLen => "acltdtSetBufDataLen",
+            Self::GetBufDataLen => "acltdtGetBufDataLen",
+            Self::SetBufUserData => "acltdtSetBufUserData",
+            Self::GetBufUserData => "acltdtGetBufUserData",
+            Self::CopyBufRef => "acltdtCopyBufRef",
         }
     }
 
@@ -115,6 +172,13 @@ pub enum FaultTimes {
     Next(u64),
     /// Every call until [`SimSource::clear_faults`](super::SimSource::clear_faults).
     Always,
+    /// The first `skip` calls run, the `n` after them fail: a failure half-way through.
+    After {
+        /// Calls that run before the first failure.
+        skip: u64,
+        /// Calls that fail.
+        n: u64,
+    },
 }
 
 /// A planned failure: calls of `func` fail with `code` instead of running.
@@ -159,6 +223,22 @@ impl Fault {
         }
     }
 
+    /// The next `skip` calls of `func` run, the one after fails with `code`.
+    ///
+    /// ```
+    /// use ascend_pool::source::sim::{AclFunc, Fault, FaultTimes};
+    /// use ascend_pool::AclError;
+    /// let f = Fault::after(AclFunc::MapMem, AclError::RT_MEMORY_ALLOCATION, 2);
+    /// assert_eq!(f.times, FaultTimes::After { skip: 2, n: 1 });
+    /// ```
+    pub const fn after(func: AclFunc, code: AclError, skip: u64) -> Self {
+        Self {
+            func,
+            code,
+            times: FaultTimes::After { skip, n: 1 },
+        }
+    }
+
     /// The next call of `func` fails with `ACL_ERROR_RT_MEMORY_ALLOCATION` (207001).
     pub const fn out_of_memory(func: AclFunc) -> Self {
         Self::next(func, AclError::RT_MEMORY_ALLOCATION, 1)
@@ -173,7 +253,10 @@ pub(super) struct FaultPlan {
 
 impl FaultPlan {
     pub(super) fn push(&mut self, fault: Fault) {
-        if fault.times != FaultTimes::Next(0) {
+        if !matches!(
+            fault.times,
+            FaultTimes::Next(0) | FaultTimes::After { n: 0, .. }
+        ) {
             self.faults.push(fault);
         }
     }
@@ -190,11 +273,18 @@ impl FaultPlan {
     pub(super) fn fire(&mut self, func: AclFunc) -> Option<AclError> {
         let i = self.faults.iter().position(|f| f.func == func)?;
         let code = self.faults[i].code;
-        if let FaultTimes::Next(n) = &mut self.faults[i].times {
-            *n -= 1;
-            if *n == 0 {
-                self.faults.remove(i);
+        match &mut self.faults[i].times {
+            FaultTimes::Next(n) | FaultTimes::After { skip: 0, n } => {
+                *n -= 1;
+                if *n == 0 {
+                    self.faults.remove(i);
+                }
             }
+            FaultTimes::After { skip, .. } => {
+                *skip -= 1;
+                return None;
+            }
+            FaultTimes::Always => {}
         }
         Some(code)
     }

@@ -56,11 +56,17 @@
 
 mod fault;
 pub(crate) mod mapping;
+mod mbuf;
+mod share;
 mod stats;
 mod stream;
+mod vmm;
 
 pub use fault::{AclFunc, Fault, FaultTimes};
+pub use mbuf::{MbufHandle, USER_DATA_BYTES};
+pub use share::NOT_WHITELISTED;
 pub use stats::{KindUsage, SimStats};
+pub use vmm::DEFAULT_GRANULARITY;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -115,6 +121,9 @@ pub struct SimConfig {
     pub copy_bandwidth: Option<u64>,
     /// Fixed time every copy and fill takes on top of the bandwidth (default zero).
     pub op_latency: Duration,
+    /// Granularity of physical memory for virtual memory management (default 2 MiB; a
+    /// power of two, at least the host page size).
+    pub vmm_granularity: u64,
 }
 
 impl Default for SimConfig {
@@ -127,6 +136,7 @@ impl Default for SimConfig {
             padding: crate::align::DEFAULT_PADDING,
             copy_bandwidth: None,
             op_latency: Duration::ZERO,
+            vmm_granularity: DEFAULT_GRANULARITY,
         }
     }
 }
@@ -174,6 +184,12 @@ impl SimConfig {
         self
     }
 
+    /// Sets the granularity of physical memory (`aclrtMemGetAllocationGranularity`).
+    pub fn with_vmm_granularity(mut self, bytes: u64) -> Self {
+        self.vmm_granularity = bytes;
+        self
+    }
+
     /// Simulated time a copy or fill of `count` bytes takes.
     fn cost(&self, count: u64) -> Duration {
         let transfer = match self.copy_bandwidth {
@@ -198,6 +214,10 @@ struct BlockRecord {
     size: u64,
     /// Bytes accounted (the runtime's rounding); `mapping.len() == rounded`.
     rounded: u64,
+    /// A virtual-memory mapping (`aclrtMapMem`), not an allocation: never freed by
+    /// `aclrtFree`, accounted with its physical memory, and contiguous with the mappings
+    /// next to it in the same reservation.
+    vmm: bool,
 }
 
 impl BlockRecord {
@@ -219,16 +239,21 @@ impl BlockRecord {
 /// Accounting of every live block.
 ///
 /// Invariants: `device_used[d]` is the sum of `rounded` over live non-host blocks on
-/// device `d`; `dvpp_used` over live DVPP blocks; `host_used` over live host blocks;
-/// `usage` matches `blocks` per (device, kind); blocks never overlap.
+/// device `d` plus the physical memory of `d` still charged (see `vmm.rs`); `dvpp_used`
+/// over live DVPP blocks; `host_used` over live host blocks; `usage` matches the non-VMM
+/// `blocks` per (device, kind); blocks never overlap.
 #[derive(Debug, Default)]
 struct MemState {
-    /// Live blocks by start address.
+    /// Live blocks and virtual-memory mappings by start address.
     blocks: BTreeMap<usize, BlockRecord>,
     device_used: Vec<u64>,
     dvpp_used: u64,
     host_used: u64,
     usage: HashMap<(DeviceId, MemKind), KindUsage>,
+    /// Reservations and physical memory.
+    vmm: vmm::VmmState,
+    /// Shared buffers.
+    mbufs: mbuf::MbufState,
 }
 
 impl MemState {
@@ -238,22 +263,46 @@ impl MemState {
         (addr < rec.start() + rec.mapping.len()).then_some(rec)
     }
 
-    /// Checks that `addr..addr + count` is device memory of a live block; returns its mapping.
-    fn device_range(&self, addr: usize, count: u64) -> Result<Arc<Mapping>, AclError> {
-        match self.block_containing(addr) {
-            Some(rec) if rec.kind.is_device() && rec.covers(addr, count) => {
-                Ok(Arc::clone(&rec.mapping))
+    /// Checks that `addr..addr + count` lies in a live block (of device memory when
+    /// `device`), or in virtual-memory mappings that follow each other without a gap;
+    /// adds the mappings it touches to `keep`.
+    fn range(
+        &self,
+        addr: usize,
+        count: u64,
+        device: bool,
+        keep: &mut Vec<Arc<Mapping>>,
+    ) -> Result<(), AclError> {
+        let rec = self.block_containing(addr).ok_or(AclError::INVALID_PARAM)?;
+        if device && !rec.kind.is_device() {
+            return Err(AclError::INVALID_PARAM);
+        }
+        if rec.covers(addr, count) {
+            keep.push(Arc::clone(&rec.mapping));
+            return Ok(());
+        }
+        let end = (addr as u64)
+            .checked_add(count)
+            .ok_or(AclError::INVALID_PARAM)?;
+        if !rec.vmm {
+            return Err(AclError::INVALID_PARAM);
+        }
+        let first = keep.len();
+        keep.push(Arc::clone(&rec.mapping));
+        let mut at = rec.start() + rec.mapping.len();
+        while (at as u64) < end {
+            match self.blocks.get(&at) {
+                Some(next) if next.vmm => {
+                    keep.push(Arc::clone(&next.mapping));
+                    at += next.mapping.len();
+                }
+                _ => {
+                    keep.truncate(first);
+                    return Err(AclError::INVALID_PARAM);
+                }
             }
-            _ => Err(AclError::INVALID_PARAM),
         }
-    }
-
-    /// Checks that `addr..addr + count` lies in a live block of any kind.
-    fn any_range(&self, addr: usize, count: u64) -> Result<Arc<Mapping>, AclError> {
-        match self.block_containing(addr) {
-            Some(rec) if rec.covers(addr, count) => Ok(Arc::clone(&rec.mapping)),
-            _ => Err(AclError::INVALID_PARAM),
-        }
+        Ok(())
     }
 
     fn is_device_addr(&self, addr: usize) -> bool {
@@ -321,7 +370,9 @@ pub struct SimSource {
     padded: CarveRule,
     /// Rule giving the runtime rounding without padding (align32, HUGE1G).
     unpadded: CarveRule,
-    mem: Mutex<MemState>,
+    /// Shared with the exports of physical memory, which release it when the last
+    /// importing process lets go (see `share.rs`).
+    mem: Arc<Mutex<MemState>>,
     streams: Mutex<HashMap<usize, Arc<Stream>>>,
     events: Mutex<HashMap<usize, Arc<Event>>>,
     /// Next stream or event id; ids are never reused, so a stale handle stays invalid.
@@ -364,6 +415,12 @@ impl SimSource {
                 "the simulator needs at least one device".into(),
             ));
         }
+        let granularity = config.vmm_granularity;
+        if !granularity.is_power_of_two() || granularity < mapping::page_size() as u64 {
+            return Err(Error::Config(format!(
+                "VMM granularity {granularity} is not a power of two of at least a page"
+            )));
+        }
         if config.device_capacity == 0 || config.host_capacity == 0 || config.dvpp_limit == 0 {
             return Err(Error::Config(
                 "simulated capacities must be above 0 bytes".into(),
@@ -379,7 +436,7 @@ impl SimSource {
             config,
             padded,
             unpadded,
-            mem: Mutex::new(mem),
+            mem: Arc::new(Mutex::new(mem)),
             streams: Mutex::new(HashMap::new()),
             events: Mutex::new(HashMap::new()),
             next_handle: AtomicUsize::new(1),
@@ -423,7 +480,7 @@ impl SimSource {
             let c = lock(&self.counters);
             (c.calls.clone(), c.failures.clone())
         };
-        let (usage, live_blocks) = {
+        let (usage, live_blocks, (reservations, physical_handles, mappings), mbufs) = {
             let mem = lock(&self.mem);
             let usage = mem
                 .usage
@@ -431,7 +488,8 @@ impl SimSource {
                 .filter(|(_, u)| u.blocks > 0)
                 .map(|(k, u)| (*k, *u))
                 .collect();
-            (usage, mem.blocks.len() as u64)
+            let live = mem.blocks.values().filter(|b| !b.vmm).count();
+            (usage, live as u64, mem.vmm.counts(), mem.mbufs.len() as u64)
         };
         SimStats {
             calls,
@@ -440,6 +498,10 @@ impl SimSource {
             live_blocks,
             live_streams: lock(&self.streams).len() as u64,
             live_events: lock(&self.events).len() as u64,
+            reservations,
+            physical_handles,
+            mappings,
+            mbuf_handles: mbufs,
         }
     }
 
@@ -660,6 +722,7 @@ impl SimSource {
                 device,
                 size,
                 rounded,
+                vmm: false,
             },
         );
         debug_assert!(previous.is_none(), "two live mappings at one address");
@@ -677,7 +740,7 @@ impl SimSource {
             .blocks
             .get(&block.addr)
             .ok_or(AclError::RT_MEMORY_FREE)?;
-        if AclFunc::free_for(rec.kind) != AclFunc::free_for(block.kind) {
+        if rec.vmm || AclFunc::free_for(rec.kind) != AclFunc::free_for(block.kind) {
             return Err(AclError::RT_MEMORY_FREE);
         }
         if rec.kind != block.kind || rec.size != block.size || rec.device != block.device {
@@ -751,7 +814,7 @@ impl SimSource {
         let mut keep = Vec::with_capacity(2);
         for (addr, on_device) in [(dst, dst_dev), (src, src_dev)] {
             if on_device {
-                keep.push(mem.device_range(addr, count)?);
+                mem.range(addr, count, true, &mut keep)?;
             } else if let Some(rec) = mem.block_containing(addr) {
                 // Host side: not checkable, but if it is our pinned memory keep it mapped.
                 keep.push(Arc::clone(&rec.mapping));
@@ -770,13 +833,14 @@ impl SimSource {
         dst: usize,
         max: u64,
         count: u64,
-    ) -> Result<(usize, Arc<Mapping>), AclError> {
+    ) -> Result<(usize, Vec<Arc<Mapping>>), AclError> {
         if count > max || dst == 0 {
             return Err(AclError::INVALID_PARAM);
         }
         let count_usize = usize::try_from(count).map_err(|_| AclError::INVALID_PARAM)?;
-        let mapping = lock(&self.mem).any_range(dst, count)?;
-        Ok((count_usize, mapping))
+        let mut keep = Vec::with_capacity(1);
+        lock(&self.mem).range(dst, count, false, &mut keep)?;
+        Ok((count_usize, keep))
     }
 }
 
@@ -807,7 +871,9 @@ impl Drop for SimSource {
         for s in &streams {
             s.close();
         }
-        // Blocks are unmapped when `mem` drops: no op is left holding them.
+        // Blocks are unmapped when `mem` drops: no op is left holding them. Reservations
+        // and physical memory are given back here.
+        self.drop_vmm();
     }
 }
 
@@ -968,7 +1034,7 @@ impl BlockSource for SimSource {
             if !cost.is_zero() {
                 std::thread::sleep(cost);
             }
-            // SAFETY: the range was checked to lie in a live block, held mapped by `mapping`.
+            // SAFETY: the range was checked to lie in live blocks, held mapped by `mapping`.
             unsafe { mapping::fill_bytes(dst, value, n) };
             drop(mapping);
             Ok(())
@@ -991,7 +1057,7 @@ impl BlockSource for SimSource {
                 value,
                 count: n,
                 cost: self.config.cost(count),
-                keep: vec![mapping],
+                keep: mapping,
             };
             s.push(op).then_some(()).ok_or(AclError::RT_INVALID_HANDLE)
         })

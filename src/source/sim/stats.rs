@@ -45,6 +45,14 @@ pub struct SimStats {
     pub live_streams: u64,
     /// Events created and not destroyed.
     pub live_events: u64,
+    /// Reserved address ranges (`aclrtReserveMemAddress`) not released.
+    pub reservations: u64,
+    /// Physical allocations, local or imported, not freed.
+    pub physical_handles: u64,
+    /// Live `aclrtMapMem` mappings.
+    pub mappings: u64,
+    /// Live shared-buffer handles (`acltdtAllocBuf`, `acltdtCopyBufRef`).
+    pub mbuf_handles: u64,
 }
 
 impl SimStats {

@@ -1,0 +1,380 @@
+//! Device memory shared between processes.
+//!
+//! A process whose pool runs over a [`VmmSource`] publishes memory: one region
+//! ([`VmmSource::publish_region`]) or everything the source has mapped
+//! ([`VmmSource::publish_all`]). Publishing exports the physical memory behind it
+//! (`aclrtMemExportToShareableHandle`, once per allocation) and whitelists the processes
+//! [`Access`] names (`aclrtMemSetPidToShareableHandle`, ids from `aclrtDeviceGetBareTgid`),
+//! and gives a [`ShareDescriptor`]: plain data (JSON) to hand to the other process by any
+//! means. There, [`SharedMapping::open`] imports every piece, maps them into one reserved
+//! range in the same layout, and reads and writes the published bytes.
+//!
+//! The rules of the runtime hold: a process off the whitelist is refused
+//! ([`Error::ShareRefused`]); a handle whose exporter has freed the memory (or exited) cannot
+//! be imported any more ([`Error::ShareGone`]), but memory already imported stays valid until
+//! the importer closes its mapping; the exporter's device keeps it charged until then.
+//!
+//! ```
+//! use ascend_pool::share::{Access, SharedMapping};
+//! use ascend_pool::source::sim::{SimConfig, SimSource};
+//! use ascend_pool::source::vmm::{VmmConfig, VmmSource, VmmRuntime};
+//! use ascend_pool::{Pool, PoolConfig};
+//! use std::sync::Arc;
+//!
+//! let sim = Arc::new(SimSource::new(SimConfig::default().with_device_capacity(256 << 20))?);
+//! let vmm = Arc::new(VmmSource::new(Arc::clone(&sim), 0, VmmConfig::default())?);
+//! let pool = Pool::new(vmm.clone(), PoolConfig::default())?;
+//! let mut tensor = pool.alloc_device(4096)?;
+//! pool.copy_from_host(&mut tensor, 0, b"hello from the scheduler")?;
+//!
+//! // Here the reader is this very process; normally it is another one, given the JSON.
+//! let me = sim.bare_tgid()?;
+//! let desc = vmm.publish_region(&tensor, &Access::Processes(vec![me]))?;
+//! let json = desc.to_json();
+//!
+//! let reader = SharedMapping::open(Arc::clone(&sim), 0, &serde_json::from_str(&json).unwrap())?;
+//! let mut got = [0u8; 24];
+//! reader.read(0, &mut got)?;
+//! assert_eq!(&got, b"hello from the scheduler");
+//! reader.close()?;
+//! # Ok::<(), ascend_pool::Error>(())
+//! ```
+
+use std::sync::Arc;
+
+use crate::error::{AclError, Error, Result};
+use crate::region::Region;
+use crate::source::vmm::{
+    PhysicalHandle, VmmRuntime, VmmSource, EXPORT_FLAG_DEFAULT, EXPORT_FLAG_DISABLE_PID_VALIDATION,
+};
+use crate::source::{DeviceId, MemcpyKind};
+
+/// Which processes may open what is published.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Access {
+    /// Only these processes (ids from [`VmmRuntime::bare_tgid`] in each of them).
+    Processes(Vec<i32>),
+    /// Any process: pid validation is disabled when the memory is first exported.
+    AnyProcess,
+}
+
+/// One exported physical allocation in a [`ShareDescriptor`].
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SharedPiece {
+    /// Offset from [`ShareDescriptor::base`].
+    pub offset: u64,
+    /// Bytes.
+    pub len: u64,
+    /// The shareable handle.
+    pub handle: u64,
+}
+
+/// What another process needs to open published memory.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ShareDescriptor {
+    /// The exporter's process id.
+    pub exporter: i32,
+    /// The exporter's address of the first piece.
+    pub base: usize,
+    /// Bytes from `base` to the end of the last piece.
+    pub span: u64,
+    /// The pieces, by offset; they do not overlap.
+    pub pieces: Vec<SharedPiece>,
+    /// Offset of the published bytes from `base`.
+    pub offset: u64,
+    /// Bytes published.
+    pub len: u64,
+}
+
+impl ShareDescriptor {
+    /// The descriptor as JSON.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("plain data serializes")
+    }
+
+    /// A descriptor from [`ShareDescriptor::to_json`].
+    pub fn from_json(json: &str) -> Result<Self> {
+        serde_json::from_str(json).map_err(|e| Error::Config(format!("share descriptor: {e}")))
+    }
+}
+
+/// Publishing (the exporting side).
+impl<R: VmmRuntime + 'static> VmmSource<R> {
+    /// Publishes the bytes of `region`, which must come from a pool over this source.
+    pub fn publish_region(&self, region: &impl Region, access: &Access) -> Result<ShareDescriptor> {
+        self.publish_range(region.addr(), region.len(), access)
+    }
+
+    /// Publishes `len` bytes at `addr`, which must lie in device memory this source mapped.
+    pub fn publish_range(&self, addr: usize, len: u64, access: &Access) -> Result<ShareDescriptor> {
+        if len == 0 {
+            return Err(Error::OutOfBounds {
+                offset: 0,
+                len,
+                capacity: 0,
+            });
+        }
+        let pieces = self.export_extents(Some((addr, len)), flags(access))?;
+        let end = (addr as u64).checked_add(len).ok_or(Error::ForeignHandle)?;
+        // The pieces must cover the range without a gap.
+        let mut at = addr as u64;
+        for &(va, l, _) in &pieces {
+            if va as u64 > at {
+                break;
+            }
+            at = at.max(va as u64 + l);
+        }
+        if pieces.is_empty() || at < end {
+            return Err(Error::ForeignHandle);
+        }
+        self.describe(pieces, Some((addr, len)), access)
+    }
+
+    /// Publishes every byte this source has mapped (every chunk of the pool over it).
+    pub fn publish_all(&self, access: &Access) -> Result<ShareDescriptor> {
+        let pieces = self.export_extents(None, flags(access))?;
+        if pieces.is_empty() {
+            return Err(Error::OutOfBounds {
+                offset: 0,
+                len: 0,
+                capacity: 0,
+            });
+        }
+        self.describe(pieces, None, access)
+    }
+
+    fn describe(
+        &self,
+        pieces: Vec<(usize, u64, u64)>,
+        window: Option<(usize, u64)>,
+        access: &Access,
+    ) -> Result<ShareDescriptor> {
+        if let Access::Processes(pids) = access {
+            if !pids.is_empty() {
+                for &(_, _, handle) in &pieces {
+                    self.runtime().set_shareable_pids(handle, pids)?;
+                }
+            }
+        }
+        let base = pieces[0].0;
+        let (last_va, last_len, _) = *pieces.last().expect("not empty");
+        let span = (last_va - base) as u64 + last_len;
+        let (offset, len) = match window {
+            Some((addr, len)) => ((addr - base) as u64, len),
+            None => (0, span),
+        };
+        Ok(ShareDescriptor {
+            exporter: self.runtime().bare_tgid()?,
+            base,
+            span,
+            pieces: pieces
+                .into_iter()
+                .map(|(va, len, handle)| SharedPiece {
+                    offset: (va - base) as u64,
+                    len,
+                    handle,
+                })
+                .collect(),
+            offset,
+            len,
+        })
+    }
+}
+
+fn flags(access: &Access) -> u64 {
+    match access {
+        Access::AnyProcess => EXPORT_FLAG_DISABLE_PID_VALIDATION,
+        Access::Processes(_) => EXPORT_FLAG_DEFAULT,
+    }
+}
+
+/// Published memory opened in this process: imported and mapped in the exporter's layout.
+///
+/// Closing it (or dropping it) unmaps and frees the imported memory; the exporter's memory
+/// is released once every process sharing it has done so.
+pub struct SharedMapping<R: VmmRuntime> {
+    runtime: Arc<R>,
+    desc: ShareDescriptor,
+    /// Start of the local reservation (the exporter's `base`).
+    va: usize,
+    /// Imported pieces, mapped at `va + offset`.
+    pieces: Vec<(usize, PhysicalHandle)>,
+    open: bool,
+}
+
+impl<R: VmmRuntime> std::fmt::Debug for SharedMapping<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedMapping")
+            .field("va", &format_args!("{:#x}", self.va))
+            .field("desc", &self.desc)
+            .finish()
+    }
+}
+
+/// The typed error for a failed import of `handle`.
+fn import_error<R: VmmRuntime>(runtime: &R, handle: u64, e: Error) -> Error {
+    match e {
+        Error::Runtime { code, .. } if code == AclError::RT_INVALID_HANDLE => {
+            Error::ShareGone { handle }
+        }
+        Error::Runtime { code, .. } if code == crate::source::sim::NOT_WHITELISTED => {
+            Error::ShareRefused {
+                handle,
+                pid: runtime.bare_tgid().unwrap_or(-1),
+            }
+        }
+        other => other,
+    }
+}
+
+impl<R: VmmRuntime> SharedMapping<R> {
+    /// Imports and maps what `desc` describes on `device`. On failure nothing stays
+    /// imported or mapped; a process off the whitelist gets [`Error::ShareRefused`], a handle
+    /// no longer exported [`Error::ShareGone`].
+    pub fn open(runtime: Arc<R>, device: DeviceId, desc: &ShareDescriptor) -> Result<Self> {
+        let bad = |m: &str| Error::Config(format!("share descriptor: {m}"));
+        if desc.pieces.is_empty()
+            || desc
+                .offset
+                .checked_add(desc.len)
+                .is_none_or(|e| e > desc.span)
+        {
+            return Err(bad("published bytes outside the pieces"));
+        }
+        let granule = runtime.allocation_granularity(device, false)?;
+        let mut end = 0;
+        for p in &desc.pieces {
+            if p.offset < end || p.len == 0 || p.offset % granule != 0 || p.len % granule != 0 {
+                return Err(bad("pieces overlap or are not whole granules"));
+            }
+            end = p.offset + p.len;
+        }
+        if end != desc.span {
+            return Err(bad("span disagrees with the pieces"));
+        }
+        let va = runtime.reserve_address(device, desc.span, granule)?;
+        let mut mapping = Self {
+            runtime,
+            desc: desc.clone(),
+            va,
+            pieces: Vec::with_capacity(desc.pieces.len()),
+            open: true,
+        };
+        for p in &desc.pieces {
+            let handle = match mapping.runtime.import_shareable(p.handle, device) {
+                Ok(h) => h,
+                Err(e) => {
+                    let e = import_error(&*mapping.runtime, p.handle, e);
+                    let _ = mapping.close_inner();
+                    return Err(e);
+                }
+            };
+            let at = va + p.offset as usize;
+            if let Err(e) = mapping.runtime.map(at, p.len, 0, handle) {
+                let _ = mapping.runtime.free_physical(handle);
+                let _ = mapping.close_inner();
+                return Err(e);
+            }
+            mapping.pieces.push((at, handle));
+        }
+        Ok(mapping)
+    }
+
+    /// Local address of the first published byte.
+    pub fn addr(&self) -> usize {
+        self.va + self.desc.offset as usize
+    }
+
+    /// Bytes published.
+    pub fn len(&self) -> u64 {
+        self.desc.len
+    }
+
+    /// Whether nothing was published (never true for an opened mapping).
+    pub fn is_empty(&self) -> bool {
+        self.desc.len == 0
+    }
+
+    /// The descriptor this mapping was opened from.
+    pub fn descriptor(&self) -> &ShareDescriptor {
+        &self.desc
+    }
+
+    /// The local address of what the exporter sees at `exporter_addr`, if it is published.
+    pub fn translate(&self, exporter_addr: usize) -> Option<usize> {
+        let start = self.desc.base.checked_add(self.desc.offset as usize)?;
+        let off = exporter_addr.checked_sub(start)?;
+        ((off as u64) < self.desc.len).then(|| self.addr() + off)
+    }
+
+    fn check(&self, offset: u64, len: usize) -> Result<usize> {
+        let len = len as u64;
+        match offset.checked_add(len) {
+            Some(end) if end <= self.desc.len && len > 0 => Ok(self.addr() + offset as usize),
+            _ => Err(Error::OutOfBounds {
+                offset,
+                len,
+                capacity: self.desc.len,
+            }),
+        }
+    }
+
+    /// Copies published bytes from `offset` into `out`.
+    pub fn read(&self, offset: u64, out: &mut [u8]) -> Result<()> {
+        let src = self.check(offset, out.len())?;
+        let n = out.len() as u64;
+        // SAFETY: `src..src + n` lies in memory this mapping keeps mapped; `out` is n bytes.
+        unsafe {
+            self.runtime.memcpy(
+                out.as_mut_ptr() as usize,
+                n,
+                src,
+                n,
+                MemcpyKind::DeviceToHost,
+            )
+        }
+    }
+
+    /// Copies `data` into the published bytes at `offset`.
+    pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
+        let dst = self.check(offset, data.len())?;
+        let n = data.len() as u64;
+        // SAFETY: `dst..dst + n` lies in memory this mapping keeps mapped; `data` is n bytes.
+        unsafe {
+            self.runtime
+                .memcpy(dst, n, data.as_ptr() as usize, n, MemcpyKind::HostToDevice)
+        }
+    }
+
+    /// Unmaps and frees the imported memory and releases the reservation.
+    pub fn close(mut self) -> Result<()> {
+        self.close_inner()
+    }
+
+    fn close_inner(&mut self) -> Result<()> {
+        if !self.open {
+            return Ok(());
+        }
+        self.open = false;
+        let mut first = Ok(());
+        for (at, handle) in std::mem::take(&mut self.pieces) {
+            let r = self
+                .runtime
+                .unmap(at)
+                .and_then(|()| self.runtime.free_physical(handle));
+            if first.is_ok() {
+                first = r;
+            }
+        }
+        let r = self.runtime.release_address(self.va);
+        first.and(r)
+    }
+}
+
+impl<R: VmmRuntime> Drop for SharedMapping<R> {
+    fn drop(&mut self) {
+        if let Err(e) = self.close_inner() {
+            eprintln!("ascend-pool: closing a shared mapping failed: {e}");
+        }
+    }
+}

@@ -1,0 +1,345 @@
+//! Shareable handles between real processes.
+//!
+//! A process that exports physical memory starts (once) a service thread listening on the
+//! abstract unix socket `ascend-pool-sim.<pid>`: abstract names vanish with the process, so
+//! nothing is left in the file system. A shareable handle is `pid << 32 | serial`. To import
+//! it, a process connects to the exporter's socket and asks for the handle; the exporter
+//! reads the importer's process id from the kernel (`SO_PEERCRED`, which a process cannot
+//! forge), checks it against the handle's whitelist, and passes the memory object's
+//! descriptor back (`SCM_RIGHTS`). The connection then stays open as long as the importer
+//! holds the memory: its end (a free, or the importer's exit) tells the exporter, which keeps
+//! the memory charged to its device until the last importer has let go. The memory itself
+//! lives as long as any process maps it or holds its descriptor.
+//!
+//! # Error codes
+//!
+//! | situation | code |
+//! |---|---|
+//! | a handle no process exports (never exported, freed by its exporter, or the exporter is gone) | `ACL_ERROR_RT_INVALID_HANDLE` (107017) |
+//! | exporting a handle twice, or exporting imported memory | `ACL_ERROR_RT_PARAM_INVALID` (107000) |
+//! | importing from a process whose whitelist does not name this process (the simulator's choice: the driver refuses) | `ACL_ERROR_DRV_FAILURE` (500004) |
+//! | the service thread or the exchange with the exporter fails | `ACL_ERROR_RT_FAILURE` (500003) |
+
+use std::collections::HashMap;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{LazyLock, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::time::Duration;
+
+use crate::error::AclError;
+
+/// What runs when the last importer of memory its exporter freed lets go.
+pub(super) type Release = Box<dyn FnOnce() + Send>;
+
+/// Code a process off the whitelist gets from `aclrtMemImportFromShareableHandle` (the
+/// simulator's choice; the runtime documents none).
+pub const NOT_WHITELISTED: AclError = AclError::DRV_FAILURE;
+
+/// How long either side waits for the other during an import.
+const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// One exported allocation.
+struct Export {
+    /// The memory object, while the exporter holds it (`None` once it freed it).
+    fd: Option<OwnedFd>,
+    size: u64,
+    validate_pid: bool,
+    whitelist: Vec<i32>,
+    /// Importers that still hold the memory.
+    importers: u32,
+    /// Set when the exporter freed the memory while importers held it.
+    release: Option<Release>,
+}
+
+/// Exports of this process by shareable handle.
+///
+/// Invariant: an entry lives while its exporter holds the memory (`fd` is some) or an
+/// importer does (`importers > 0`); it is removed, and `release` run, when neither does.
+static EXPORTS: LazyLock<Mutex<HashMap<u64, Export>>> = LazyLock::new(Default::default);
+static NEXT_SERIAL: AtomicU32 = AtomicU32::new(1);
+static SERVICE: OnceLock<Result<(), AclError>> = OnceLock::new();
+
+fn exports() -> MutexGuard<'static, HashMap<u64, Export>> {
+    // Entries are updated in one step each; a panic elsewhere leaves them consistent.
+    EXPORTS.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn socket_addr(pid: u32) -> io::Result<SocketAddr> {
+    SocketAddr::from_abstract_name(format!("ascend-pool-sim.{pid}").as_bytes())
+}
+
+/// Registers `fd` (`size` bytes) for export; returns the shareable handle.
+pub(super) fn export(fd: OwnedFd, size: u64, validate_pid: bool) -> Result<u64, AclError> {
+    (*SERVICE.get_or_init(start_service))?;
+    let serial = loop {
+        let s = NEXT_SERIAL.fetch_add(1, Ordering::Relaxed);
+        if s != 0 {
+            break s;
+        }
+    };
+    let handle = (u64::from(std::process::id()) << 32) | u64::from(serial);
+    exports().insert(
+        handle,
+        Export {
+            fd: Some(fd),
+            size,
+            validate_pid,
+            whitelist: Vec::new(),
+            importers: 0,
+            release: None,
+        },
+    );
+    Ok(handle)
+}
+
+/// Adds `pids` to the whitelist of a handle this process exports and still holds.
+pub(super) fn allow(handle: u64, pids: &[i32]) -> Result<(), AclError> {
+    let mut ex = exports();
+    let e = ex
+        .get_mut(&handle)
+        .filter(|e| e.fd.is_some())
+        .ok_or(AclError::RT_INVALID_HANDLE)?;
+    e.whitelist.extend_from_slice(pids);
+    Ok(())
+}
+
+/// The exporter freed the memory: no new import. `Ok` when importers still hold it (the
+/// last one runs `release`), `Err(release)` when no one does (the caller releases now).
+pub(super) fn close_export(handle: u64, release: Release) -> Result<(), Release> {
+    let mut ex = exports();
+    let Some(e) = ex.get_mut(&handle) else {
+        return Err(release);
+    };
+    e.fd = None;
+    if e.importers == 0 {
+        ex.remove(&handle);
+        return Err(release);
+    }
+    e.release = Some(release);
+    Ok(())
+}
+
+fn importer_left(handle: u64) {
+    let release = {
+        let mut ex = exports();
+        let Some(e) = ex.get_mut(&handle) else {
+            return;
+        };
+        e.importers -= 1;
+        if e.importers == 0 && e.fd.is_none() {
+            ex.remove(&handle).and_then(|e| e.release)
+        } else {
+            None
+        }
+    };
+    if let Some(release) = release {
+        release();
+    }
+}
+
+fn start_service() -> Result<(), AclError> {
+    let addr = socket_addr(std::process::id()).map_err(|_| AclError::RT_FAILURE)?;
+    let listener = UnixListener::bind_addr(&addr).map_err(|_| AclError::RT_FAILURE)?;
+    std::thread::Builder::new()
+        .name("ascend-pool-share".into())
+        .stack_size(128 << 10)
+        .spawn(move || {
+            for conn in listener.incoming().flatten() {
+                answer(conn);
+            }
+        })
+        .map_err(|_| AclError::RT_FAILURE)?;
+    Ok(())
+}
+
+/// Serves one import request.
+fn answer(mut conn: UnixStream) {
+    let _ = conn.set_read_timeout(Some(EXCHANGE_TIMEOUT));
+    let _ = conn.set_write_timeout(Some(EXCHANGE_TIMEOUT));
+    let mut request = [0u8; 8];
+    if conn.read_exact(&mut request).is_err() {
+        return;
+    }
+    let handle = u64::from_le_bytes(request);
+    let peer = peer_pid(&conn);
+    let granted = {
+        let mut ex = exports();
+        match ex.get_mut(&handle) {
+            None | Some(Export { fd: None, .. }) => Err(AclError::RT_INVALID_HANDLE),
+            Some(e) if e.validate_pid && !peer.is_some_and(|p| e.whitelist.contains(&p)) => {
+                Err(NOT_WHITELISTED)
+            }
+            Some(e) => match e.fd.as_ref().map(OwnedFd::try_clone) {
+                Some(Ok(dup)) => {
+                    e.importers += 1;
+                    Ok((dup, e.size))
+                }
+                _ => Err(AclError::RT_FAILURE),
+            },
+        }
+    };
+    let (fd, size) = match granted {
+        Ok(x) => x,
+        Err(code) => {
+            let _ = send_reply(&conn, code.0, 0, None);
+            return;
+        }
+    };
+    if send_reply(&conn, 0, size, Some(&fd)).is_err() {
+        importer_left(handle);
+        return;
+    }
+    drop(fd);
+    // The importer holds the memory until it closes its end (or exits).
+    let watch = move || {
+        let _ = conn.set_read_timeout(None);
+        let mut byte = [0u8; 1];
+        loop {
+            match conn.read(&mut byte) {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => break,
+            }
+        }
+        importer_left(handle);
+    };
+    let spawned = std::thread::Builder::new()
+        .name("ascend-pool-share-link".into())
+        .stack_size(64 << 10)
+        .spawn(watch);
+    if spawned.is_err() {
+        // Cannot watch: count the importer gone now rather than never.
+        importer_left(handle);
+    }
+}
+
+/// Asks the exporting process for `handle`: the memory object, its size, and the link
+/// that stays open while this process holds it.
+pub(super) fn import(handle: u64) -> Result<(OwnedFd, u64, UnixStream), AclError> {
+    let pid = (handle >> 32) as u32;
+    if pid == 0 || handle as u32 == 0 {
+        return Err(AclError::RT_INVALID_HANDLE);
+    }
+    let addr = socket_addr(pid).map_err(|_| AclError::RT_INVALID_HANDLE)?;
+    // No listener: the process is gone or never exported anything.
+    let mut conn = UnixStream::connect_addr(&addr).map_err(|_| AclError::RT_INVALID_HANDLE)?;
+    let _ = conn.set_read_timeout(Some(EXCHANGE_TIMEOUT));
+    let _ = conn.set_write_timeout(Some(EXCHANGE_TIMEOUT));
+    conn.write_all(&handle.to_le_bytes())
+        .map_err(|_| AclError::RT_FAILURE)?;
+    let (code, size, fd) = recv_reply(&conn).map_err(|_| AclError::RT_FAILURE)?;
+    AclError::check(code)?;
+    let fd = fd.ok_or(AclError::RT_FAILURE)?;
+    let _ = conn.set_read_timeout(None);
+    Ok((fd, size, conn))
+}
+
+/// The process id of the other end of `conn`, as the kernel recorded it at connect time.
+fn peer_pid(conn: &UnixStream) -> Option<i32> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` and `len` are live locals of the sizes given; the socket is open.
+    let rc = unsafe {
+        libc::getsockopt(
+            conn.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    (rc == 0 && cred.pid > 0).then_some(cred.pid)
+}
+
+/// Room for one descriptor's control message, aligned for `cmsghdr`.
+#[repr(C, align(8))]
+struct Control([u8; 64]);
+
+/// Sends `code` and `size`, with `fd` attached when given.
+fn send_reply(conn: &UnixStream, code: i32, size: u64, fd: Option<&OwnedFd>) -> io::Result<()> {
+    let mut payload = [0u8; 12];
+    payload[..4].copy_from_slice(&code.to_le_bytes());
+    payload[4..].copy_from_slice(&size.to_le_bytes());
+    let mut iov = libc::iovec {
+        iov_base: payload.as_mut_ptr().cast(),
+        iov_len: payload.len(),
+    };
+    let mut control = Control([0; 64]);
+    // SAFETY: an all-zero msghdr is a valid empty message.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    if let Some(fd) = fd {
+        let fd_len = std::mem::size_of::<RawFd>() as u32;
+        // SAFETY: CMSG_SPACE is pure arithmetic.
+        let space = unsafe { libc::CMSG_SPACE(fd_len) } as usize;
+        debug_assert!(space <= control.0.len());
+        msg.msg_control = control.0.as_mut_ptr().cast();
+        msg.msg_controllen = space as _;
+        // SAFETY: `msg` points at `control`, large and aligned enough for one header with
+        // one descriptor, so the first header and its data lie inside it.
+        unsafe {
+            let cmsg = libc::CMSG_FIRSTHDR(&msg);
+            (*cmsg).cmsg_level = libc::SOL_SOCKET;
+            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+            (*cmsg).cmsg_len = libc::CMSG_LEN(fd_len) as _;
+            std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<RawFd>(), fd.as_raw_fd());
+        }
+    }
+    // SAFETY: `msg` and everything it points at are live for the call.
+    let sent = unsafe { libc::sendmsg(conn.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+    if sent == payload.len() as isize {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Receives what [`send_reply`] sent.
+fn recv_reply(conn: &UnixStream) -> io::Result<(i32, u64, Option<OwnedFd>)> {
+    let mut payload = [0u8; 12];
+    let mut iov = libc::iovec {
+        iov_base: payload.as_mut_ptr().cast(),
+        iov_len: payload.len(),
+    };
+    let mut control = Control([0; 64]);
+    // SAFETY: an all-zero msghdr is a valid empty message.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.0.as_mut_ptr().cast();
+    msg.msg_controllen = control.0.len() as _;
+    // SAFETY: `msg` and the buffers it points at are live and writable for the call.
+    let got = unsafe { libc::recvmsg(conn.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+    if got < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut fd = None;
+    // SAFETY: the kernel filled `control` with `msg_controllen` bytes of well-formed headers;
+    // the CMSG macros walk them inside that length.
+    unsafe {
+        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
+        while !cmsg.is_null() {
+            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
+                let raw = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<RawFd>());
+                // The kernel installed `raw` in this process for us alone.
+                fd = Some(OwnedFd::from_raw_fd(raw));
+            }
+            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+        }
+    }
+    if got as usize != payload.len() {
+        return Err(io::ErrorKind::UnexpectedEof.into());
+    }
+    let code = i32::from_le_bytes(payload[..4].try_into().expect("4 bytes"));
+    let size = u64::from_le_bytes(payload[4..].try_into().expect("8 bytes"));
+    Ok((code, size, fd))
+}

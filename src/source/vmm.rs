@@ -1,0 +1,710 @@
+//! Virtual memory: the runtime calls behind expandable pools, and [`VmmSource`], a block
+//! source that reserves one big device address range and maps physical memory into it.
+//!
+//! AscendCL splits an allocation in two: `aclrtReserveMemAddress` reserves device virtual
+//! addresses, `aclrtMallocPhysical` allocates physical memory (counted against the device's
+//! capacity), and `aclrtMapMem` maps the second into the first. [`VmmRuntime`] is that API
+//! (plus the cross-process sharing of physical memory built on it), implemented by the
+//! simulator and by [`AclSource`](crate::source::AclSource).
+//!
+//! [`VmmSource`] turns it into a [`BlockSource`]: device blocks are carved from one
+//! reservation made once, backed by physical memory mapped granule by granule, and a block
+//! can grow in place ([`BlockSource::extend_block`]) while the addresses after it are free, or
+//! give back its tail ([`BlockSource::shrink_block`]). Because the reservation is larger than
+//! the device (4x by default), a large request finds contiguous addresses even when the
+//! physical memory left is scattered. DVPP and host memory are not virtual-memory managed:
+//! those kinds go straight to the runtime.
+//!
+//! Every growth is one physical allocation (an *extent*) mapped by one `aclrtMapMem` per
+//! granule; a failure half-way unmaps what was mapped and frees the physical memory, so the
+//! source is as it was before the call.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::align::align_up;
+use crate::error::{AclError, Error, Result};
+use crate::kind::MemKind;
+use crate::source::{Block, BlockSource, DeviceId, EventHandle, MemcpyKind, StreamHandle};
+
+/// `ACL_MEM_HANDLE_TYPE_NONE`: the only handle type `aclrtMallocPhysical` takes.
+pub const HANDLE_TYPE_NONE: u32 = 0;
+/// `ACL_MEM_ALLOCATION_TYPE_PINNED`: the only allocation type `aclrtMallocPhysical` takes.
+pub const ALLOCATION_TYPE_PINNED: u32 = 0;
+/// `ACL_MEM_LOCATION_TYPE_HOST`.
+pub const LOCATION_TYPE_HOST: u32 = 0;
+/// `ACL_MEM_LOCATION_TYPE_DEVICE`.
+pub const LOCATION_TYPE_DEVICE: u32 = 1;
+/// `ACL_HBM_MEM_HUGE`: huge-page device memory.
+pub const MEM_ATTR_HBM_HUGE: u32 = 4;
+/// `ACL_RT_MEM_ALLOC_GRANULARITY_MINIMUM`.
+pub const GRANULARITY_MINIMUM: u32 = 0;
+/// `ACL_RT_MEM_ALLOC_GRANULARITY_RECOMMENDED`.
+pub const GRANULARITY_RECOMMENDED: u32 = 1;
+/// `ACL_RT_VMM_EXPORT_FLAG_DEFAULT`: importers must be on the whitelist.
+pub const EXPORT_FLAG_DEFAULT: u64 = 0;
+/// `ACL_RT_VMM_EXPORT_FLAG_DISABLE_PID_VALIDATION`: any process may import.
+pub const EXPORT_FLAG_DISABLE_PID_VALIDATION: u64 = 1;
+
+/// A physical memory allocation (`aclrtDrvMemHandle`), local or imported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PhysicalHandle(pub usize);
+
+/// `aclrtPhysicalMemProp`, flattened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PhysicalMemProp {
+    /// `aclrtMemHandleType`.
+    pub handle_type: u32,
+    /// `aclrtMemAllocationType`.
+    pub allocation_type: u32,
+    /// `aclrtMemAttr`.
+    pub mem_attr: u32,
+    /// Device id of `aclrtMemLocation`.
+    pub location_id: u32,
+    /// `aclrtMemLocationType`.
+    pub location_type: u32,
+}
+
+impl PhysicalMemProp {
+    /// Pinned huge-page memory on `device`, handle type NONE: what `aclrtMallocPhysical` requires.
+    pub const fn device(device: u32) -> Self {
+        Self {
+            handle_type: HANDLE_TYPE_NONE,
+            allocation_type: ALLOCATION_TYPE_PINNED,
+            mem_attr: MEM_ATTR_HBM_HUGE,
+            location_id: device,
+            location_type: LOCATION_TYPE_DEVICE,
+        }
+    }
+}
+
+/// A runtime with virtual memory management and shareable physical memory.
+///
+/// Errors are [`Error::Runtime`] naming the AscendCL call, as for every [`BlockSource`]
+/// method, or [`Error::NotSupported`] when the runtime lacks the call.
+pub trait VmmRuntime: BlockSource {
+    /// Granularity of physical memory on `device` (`aclrtMemGetAllocationGranularity`):
+    /// the minimum, or the recommended one when `recommended`.
+    fn allocation_granularity(&self, device: DeviceId, recommended: bool) -> Result<u64>;
+    /// Reserves `size` bytes of addresses aligned to `alignment` (0: the granularity).
+    fn reserve_address(&self, device: DeviceId, size: u64, alignment: u64) -> Result<usize>;
+    /// Releases a reservation; nothing may be mapped in it any more.
+    fn release_address(&self, va: usize) -> Result<()>;
+    /// Allocates `size` bytes of physical memory on `device`, counted against its capacity.
+    fn malloc_physical(&self, device: DeviceId, size: u64) -> Result<PhysicalHandle>;
+    /// Frees physical memory (local or imported); it must be unmapped first.
+    fn free_physical(&self, handle: PhysicalHandle) -> Result<()>;
+    /// Maps `size` bytes of `handle` from `offset` at `va`, inside a reservation.
+    fn map(&self, va: usize, size: u64, offset: u64, handle: PhysicalHandle) -> Result<()>;
+    /// Unmaps the mapping that starts at `va`.
+    fn unmap(&self, va: usize) -> Result<()>;
+    /// Exports `handle` for other processes (`aclrtMemExportToShareableHandle`); `flags` is
+    /// [`EXPORT_FLAG_DEFAULT`] or [`EXPORT_FLAG_DISABLE_PID_VALIDATION`]. Once per handle.
+    fn export_shareable(&self, handle: PhysicalHandle, flags: u64) -> Result<u64>;
+    /// Imports a shareable handle another process exported (`aclrtMemImportFromShareableHandle`).
+    fn import_shareable(&self, shareable: u64, device: DeviceId) -> Result<PhysicalHandle>;
+    /// Adds processes (ids from [`VmmRuntime::bare_tgid`]) to the whitelist of an exported handle.
+    fn set_shareable_pids(&self, shareable: u64, pids: &[i32]) -> Result<()>;
+    /// This process's id as the device knows it (`aclrtDeviceGetBareTgid`).
+    fn bare_tgid(&self) -> Result<i32>;
+}
+
+/// How a [`VmmSource`] is laid out.
+///
+/// ```
+/// use ascend_pool::source::vmm::VmmConfig;
+/// let c = VmmConfig::default().with_reserve(8 << 30).with_granule(2 << 20);
+/// assert_eq!(c.reserve, 8 << 30);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct VmmConfig {
+    /// Bytes of device addresses reserved once; 0 (default) reserves 4x the device's memory.
+    pub reserve: u64,
+    /// Bytes per mapped granule, a multiple of the runtime's minimum granularity; 0 (default)
+    /// uses the recommended granularity.
+    pub granule: u64,
+}
+
+impl VmmConfig {
+    /// Sets the bytes of addresses reserved.
+    pub fn with_reserve(mut self, bytes: u64) -> Self {
+        self.reserve = bytes;
+        self
+    }
+
+    /// Sets the granule size.
+    pub fn with_granule(mut self, bytes: u64) -> Self {
+        self.granule = bytes;
+        self
+    }
+}
+
+/// One physical allocation mapped into the reservation, granule by granule.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Extent {
+    /// Bytes, a multiple of the granule.
+    pub(crate) len: u64,
+    pub(crate) handle: PhysicalHandle,
+    /// The shareable handle, once exported (a handle is exported at most once).
+    pub(crate) shareable: Option<u64>,
+}
+
+/// A device block handed out.
+#[derive(Debug, Clone, Copy)]
+struct VirtualBlock {
+    kind: MemKind,
+    /// Bytes as handed out (what the pool asked for, after growth and shrinking).
+    size: u64,
+    /// Bytes mapped from the block start: the extents `addr..addr + mapped` cover it exactly.
+    mapped: u64,
+}
+
+/// What the source holds.
+///
+/// Invariants: blocks do not overlap and lie inside the reservation; the extents inside
+/// `addr..addr + mapped` of a block tile that range exactly, and no extent lies outside a
+/// block; `size <= mapped` and `mapped == align_up(size, granule)` unless a shrink kept an
+/// extent straddling the new end; `orphans` hold unmapped physical memory whose free failed.
+#[derive(Debug, Default)]
+struct VmmState {
+    blocks: BTreeMap<usize, VirtualBlock>,
+    extents: BTreeMap<usize, Extent>,
+    orphans: Vec<PhysicalHandle>,
+    /// Sum of extent lengths.
+    mapped_bytes: u64,
+}
+
+/// Counters of a [`VmmSource`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct VmmStats {
+    /// Device blocks live.
+    pub blocks: u64,
+    /// Physical allocations mapped.
+    pub extents: u64,
+    /// Bytes of physical memory mapped.
+    pub mapped_bytes: u64,
+    /// Physical allocations unmapped whose free failed, retried on the next call.
+    pub orphans: u64,
+}
+
+/// A [`BlockSource`] that maps physical memory into one reservation (see the module docs).
+///
+/// ```
+/// use ascend_pool::source::sim::{SimConfig, SimSource};
+/// use ascend_pool::source::vmm::{VmmConfig, VmmSource};
+/// use ascend_pool::source::BlockSource;
+/// use ascend_pool::MemKind;
+/// use std::sync::Arc;
+///
+/// let sim = Arc::new(SimSource::new(SimConfig::default().with_device_capacity(64 << 20))?);
+/// let vmm = VmmSource::new(sim, 0, VmmConfig::default())?;
+/// let a = vmm.alloc_block(0, MemKind::DEVICE, 3 << 20)?; // two 2 MiB granules
+/// // The addresses after `a` are free, so it grows where it is.
+/// let a = vmm.extend_block(a, 4 << 20)?.expect("room after the block");
+/// assert_eq!(a.size, 7 << 20);
+/// let a = vmm.shrink_block(a, 1 << 20)?; // gives back the extent mapped by the growth
+/// assert_eq!(vmm.stats().mapped_bytes, 4 << 20);
+/// vmm.free_block(a)?;
+/// assert_eq!(vmm.stats().mapped_bytes, 0);
+/// # Ok::<(), ascend_pool::Error>(())
+/// ```
+pub struct VmmSource<R: VmmRuntime> {
+    runtime: Arc<R>,
+    device: DeviceId,
+    name: String,
+    /// Start of the reservation.
+    base: usize,
+    /// Bytes reserved, a multiple of `granule`.
+    reserved: u64,
+    /// Bytes per mapping, a multiple of the runtime's minimum granularity.
+    granule: u64,
+    state: Mutex<VmmState>,
+}
+
+impl<R: VmmRuntime> std::fmt::Debug for VmmSource<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VmmSource")
+            .field("name", &self.name)
+            .field("base", &format_args!("{:#x}", self.base))
+            .field("reserved", &self.reserved)
+            .field("granule", &self.granule)
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // State is updated only after the runtime calls that can fail have succeeded.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn runtime_error(func: &'static str, code: AclError) -> Error {
+    Error::Runtime { func, code }
+}
+
+/// Whether blocks of `kind` come from the reservation (device memory) or from the runtime.
+fn is_virtual(kind: MemKind) -> bool {
+    matches!(
+        kind,
+        MemKind::Device(_) | MemKind::DeviceAlign32(_) | MemKind::Cached(_)
+    )
+}
+
+impl<R: VmmRuntime> VmmSource<R> {
+    /// Reserves the address range on `device` (see [`VmmConfig`]).
+    ///
+    /// Fails with [`Error::Config`] for a granule that is not a multiple of the runtime's
+    /// minimum granularity, or with the runtime's error.
+    pub fn new(runtime: Arc<R>, device: DeviceId, config: VmmConfig) -> Result<Self> {
+        let minimum = runtime.allocation_granularity(device, false)?;
+        let granule = match config.granule {
+            0 => runtime.allocation_granularity(device, true)?,
+            g => g,
+        };
+        if minimum == 0 || granule == 0 || granule % minimum != 0 {
+            return Err(Error::Config(format!(
+                "granule {granule} is not a multiple of the runtime's granularity {minimum}"
+            )));
+        }
+        let reserve = match config.reserve {
+            0 => runtime
+                .mem_info(device, MemKind::DEVICE)?
+                .1
+                .saturating_mul(4),
+            r => r,
+        };
+        let reserved = align_up(reserve.max(granule), granule)
+            .ok_or_else(|| Error::Config(format!("cannot reserve {reserve} bytes")))?;
+        let base = runtime.reserve_address(device, reserved, granule)?;
+        let name = format!("vmm:{}", runtime.name());
+        Ok(Self {
+            runtime,
+            device,
+            name,
+            base,
+            reserved,
+            granule,
+            state: Mutex::new(VmmState::default()),
+        })
+    }
+
+    /// The runtime underneath.
+    pub fn runtime(&self) -> &Arc<R> {
+        &self.runtime
+    }
+
+    /// The device whose memory this source maps.
+    pub fn device(&self) -> DeviceId {
+        self.device
+    }
+
+    /// Bytes per mapped granule.
+    pub fn granule(&self) -> u64 {
+        self.granule
+    }
+
+    /// The reservation: start address and bytes.
+    pub fn reservation(&self) -> (usize, u64) {
+        (self.base, self.reserved)
+    }
+
+    /// Current counters.
+    pub fn stats(&self) -> VmmStats {
+        let s = lock(&self.state);
+        VmmStats {
+            blocks: s.blocks.len() as u64,
+            extents: s.extents.len() as u64,
+            mapped_bytes: s.mapped_bytes,
+            orphans: s.orphans.len() as u64,
+        }
+    }
+
+    /// Checks the invariants of the block and extent maps.
+    pub fn validate(&self) -> Result<()> {
+        let s = lock(&self.state);
+        let bad = |m: String| Err(Error::Invalid(format!("{}: {m}", self.name)));
+        let mut end = self.base;
+        let mut covered = 0u64;
+        for (&addr, b) in &s.blocks {
+            if addr < end || addr + b.mapped as usize > self.base + self.reserved as usize {
+                return bad(format!(
+                    "block {addr:#x} overlaps or leaves the reservation"
+                ));
+            }
+            if b.size > b.mapped || b.mapped % self.granule != 0 {
+                return bad(format!(
+                    "block {addr:#x}: size {} mapped {}",
+                    b.size, b.mapped
+                ));
+            }
+            let mut at = addr;
+            for (&va, e) in s.extents.range(addr..addr + b.mapped as usize) {
+                if va != at {
+                    return bad(format!(
+                        "block {addr:#x}: extent {va:#x} does not follow {at:#x}"
+                    ));
+                }
+                at += e.len as usize;
+            }
+            if at != addr + b.mapped as usize {
+                return bad(format!("block {addr:#x}: extents end at {at:#x}"));
+            }
+            covered += b.mapped;
+            end = at;
+        }
+        let total: u64 = s.extents.values().map(|e| e.len).sum();
+        if total != covered || total != s.mapped_bytes {
+            return bad(format!(
+                "{total} bytes of extents, {covered} in blocks, {} counted",
+                s.mapped_bytes
+            ));
+        }
+        Ok(())
+    }
+
+    /// First free range of `len` bytes of addresses, if any.
+    fn find_gap(&self, s: &VmmState, len: u64) -> Option<usize> {
+        let mut cursor = self.base;
+        for (&addr, b) in &s.blocks {
+            if (addr - cursor) as u64 >= len {
+                return Some(cursor);
+            }
+            cursor = addr + b.mapped as usize;
+        }
+        let end = self.base + self.reserved as usize;
+        ((end - cursor) as u64 >= len).then_some(cursor)
+    }
+
+    /// Allocates `len` bytes of physical memory and maps it at `va`, granule by granule.
+    /// On failure everything done is undone and the first error returned.
+    fn map_extent(&self, s: &mut VmmState, va: usize, len: u64) -> Result<()> {
+        self.retry_orphans(s);
+        let handle = self.runtime.malloc_physical(self.device, len)?;
+        let granules = len / self.granule;
+        for i in 0..granules {
+            let at = va + (i * self.granule) as usize;
+            if let Err(e) = self.runtime.map(at, self.granule, i * self.granule, handle) {
+                self.undo_maps(va, i);
+                if self.runtime.free_physical(handle).is_err() {
+                    s.orphans.push(handle);
+                }
+                return Err(e);
+            }
+        }
+        s.extents.insert(
+            va,
+            Extent {
+                len,
+                handle,
+                shareable: None,
+            },
+        );
+        s.mapped_bytes += len;
+        Ok(())
+    }
+
+    /// Unmaps the first `granules` granules mapped at `va` (rollback; best effort).
+    fn undo_maps(&self, va: usize, granules: u64) {
+        for j in (0..granules).rev() {
+            let _ = self.runtime.unmap(va + (j * self.granule) as usize);
+        }
+    }
+
+    /// Releases every extent at or after `from` inside the block at `addr`: all granules are
+    /// unmapped first (remapped again if one unmap fails, and the error returned), then the
+    /// physical memory is freed; a free that fails leaves the handle for a later retry.
+    fn release_from(&self, s: &mut VmmState, addr: usize, from: usize) -> Result<()> {
+        let end = addr + s.blocks[&addr].mapped as usize;
+        let doomed: Vec<(usize, Extent)> = s
+            .extents
+            .range(from..end)
+            .map(|(&va, &e)| (va, e))
+            .collect();
+        let mut unmapped: Vec<(usize, u64, u64, PhysicalHandle)> = Vec::new();
+        for &(va, e) in &doomed {
+            for i in 0..e.len / self.granule {
+                let at = va + (i * self.granule) as usize;
+                if let Err(err) = self.runtime.unmap(at) {
+                    for &(at, size, offset, h) in unmapped.iter().rev() {
+                        let _ = self.runtime.map(at, size, offset, h);
+                    }
+                    return Err(err);
+                }
+                unmapped.push((at, self.granule, i * self.granule, e.handle));
+            }
+        }
+        for (va, e) in doomed {
+            s.extents.remove(&va);
+            s.mapped_bytes -= e.len;
+            if self.runtime.free_physical(e.handle).is_err() {
+                s.orphans.push(e.handle);
+            }
+        }
+        self.retry_orphans(s);
+        Ok(())
+    }
+
+    fn retry_orphans(&self, s: &mut VmmState) {
+        s.orphans
+            .retain(|&h| self.runtime.free_physical(h).is_err());
+    }
+
+    /// The block at `block.addr`, checked against what was handed out.
+    fn known(&self, s: &VmmState, func: &'static str, block: Block) -> Result<VirtualBlock> {
+        let b = *s
+            .blocks
+            .get(&block.addr)
+            .ok_or(runtime_error(func, AclError::RT_MEMORY_FREE))?;
+        if b.kind != block.kind || b.size != block.size || block.device != self.device {
+            return Err(runtime_error(func, AclError::INVALID_PARAM));
+        }
+        Ok(b)
+    }
+
+    /// Exports the extents overlapping `addr..addr + len` (every extent when `None`) and
+    /// returns them as (address, bytes, shareable handle). An extent already exported keeps
+    /// its handle (a handle is exported once per process) and `flags` then do not apply.
+    pub(crate) fn export_extents(
+        &self,
+        range: Option<(usize, u64)>,
+        flags: u64,
+    ) -> Result<Vec<(usize, u64, u64)>> {
+        let mut s = lock(&self.state);
+        let (lo, hi) = match range {
+            Some((addr, len)) => (addr, addr.saturating_add(len as usize)),
+            None => (self.base, self.base + self.reserved as usize),
+        };
+        let overlapping: Vec<usize> = s
+            .extents
+            .range(..hi)
+            .filter(|(&va, e)| va + e.len as usize > lo)
+            .map(|(&va, _)| va)
+            .collect();
+        let mut out = Vec::with_capacity(overlapping.len());
+        for va in overlapping {
+            let e = s.extents.get_mut(&va).expect("listed above");
+            let shareable = match e.shareable {
+                Some(h) => h,
+                None => {
+                    let h = self.runtime.export_shareable(e.handle, flags)?;
+                    e.shareable = Some(h);
+                    h
+                }
+            };
+            out.push((va, e.len, shareable));
+        }
+        Ok(out)
+    }
+}
+
+impl<R: VmmRuntime> Drop for VmmSource<R> {
+    fn drop(&mut self) {
+        let s = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
+        for (va, e) in std::mem::take(&mut s.extents) {
+            for i in 0..e.len / self.granule {
+                let _ = self.runtime.unmap(va + (i * self.granule) as usize);
+            }
+            let _ = self.runtime.free_physical(e.handle);
+        }
+        for h in std::mem::take(&mut s.orphans) {
+            let _ = self.runtime.free_physical(h);
+        }
+        if let Err(e) = self.runtime.release_address(self.base) {
+            eprintln!(
+                "ascend-pool: {}: releasing the reservation failed: {e}",
+                self.name
+            );
+        }
+    }
+}
+
+impl<R: VmmRuntime + 'static> BlockSource for VmmSource<R> {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn alloc_block(&self, device: DeviceId, kind: MemKind, size: u64) -> Result<Block> {
+        if !is_virtual(kind) {
+            return self.runtime.alloc_block(device, kind, size);
+        }
+        if device != self.device {
+            return Err(runtime_error("aclrtMapMem", AclError::RT_PARAM_INVALID));
+        }
+        if size == 0 {
+            return Err(runtime_error(
+                "aclrtMallocPhysical",
+                AclError::INVALID_PARAM,
+            ));
+        }
+        let mapped = align_up(size, self.granule).ok_or(runtime_error(
+            "aclrtMallocPhysical",
+            AclError::RT_MEMORY_ALLOCATION,
+        ))?;
+        let mut s = lock(&self.state);
+        let va = self.find_gap(&s, mapped).ok_or(runtime_error(
+            "aclrtReserveMemAddress",
+            AclError::RT_MEMORY_ALLOCATION,
+        ))?;
+        self.map_extent(&mut s, va, mapped)?;
+        s.blocks.insert(va, VirtualBlock { kind, size, mapped });
+        Ok(Block {
+            addr: va,
+            size,
+            kind,
+            device,
+        })
+    }
+
+    fn free_block(&self, block: Block) -> Result<()> {
+        if !is_virtual(block.kind) {
+            return self.runtime.free_block(block);
+        }
+        let mut s = lock(&self.state);
+        self.known(&s, "aclrtUnmapMem", block)?;
+        self.release_from(&mut s, block.addr, block.addr)?;
+        s.blocks.remove(&block.addr);
+        Ok(())
+    }
+
+    fn extend_block(&self, block: Block, additional: u64) -> Result<Option<Block>> {
+        if !is_virtual(block.kind) {
+            return Ok(None);
+        }
+        let mut s = lock(&self.state);
+        let b = self.known(&s, "aclrtMapMem", block)?;
+        let Some(size) = b.size.checked_add(additional) else {
+            return Ok(None);
+        };
+        let Some(mapped) = align_up(size, self.granule) else {
+            return Ok(None);
+        };
+        if mapped > b.mapped {
+            let from = block.addr + b.mapped as usize;
+            let limit = s
+                .blocks
+                .range(block.addr + 1..)
+                .next()
+                .map_or(self.base + self.reserved as usize, |(&next, _)| next);
+            if limit < from || ((limit - from) as u64) < mapped - b.mapped {
+                return Ok(None);
+            }
+            self.map_extent(&mut s, from, mapped - b.mapped)?;
+        }
+        let entry = s.blocks.get_mut(&block.addr).expect("checked above");
+        entry.size = size;
+        entry.mapped = entry.mapped.max(mapped);
+        Ok(Some(Block { size, ..block }))
+    }
+
+    fn shrink_block(&self, block: Block, new_size: u64) -> Result<Block> {
+        if !is_virtual(block.kind) || new_size >= block.size {
+            return Ok(block);
+        }
+        let mut s = lock(&self.state);
+        let b = self.known(&s, "aclrtUnmapMem", block)?;
+        // Keep every extent that starts before the new end (one may straddle it).
+        let keep_to = align_up(new_size.max(1), self.granule).unwrap_or(b.mapped);
+        let cut = block.addr + keep_to as usize;
+        let from = s
+            .extents
+            .range(block.addr..cut)
+            .next_back()
+            .map_or(block.addr, |(&va, e)| va + e.len as usize);
+        if from < block.addr + b.mapped as usize {
+            self.release_from(&mut s, block.addr, from)?;
+        }
+        let entry = s.blocks.get_mut(&block.addr).expect("checked above");
+        // `from` is the end of an extent starting before `cut`, so it is at least `cut`.
+        entry.mapped = (from - block.addr) as u64;
+        entry.size = new_size;
+        Ok(Block {
+            size: entry.size,
+            ..block
+        })
+    }
+
+    fn mem_info(&self, device: DeviceId, kind: MemKind) -> Result<(u64, u64)> {
+        self.runtime.mem_info(device, kind)
+    }
+
+    fn create_stream(&self, device: DeviceId) -> Result<StreamHandle> {
+        self.runtime.create_stream(device)
+    }
+
+    fn destroy_stream(&self, stream: StreamHandle) -> Result<()> {
+        self.runtime.destroy_stream(stream)
+    }
+
+    fn synchronize_stream(&self, stream: StreamHandle) -> Result<()> {
+        self.runtime.synchronize_stream(stream)
+    }
+
+    fn create_event(&self, device: DeviceId) -> Result<EventHandle> {
+        self.runtime.create_event(device)
+    }
+
+    fn destroy_event(&self, event: EventHandle) -> Result<()> {
+        self.runtime.destroy_event(event)
+    }
+
+    fn record_event(&self, event: EventHandle, stream: StreamHandle) -> Result<()> {
+        self.runtime.record_event(event, stream)
+    }
+
+    fn query_event(&self, event: EventHandle) -> Result<bool> {
+        self.runtime.query_event(event)
+    }
+
+    fn synchronize_event(&self, event: EventHandle) -> Result<()> {
+        self.runtime.synchronize_event(event)
+    }
+
+    fn stream_wait_event(&self, stream: StreamHandle, event: EventHandle) -> Result<()> {
+        self.runtime.stream_wait_event(stream, event)
+    }
+
+    unsafe fn memcpy(
+        &self,
+        dst: usize,
+        dst_max: u64,
+        src: usize,
+        count: u64,
+        kind: MemcpyKind,
+    ) -> Result<()> {
+        // SAFETY: the caller upholds the contract, which is the runtime's.
+        unsafe { self.runtime.memcpy(dst, dst_max, src, count, kind) }
+    }
+
+    unsafe fn memcpy_async(
+        &self,
+        dst: usize,
+        dst_max: u64,
+        src: usize,
+        count: u64,
+        kind: MemcpyKind,
+        stream: StreamHandle,
+    ) -> Result<()> {
+        // SAFETY: the caller upholds the contract, which is the runtime's.
+        unsafe {
+            self.runtime
+                .memcpy_async(dst, dst_max, src, count, kind, stream)
+        }
+    }
+
+    unsafe fn memset(&self, dst: usize, max: u64, value: u8, count: u64) -> Result<()> {
+        // SAFETY: the caller upholds the contract, which is the runtime's.
+        unsafe { self.runtime.memset(dst, max, value, count) }
+    }
+
+    unsafe fn memset_async(
+        &self,
+        dst: usize,
+        max: u64,
+        value: u8,
+        count: u64,
+        stream: StreamHandle,
+    ) -> Result<()> {
+        // SAFETY: the caller upholds the contract, which is the runtime's.
+        unsafe { self.runtime.memset_async(dst, max, value, count, stream) }
+    }
+}
