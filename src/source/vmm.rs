@@ -440,7 +440,6 @@ impl<R: VmmRuntime> VmmSource<R> {
                 s.orphans.push(e.handle);
             }
         }
-        self.retry_orphans(s);
         Ok(())
     }
 

@@ -1,0 +1,486 @@
+//! Virtual memory on the simulator: the AscendCL calls and their error codes, then
+//! `VmmSource` growth, trim and rollback of failures half-way, and the pool over it.
+//!
+//! Tests that count memory objects hold `SERIAL`, so counts of other tests do not mix in.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use ascend_pool::source::sim::{AclFunc, Fault, SimConfig, SimSource};
+use ascend_pool::source::vmm::{PhysicalHandle, PhysicalMemProp, VmmConfig, VmmRuntime, VmmSource};
+use ascend_pool::source::{BlockSource, MemcpyKind};
+use ascend_pool::{AclError, Error, MemKind, Pool, PoolConfig, Region};
+
+const MIB: u64 = 1 << 20;
+const G: u64 = 2 * MIB;
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Memory objects (memfds) of the simulator open in this process.
+fn memory_objects() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|t| t.to_string_lossy().contains("ascend-pool-sim-physical"))
+        .count()
+}
+
+fn sim(capacity: u64) -> Arc<SimSource> {
+    Arc::new(SimSource::new(SimConfig::default().with_device_capacity(capacity)).unwrap())
+}
+
+fn code<T: std::fmt::Debug>(r: ascend_pool::Result<T>) -> (&'static str, AclError) {
+    match r {
+        Err(Error::Runtime { func, code }) => (func, code),
+        other => panic!("expected a runtime error, got {other:?}"),
+    }
+}
+
+fn used(sim: &SimSource) -> u64 {
+    let (free, total) = sim.mem_info(0, MemKind::DEVICE).unwrap();
+    total - free
+}
+
+fn write(src: &dyn BlockSource, addr: usize, data: &[u8]) {
+    // SAFETY: callers pass ranges of device memory that is mapped and otherwise unused.
+    unsafe {
+        src.memcpy(
+            addr,
+            data.len() as u64,
+            data.as_ptr() as usize,
+            data.len() as u64,
+            MemcpyKind::HostToDevice,
+        )
+        .unwrap()
+    }
+}
+
+fn read(src: &dyn BlockSource, addr: usize, len: usize) -> Vec<u8> {
+    let mut out = vec![0u8; len];
+    // SAFETY: as in `write`; `out` is `len` bytes.
+    unsafe {
+        src.memcpy(
+            out.as_mut_ptr() as usize,
+            len as u64,
+            addr,
+            len as u64,
+            MemcpyKind::DeviceToHost,
+        )
+        .unwrap()
+    }
+    out
+}
+
+#[test]
+fn vmm_calls_follow_the_documented_rules() {
+    let _g = serial();
+    let objects = memory_objects();
+    let sim = sim(64 * MIB);
+    let prop = PhysicalMemProp::device(0);
+    let func = "aclrtMemGetAllocationGranularity";
+    assert_eq!(
+        sim.mem_get_allocation_granularity(Some(&prop), 0).unwrap(),
+        G
+    );
+    assert_eq!(
+        sim.mem_get_allocation_granularity(Some(&prop), 1).unwrap(),
+        G
+    );
+    assert_eq!(
+        code(sim.mem_get_allocation_granularity(None, 0)),
+        (func, AclError::INVALID_PARAM)
+    );
+    assert_eq!(
+        code(sim.mem_get_allocation_granularity(Some(&prop), 2)),
+        (func, AclError::INVALID_PARAM)
+    );
+    let elsewhere = PhysicalMemProp::device(7);
+    assert_eq!(
+        code(sim.mem_get_allocation_granularity(Some(&elsewhere), 0)),
+        (func, AclError::RT_PARAM_INVALID)
+    );
+
+    // Reservations: whole granules, power-of-two alignment, flags 0 or 1; no capacity used.
+    let func = "aclrtReserveMemAddress";
+    for (size, align, flags) in [(0, 0, 0), (G + 1, 0, 0), (G, 3 * G, 0), (G, 0, 2)] {
+        assert_eq!(
+            code(sim.reserve_mem_address(size, align, 0, flags)),
+            (func, AclError::INVALID_PARAM)
+        );
+    }
+    let va = sim.reserve_mem_address(8 * G, 1 << 30, 0, 1).unwrap();
+    assert_eq!(va % (1 << 30), 0);
+    assert_eq!(used(&sim), 0);
+
+    // Physical memory: pinned device memory only, rounded up to the granule and counted.
+    let func = "aclrtMallocPhysical";
+    assert_eq!(
+        code(sim.malloc_physical_with(G, Some(&prop), 1)),
+        (func, AclError::INVALID_PARAM)
+    );
+    assert_eq!(
+        code(sim.malloc_physical_with(0, Some(&prop), 0)),
+        (func, AclError::INVALID_PARAM)
+    );
+    let posix = PhysicalMemProp {
+        handle_type: 2,
+        ..prop
+    };
+    assert_eq!(
+        code(sim.malloc_physical_with(G, Some(&posix), 0)),
+        (func, AclError::INVALID_PARAM)
+    );
+    let host = PhysicalMemProp {
+        location_type: 0,
+        ..prop
+    };
+    assert_eq!(
+        code(sim.malloc_physical_with(G, Some(&host), 0)),
+        (func, AclError::INVALID_PARAM)
+    );
+    let a = sim.malloc_physical_with(G + 1, Some(&prop), 0).unwrap();
+    assert_eq!(used(&sim), 2 * G);
+    assert_eq!(
+        code(sim.malloc_physical(0, 64 * MIB)),
+        (func, AclError::RT_MEMORY_ALLOCATION)
+    );
+    let b = sim.malloc_physical(0, G).unwrap();
+    assert_eq!(used(&sim), 3 * G);
+    assert_eq!(memory_objects(), objects + 2);
+
+    // Mappings: whole granules inside a reservation, not over another, within the object.
+    let func = "aclrtMapMem";
+    let bogus = PhysicalHandle(usize::MAX);
+    assert_eq!(
+        code(sim.map_mem(va, G, 0, bogus, 0)),
+        (func, AclError::RT_INVALID_HANDLE)
+    );
+    for (at, size, offset, flags) in [
+        (va + 4096, G, 0, 0),
+        (va, G + 4096, 0, 0),
+        (va, G, 4096, 0),
+        (va, G, 0, 1),
+        (va, 2 * G, G, 0),                  // past the end of `a`
+        (va + 7 * G as usize, 2 * G, 0, 0), // past the end of the reservation
+        (va - G as usize, G, 0, 0),         // before it
+    ] {
+        assert_eq!(
+            code(sim.map_mem(at, size, offset, a, flags)),
+            (func, AclError::INVALID_PARAM),
+            "{at:#x} {size} {offset}"
+        );
+    }
+    // `a` at granules 0..2 (its second granule first), `b` right after: one device range.
+    sim.map_mem(va, G, G, a, 0).unwrap();
+    sim.map_mem(va + G as usize, G, 0, a, 0).unwrap();
+    sim.map_mem(va + 2 * G as usize, G, 0, b, 0).unwrap();
+    assert_eq!(
+        code(sim.map_mem(va + G as usize, G, 0, b, 0)),
+        (func, AclError::INVALID_PARAM)
+    );
+    let data: Vec<u8> = (0..2 * G as usize).map(|i| (i % 251) as u8).collect();
+    write(&*sim, va + G as usize / 2, &data); // crosses both granule boundaries
+    assert_eq!(read(&*sim, va + G as usize / 2, data.len()), data);
+    // The same physical memory seen through both of its mappings.
+    assert_eq!(
+        read(&*sim, va + G as usize, 16),
+        read(&*sim, va + G as usize, 16)
+    );
+    let s = sim.stats();
+    assert_eq!(
+        (
+            s.reservations,
+            s.physical_handles,
+            s.mappings,
+            s.live_blocks
+        ),
+        (1, 2, 3, 0)
+    );
+
+    // Not a block: aclrtFree refuses it; mapped memory cannot be freed; nor the reservation released.
+    let block = ascend_pool::source::Block {
+        addr: va,
+        size: G,
+        kind: MemKind::DEVICE,
+        device: 0,
+    };
+    assert_eq!(
+        code(sim.free_block(block)),
+        ("aclrtFree", AclError::RT_MEMORY_FREE)
+    );
+    assert_eq!(
+        code(sim.free_physical(a)),
+        ("aclrtFreePhysical", AclError::RT_MEMORY_FREE)
+    );
+    assert_eq!(
+        code(sim.release_mem_address(va)),
+        ("aclrtReleaseMemAddress", AclError::INVALID_PARAM)
+    );
+    assert_eq!(
+        code(sim.unmap_mem(va + 4096)),
+        ("aclrtUnmapMem", AclError::INVALID_PARAM)
+    );
+
+    for at in [va, va + G as usize, va + 2 * G as usize] {
+        sim.unmap_mem(at).unwrap();
+    }
+    assert_eq!(
+        code(sim.unmap_mem(va)),
+        ("aclrtUnmapMem", AclError::INVALID_PARAM)
+    );
+    // SAFETY: reading unmapped memory is refused before any byte moves.
+    let r = unsafe { sim.memcpy(data.as_ptr() as usize, 16, va, 16, MemcpyKind::DeviceToHost) };
+    assert_eq!(code(r), ("aclrtMemcpy", AclError::INVALID_PARAM));
+    sim.free_physical(a).unwrap();
+    sim.free_physical(b).unwrap();
+    assert_eq!(
+        code(sim.free_physical(a)),
+        ("aclrtFreePhysical", AclError::RT_INVALID_HANDLE)
+    );
+    sim.release_mem_address(va).unwrap();
+    assert_eq!(
+        code(sim.release_mem_address(va)),
+        ("aclrtReleaseMemAddress", AclError::INVALID_PARAM)
+    );
+    assert_eq!(used(&sim), 0);
+    let s = sim.stats();
+    assert_eq!((s.reservations, s.physical_handles, s.mappings), (0, 0, 0));
+    assert_eq!(memory_objects(), objects);
+}
+
+#[test]
+fn unmap_waits_for_queued_copies() {
+    let _g = serial();
+    let sim = sim(64 * MIB);
+    let va = sim.reserve_address(0, G, 0).unwrap();
+    let h = sim.malloc_physical(0, G).unwrap();
+    sim.map(va, G, 0, h).unwrap();
+    let stream = sim.create_stream(0).unwrap();
+    let hold = sim.hold_stream(stream).unwrap();
+    // SAFETY: the mapping is live; the unmap below waits for this fill to run.
+    unsafe { sim.memset_async(va, G, 1, G, stream).unwrap() };
+    let unmapper = {
+        let sim = Arc::clone(&sim);
+        std::thread::spawn(move || sim.unmap(va))
+    };
+    std::thread::sleep(std::time::Duration::from_millis(30));
+    assert!(!unmapper.is_finished(), "unmapped under a queued fill");
+    hold.release();
+    unmapper.join().unwrap().unwrap();
+    sim.free_physical(h).unwrap();
+    sim.release_address(va).unwrap();
+    sim.destroy_stream(stream).unwrap();
+}
+
+fn vmm(capacity: u64) -> (Arc<SimSource>, VmmSource<SimSource>) {
+    let sim = sim(capacity);
+    let vmm = VmmSource::new(Arc::clone(&sim), 0, VmmConfig::default()).unwrap();
+    (sim, vmm)
+}
+
+#[test]
+fn blocks_grow_in_place_and_give_their_tail_back() {
+    let _g = serial();
+    let objects = memory_objects();
+    let (sim, vmm) = vmm(64 * MIB);
+    let (base, reserved) = vmm.reservation();
+    assert_eq!(reserved, 256 * MIB, "4x the device by default");
+    let a = vmm.alloc_block(0, MemKind::DEVICE, 3 * MIB).unwrap();
+    assert_eq!(a.addr, base);
+    assert_eq!(used(&sim), 2 * G);
+    write(&vmm, a.addr + 3 * MIB as usize - 8, b"old tail");
+
+    // Growth maps new granules right after the block: same address, data kept.
+    let a = vmm.extend_block(a, 5 * MIB).unwrap().unwrap();
+    assert_eq!((a.addr, a.size), (base, 8 * MIB));
+    assert_eq!(read(&vmm, a.addr + 3 * MIB as usize - 8, 8), b"old tail");
+    write(&vmm, a.addr + 8 * MIB as usize - 8, b"new tail");
+    assert_eq!(used(&sim), 4 * G);
+    // Growth within the mapped granules maps nothing.
+    let b = vmm.alloc_block(0, MemKind::DEVICE, G).unwrap();
+    assert_eq!(b.addr, base + 8 * MIB as usize);
+    // The neighbour takes the addresses after `a`: it cannot grow there any more.
+    assert!(vmm.extend_block(a, G).unwrap().is_none());
+    vmm.validate().unwrap();
+
+    // Shrinking gives back the extent the growth mapped, not the first one.
+    let a = vmm.shrink_block(a, 2 * MIB).unwrap();
+    assert_eq!(a.size, 2 * MIB);
+    assert_eq!(used(&sim), 3 * G);
+    assert_eq!(vmm.stats().extents, 2);
+    assert_eq!(read(&vmm, a.addr, 1).len(), 1);
+    vmm.validate().unwrap();
+    // A block of another size or kind, or one never handed out, is refused.
+    let wrong = ascend_pool::source::Block { size: 3 * MIB, ..a };
+    assert_eq!(
+        code(vmm.free_block(wrong)),
+        ("aclrtUnmapMem", AclError::INVALID_PARAM)
+    );
+    let never = ascend_pool::source::Block {
+        addr: base + 64 * MIB as usize,
+        ..a
+    };
+    assert_eq!(
+        code(vmm.free_block(never)),
+        ("aclrtUnmapMem", AclError::RT_MEMORY_FREE)
+    );
+    vmm.free_block(a).unwrap();
+    vmm.free_block(b).unwrap();
+    assert_eq!(
+        code(vmm.free_block(b)),
+        ("aclrtUnmapMem", AclError::RT_MEMORY_FREE)
+    );
+    assert_eq!(used(&sim), 0);
+    assert_eq!(vmm.stats(), Default::default());
+    // DVPP and host memory go straight to the runtime.
+    let d = vmm.alloc_block(0, MemKind::Dvpp, 1000).unwrap();
+    assert!(sim.block_containing(d.addr).is_some());
+    assert!(vmm.extend_block(d, 10).unwrap().is_none());
+    vmm.free_block(d).unwrap();
+    drop(vmm);
+    let s = sim.stats();
+    assert_eq!((s.reservations, s.physical_handles, s.mappings), (0, 0, 0));
+    assert_eq!(memory_objects(), objects);
+}
+
+#[test]
+fn a_failure_half_way_through_a_growth_rolls_back() {
+    let _g = serial();
+    let (sim, vmm) = vmm(64 * MIB);
+    let a = vmm.alloc_block(0, MemKind::DEVICE, G).unwrap();
+    write(&vmm, a.addr, b"kept");
+    let before = (
+        sim.stats().mappings,
+        sim.stats().physical_handles,
+        used(&sim),
+        vmm.stats(),
+    );
+
+    // The third of four granule mappings fails: the two made are unmapped, the memory freed.
+    sim.inject_fault(Fault::after(
+        AclFunc::MapMem,
+        AclError::RT_MEMORY_ALLOCATION,
+        2,
+    ));
+    assert_eq!(
+        code(vmm.extend_block(a, 4 * G)),
+        ("aclrtMapMem", AclError::RT_MEMORY_ALLOCATION)
+    );
+    assert_eq!(
+        (
+            sim.stats().mappings,
+            sim.stats().physical_handles,
+            used(&sim),
+            vmm.stats()
+        ),
+        before
+    );
+    assert_eq!(sim.stats().failures(AclFunc::MapMem), 1);
+    assert_eq!(sim.stats().calls(AclFunc::UnmapMem), 2);
+    vmm.validate().unwrap();
+    // The same for a new block, and when the physical allocation itself fails.
+    sim.inject_fault(Fault::after(
+        AclFunc::MapMem,
+        AclError::RT_MEMORY_ALLOCATION,
+        1,
+    ));
+    assert!(vmm.alloc_block(0, MemKind::DEVICE, 3 * G).is_err());
+    sim.inject_fault(Fault::out_of_memory(AclFunc::MallocPhysical));
+    let e = vmm.alloc_block(0, MemKind::DEVICE, G).unwrap_err();
+    assert!(matches!(e, Error::Runtime { code, .. } if code.is_out_of_memory()));
+    assert_eq!(
+        (
+            sim.stats().mappings,
+            sim.stats().physical_handles,
+            used(&sim),
+            vmm.stats()
+        ),
+        before
+    );
+
+    // Nothing was lost: the growth works once the fault is spent, and the data is there.
+    let a = vmm.extend_block(a, 4 * G).unwrap().unwrap();
+    assert_eq!(read(&vmm, a.addr, 4), b"kept");
+    assert_eq!(used(&sim), 5 * G);
+
+    // An unmap that fails while freeing leaves the block whole and usable.
+    sim.inject_fault(Fault::after(AclFunc::UnmapMem, AclError::RT_FAILURE, 3));
+    assert_eq!(
+        code(vmm.free_block(a)),
+        ("aclrtUnmapMem", AclError::RT_FAILURE)
+    );
+    assert_eq!(read(&vmm, a.addr, 4), b"kept");
+    write(&vmm, a.addr + 5 * G as usize - 4, b"tail");
+    vmm.validate().unwrap();
+    // A physical free that fails is retried later, with nothing left mapped meanwhile.
+    sim.inject_fault(Fault::next(AclFunc::FreePhysical, AclError::RT_FAILURE, 2));
+    vmm.free_block(a).unwrap();
+    assert_eq!(vmm.stats().orphans, 2);
+    assert_eq!(sim.stats().mappings, 0);
+    let b = vmm.alloc_block(0, MemKind::DEVICE, G).unwrap();
+    assert_eq!(vmm.stats().orphans, 0);
+    vmm.free_block(b).unwrap();
+    assert_eq!(used(&sim), 0);
+    vmm.validate().unwrap();
+}
+
+#[test]
+fn large_requests_find_contiguous_addresses_among_scattered_free_memory() {
+    let _g = serial();
+    let (sim, vmm) = vmm(64 * MIB);
+    let blocks: Vec<_> = (0..8)
+        .map(|_| vmm.alloc_block(0, MemKind::DEVICE, 8 * MIB).unwrap())
+        .collect();
+    assert_eq!(
+        code(vmm.alloc_block(0, MemKind::DEVICE, G)).1,
+        AclError::RT_MEMORY_ALLOCATION
+    );
+    // Free every other block: 32 MiB free, in 8 MiB holes.
+    for b in blocks.iter().step_by(2) {
+        vmm.free_block(*b).unwrap();
+    }
+    let big = vmm.alloc_block(0, MemKind::DEVICE, 32 * MIB).unwrap();
+    let data = vec![0x5Au8; 32 * MIB as usize];
+    write(&vmm, big.addr, &data);
+    assert_eq!(read(&vmm, big.addr, data.len()), data);
+    assert_eq!(used(&sim), 64 * MIB);
+    vmm.validate().unwrap();
+}
+
+#[test]
+fn a_pool_over_the_vmm_source_maps_its_device_chunks() {
+    let _g = serial();
+    let objects = memory_objects();
+    let (sim, vmm) = vmm(256 * MIB);
+    let (base, reserved) = vmm.reservation();
+    let vmm = Arc::new(vmm);
+    let pool = Pool::new(vmm.clone(), PoolConfig::default()).unwrap();
+    let mut regions = Vec::new();
+    for i in 0..40u64 {
+        let mut r = pool.alloc_device(8 + i * 100_000).unwrap();
+        assert!(r.addr() >= base && r.addr() < base + reserved as usize);
+        pool.copy_from_host(&mut r, 0, &i.to_le_bytes()).unwrap();
+        regions.push(r);
+    }
+    assert!(sim.stats().mappings > 0);
+    assert_eq!(
+        sim.stats().live_blocks,
+        0,
+        "no device block came from aclrtMalloc"
+    );
+    for (i, r) in regions.iter().enumerate() {
+        let mut b = [0u8; 8];
+        pool.copy_to_host(r, 0, &mut b).unwrap();
+        assert_eq!(u64::from_le_bytes(b), i as u64);
+    }
+    drop(regions);
+    pool.trim();
+    assert_eq!(vmm.stats().mapped_bytes, 0);
+    drop(pool);
+    drop(vmm);
+    assert_eq!(used(&sim), 0);
+    assert_eq!(memory_objects(), objects);
+}
