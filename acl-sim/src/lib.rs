@@ -4,9 +4,12 @@
 //! Every exported function has the prototype of `include/ascend_pool_acl.h`, checks its
 //! pointers (a null out-pointer is `ACL_ERROR_INVALID_PARAM`), fills every out-parameter on
 //! success and returns the `aclError` code the simulator gives. It exports the core runtime
-//! (init, devices, memory, copies, fills, memory info, streams, events) and the DVPP
-//! allocators; virtual memory, shareable handles and mbufs are not exported, as the simulator
-//! has none, so a loader sees them as absent.
+//! (init, devices, memory, copies, fills, memory info, streams, events), the DVPP
+//! allocators, virtual memory management (`aclrtReserveMemAddress` ... `aclrtUnmapMem`),
+//! the sharing of physical memory between processes (`aclrtMemExportToShareableHandle`,
+//! `aclrtMemImportFromShareableHandle`, `aclrtMemSetPidToShareableHandle`,
+//! `aclrtDeviceGetBareTgid`: real processes, see the simulator's `share` module) and
+//! shared buffers (`acltdt*Buf*`, on the current device).
 //!
 //! Behaviour beyond the simulator's own:
 //! - `aclInit` answers `ACL_ERROR_REPEAT_INITIALIZE` (100002) when already initialised;
@@ -35,7 +38,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};
 
-use ascend_pool::source::sim::{SimConfig, SimSource};
+use ascend_pool::source::sim::{MbufHandle, SimConfig, SimSource, USER_DATA_BYTES};
+use ascend_pool::source::vmm::{PhysicalHandle, PhysicalMemProp};
 use ascend_pool::source::{BlockSource, DeviceId, EventHandle, MemcpyKind, StreamHandle};
 use ascend_pool::{AclError, Error, MallocPolicy, MemKind};
 
@@ -545,4 +549,319 @@ pub unsafe extern "C" fn aclrtStreamWaitEvent(stream: *mut c_void, event: *mut c
 #[no_mangle]
 pub unsafe extern "C" fn aclrtSynchronizeEvent(event: *mut c_void) -> c_int {
     run(|s| acl(s.sim.synchronize_event(EventHandle(event as usize))))
+}
+
+// ---- virtual memory management ------------------------------------------------------
+
+/// `aclrtPhysicalMemProp` as C lays it out (enums are `int`-sized).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct AclrtPhysicalMemProp {
+    /// `aclrtMemHandleType`.
+    pub handle_type: u32,
+    /// `aclrtMemAllocationType`.
+    pub allocation_type: u32,
+    /// `aclrtMemAttr`.
+    pub mem_attr: u32,
+    /// `aclrtMemLocation.id`.
+    pub location_id: u32,
+    /// `aclrtMemLocation.type`.
+    pub location_type: u32,
+    /// Reserved.
+    pub reserve: u64,
+}
+
+/// The property behind a C pointer, `None` for null.
+unsafe fn prop(raw: *const AclrtPhysicalMemProp) -> Option<PhysicalMemProp> {
+    // SAFETY: null or valid per the caller's contract.
+    unsafe { raw.as_ref() }.map(|p| PhysicalMemProp {
+        handle_type: p.handle_type,
+        allocation_type: p.allocation_type,
+        mem_attr: p.mem_attr,
+        location_id: p.location_id,
+        location_type: p.location_type,
+    })
+}
+
+fn non_null(ptr: *const c_void) -> Result<usize, i32> {
+    if ptr.is_null() {
+        Err(INVALID_PARAM)
+    } else {
+        Ok(ptr as usize)
+    }
+}
+
+/// `aclrtMemGetAllocationGranularity`.
+#[no_mangle]
+pub unsafe extern "C" fn aclrtMemGetAllocationGranularity(
+    raw_prop: *mut AclrtPhysicalMemProp,
+    option: u32,
+    granularity: *mut usize,
+) -> c_int {
+    run(|s| {
+        // SAFETY: null or valid per the caller's contract.
+        let p = unsafe { prop(raw_prop) };
+        let g = acl(s.sim.mem_get_allocation_granularity(p.as_ref(), option))?;
+        // SAFETY: checked by `put`; valid per the caller's contract.
+        unsafe { put(granularity, g as usize) }
+    })
+}
+
+/// `aclrtReserveMemAddress`.
+#[no_mangle]
+pub unsafe extern "C" fn aclrtReserveMemAddress(
+    vir_ptr: *mut *mut c_void,
+    size: usize,
+    alignment: usize,
+    expect_ptr: *mut c_void,
+    flags: u64,
+) -> c_int {
+    run(|s| {
+        if vir_ptr.is_null() {
+            return Err(INVALID_PARAM);
+        }
+        let va = acl(s.sim.reserve_mem_address(
+            size as u64,
+            alignment as u64,
+            expect_ptr as usize,
+            flags,
+        ))?;
+        // SAFETY: checked non-null; valid per the caller's contract.
+        unsafe { put(vir_ptr, va as *mut c_void) }
+    })
+}
+
+/// `aclrtReleaseMemAddress`.
+#[no_mangle]
+pub unsafe extern "C" fn aclrtReleaseMemAddress(vir_ptr: *mut c_void) -> c_int {
+    run(|s| acl(s.sim.release_mem_address(non_null(vir_ptr)?)))
+}
+
+/// `aclrtMallocPhysical`.
+#[no_mangle]
+pub unsafe extern "C" fn aclrtMallocPhysical(
+    handle: *mut *mut c_void,
+    size: usize,
+    raw_prop: *const AclrtPhysicalMemProp,
+    flags: u64,
+) -> c_int {
+    run(|s| {
+        if handle.is_null() {
+            return Err(INVALID_PARAM);
+        }
+        // SAFETY: null or valid per the caller's contract.
+        let p = unsafe { prop(raw_prop) };
+        let h = acl(s.sim.malloc_physical_with(size as u64, p.as_ref(), flags))?;
+        // SAFETY: checked non-null; valid per the caller's contract.
+        unsafe { put(handle, h.0 as *mut c_void) }
+    })
+}
+
+/// `aclrtFreePhysical`.
+#[no_mangle]
+pub unsafe extern "C" fn aclrtFreePhysical(handle: *mut c_void) -> c_int {
+    run(|s| {
+        acl(s
+            .sim
+            .free_physical_handle(PhysicalHandle(non_null(handle)?)))
+    })
+}
+
+/// `aclrtMapMem`.
+#[no_mangle]
+pub unsafe extern "C" fn aclrtMapMem(
+    vir_ptr: *mut c_void,
+    size: usize,
+    offset: usize,
+    handle: *mut c_void,
+    flags: u64,
+) -> c_int {
+    run(|s| {
+        let va = non_null(vir_ptr)?;
+        let h = PhysicalHandle(non_null(handle)?);
+        acl(s.sim.map_mem(va, size as u64, offset as u64, h, flags))
+    })
+}
+
+/// `aclrtUnmapMem`.
+#[no_mangle]
+pub unsafe extern "C" fn aclrtUnmapMem(vir_ptr: *mut c_void) -> c_int {
+    run(|s| acl(s.sim.unmap_mem(non_null(vir_ptr)?)))
+}
+
+// ---- cross-process sharing ----------------------------------------------------------
+
+/// `aclrtMemExportToShareableHandle`.
+#[no_mangle]
+pub unsafe extern "C" fn aclrtMemExportToShareableHandle(
+    handle: *mut c_void,
+    handle_type: u32,
+    flags: u64,
+    shareable: *mut u64,
+) -> c_int {
+    run(|s| {
+        if shareable.is_null() {
+            return Err(INVALID_PARAM);
+        }
+        let h = PhysicalHandle(non_null(handle)?);
+        let out = acl(s.sim.export_to_shareable_handle(h, handle_type, flags))?;
+        // SAFETY: checked non-null; valid per the caller's contract.
+        unsafe { put(shareable, out) }
+    })
+}
+
+/// `aclrtMemImportFromShareableHandle`.
+#[no_mangle]
+pub unsafe extern "C" fn aclrtMemImportFromShareableHandle(
+    shareable: u64,
+    device: i32,
+    handle: *mut *mut c_void,
+) -> c_int {
+    run(|s| {
+        if handle.is_null() {
+            return Err(INVALID_PARAM);
+        }
+        let h = acl(s.sim.import_from_shareable_handle(shareable, device))?;
+        // SAFETY: checked non-null; valid per the caller's contract.
+        unsafe { put(handle, h.0 as *mut c_void) }
+    })
+}
+
+/// `aclrtMemSetPidToShareableHandle`.
+#[no_mangle]
+pub unsafe extern "C" fn aclrtMemSetPidToShareableHandle(
+    shareable: u64,
+    pid: *mut i32,
+    pid_num: usize,
+) -> c_int {
+    run(|s| {
+        if pid.is_null() || pid_num == 0 {
+            return Err(INVALID_PARAM);
+        }
+        // SAFETY: non-null, and valid for `pid_num` ids per the caller's contract.
+        let pids = unsafe { std::slice::from_raw_parts(pid, pid_num) };
+        acl(s.sim.set_pid_to_shareable_handle(shareable, pids))
+    })
+}
+
+/// `aclrtDeviceGetBareTgid`.
+#[no_mangle]
+pub unsafe extern "C" fn aclrtDeviceGetBareTgid(pid: *mut i32) -> c_int {
+    run(|s| {
+        let id = acl(s.sim.device_get_bare_tgid())?;
+        // SAFETY: checked by `put`; valid per the caller's contract.
+        unsafe { put(pid, id) }
+    })
+}
+
+// ---- shared buffers (mbuf) ----------------------------------------------------------
+
+fn mbuf(buf: *const c_void) -> Result<MbufHandle, i32> {
+    non_null(buf).map(MbufHandle)
+}
+
+/// `acltdtAllocBuf` on the current device.
+#[no_mangle]
+pub unsafe extern "C" fn acltdtAllocBuf(size: usize, ty: u32, buf: *mut *mut c_void) -> c_int {
+    run(|s| {
+        if buf.is_null() {
+            return Err(INVALID_PARAM);
+        }
+        let b = acl(s.sim.alloc_buf(current_device(), size as u64, ty))?;
+        // SAFETY: checked non-null; valid per the caller's contract.
+        unsafe { put(buf, b.0 as *mut c_void) }
+    })
+}
+
+/// `acltdtFreeBuf`.
+#[no_mangle]
+pub unsafe extern "C" fn acltdtFreeBuf(buf: *mut c_void) -> c_int {
+    run(|s| acl(s.sim.free_buf(mbuf(buf)?)))
+}
+
+/// `acltdtGetBufData`.
+#[no_mangle]
+pub unsafe extern "C" fn acltdtGetBufData(
+    buf: *const c_void,
+    data: *mut *mut c_void,
+    size: *mut usize,
+) -> c_int {
+    run(|s| {
+        if data.is_null() || size.is_null() {
+            return Err(INVALID_PARAM);
+        }
+        let (addr, len) = acl(s.sim.buf_data(mbuf(buf)?))?;
+        // SAFETY: both checked non-null; valid per the caller's contract.
+        unsafe {
+            put(data, addr as *mut c_void)?;
+            put(size, len as usize)
+        }
+    })
+}
+
+/// `acltdtSetBufDataLen`.
+#[no_mangle]
+pub unsafe extern "C" fn acltdtSetBufDataLen(buf: *mut c_void, len: usize) -> c_int {
+    run(|s| acl(s.sim.set_buf_data_len(mbuf(buf)?, len as u64)))
+}
+
+/// `acltdtGetBufDataLen`.
+#[no_mangle]
+pub unsafe extern "C" fn acltdtGetBufDataLen(buf: *mut c_void, len: *mut usize) -> c_int {
+    run(|s| {
+        let n = acl(s.sim.buf_data_len(mbuf(buf)?))?;
+        // SAFETY: checked by `put`; valid per the caller's contract.
+        unsafe { put(len, n as usize) }
+    })
+}
+
+/// `acltdtSetBufUserData`.
+#[no_mangle]
+pub unsafe extern "C" fn acltdtSetBufUserData(
+    buf: *mut c_void,
+    data: *const c_void,
+    size: usize,
+    offset: usize,
+) -> c_int {
+    run(|s| {
+        let b = mbuf(buf)?;
+        if data.is_null() || size > USER_DATA_BYTES {
+            return Err(INVALID_PARAM);
+        }
+        // SAFETY: non-null, and readable for `size` bytes per the caller's contract.
+        let bytes = unsafe { std::slice::from_raw_parts(data.cast::<u8>(), size) };
+        acl(s.sim.set_buf_user_data(b, bytes, offset as u64))
+    })
+}
+
+/// `acltdtGetBufUserData`.
+#[no_mangle]
+pub unsafe extern "C" fn acltdtGetBufUserData(
+    buf: *const c_void,
+    data: *mut c_void,
+    size: usize,
+    offset: usize,
+) -> c_int {
+    run(|s| {
+        let b = mbuf(buf)?;
+        if data.is_null() || size > USER_DATA_BYTES {
+            return Err(INVALID_PARAM);
+        }
+        // SAFETY: non-null, and writable for `size` bytes per the caller's contract.
+        let out = unsafe { std::slice::from_raw_parts_mut(data.cast::<u8>(), size) };
+        acl(s.sim.buf_user_data(b, out, offset as u64))
+    })
+}
+
+/// `acltdtCopyBufRef`.
+#[no_mangle]
+pub unsafe extern "C" fn acltdtCopyBufRef(buf: *const c_void, new_buf: *mut *mut c_void) -> c_int {
+    run(|s| {
+        if new_buf.is_null() {
+            return Err(INVALID_PARAM);
+        }
+        let b = acl(s.sim.copy_buf_ref(mbuf(buf)?))?;
+        // SAFETY: checked non-null; valid per the caller's contract.
+        unsafe { put(new_buf, b.0 as *mut c_void) }
+    })
 }

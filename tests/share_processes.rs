@@ -1,0 +1,353 @@
+//! Sharing device memory between real processes on the simulator.
+//!
+//! The test binary re-executes itself as the other process: `child_process` does nothing
+//! unless `ASCEND_POOL_SHARE_ROLE` names a role. Parent and child talk in lines over the
+//! child's stdin and stdout; the child's protocol lines start with `@@`.
+
+#[path = "common/dropin.rs"]
+mod common_dropin;
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use ascend_pool::share::{Access, ShareDescriptor, SharedMapping};
+use ascend_pool::source::acl::AclSource;
+use ascend_pool::source::sim::{SimConfig, SimSource};
+use ascend_pool::source::vmm::{VmmConfig, VmmRuntime, VmmSource};
+use ascend_pool::source::BlockSource;
+use ascend_pool::{Error, MemKind, Pool, PoolConfig, Region};
+
+const ROLE: &str = "ASCEND_POOL_SHARE_ROLE";
+const PEER: &str = "ASCEND_POOL_SHARE_PEER";
+const MIB: u64 = 1 << 20;
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Memory objects (memfds) of the simulator open in this process.
+fn memory_objects() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|t| t.to_string_lossy().contains("ascend-pool-sim-physical"))
+        .count()
+}
+
+fn pattern(i: usize) -> u8 {
+    (i * 7 + 3) as u8 % 251
+}
+
+fn sim() -> Arc<SimSource> {
+    Arc::new(SimSource::new(SimConfig::default().with_device_capacity(256 * MIB)).unwrap())
+}
+
+fn used(sim: &SimSource) -> u64 {
+    let (free, total) = sim.mem_info(0, MemKind::DEVICE).unwrap();
+    total - free
+}
+
+/// A child process playing `role`, and the two ends of its line protocol.
+struct Peer {
+    child: Child,
+    input: Option<ChildStdin>,
+    /// Protocol lines, read by a thread so that a silent child fails the test, not hangs it.
+    lines: mpsc::Receiver<String>,
+}
+
+impl Peer {
+    fn spawn(role: &str, env: &[(&str, String)]) -> Self {
+        let mut cmd = Command::new(std::env::current_exe().unwrap());
+        cmd.args([
+            "child_process",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(ROLE, role)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("re-run the test binary");
+        let input = child.stdin.take();
+        let output = BufReader::new(child.stdout.take().unwrap());
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for l in output.lines().map_while(Result::ok) {
+                // libtest may print its own words before ours on the same line.
+                if let Some(i) = l.find("@@") {
+                    if tx.send(l[i + 2..].to_owned()).is_err() {
+                        break;
+                    }
+                }
+            }
+        });
+        Self {
+            child,
+            input,
+            lines,
+        }
+    }
+
+    /// The next protocol line, without its `@@`.
+    fn line(&mut self) -> String {
+        self.lines
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the child ended or went silent")
+    }
+
+    fn send(&mut self, line: &str) {
+        let input = self.input.as_mut().unwrap();
+        writeln!(input, "{line}").unwrap();
+        input.flush().unwrap();
+    }
+
+    fn finish(mut self) {
+        drop(self.input.take());
+        assert!(self.child.wait().unwrap().success(), "the child failed");
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        // A failed test must not leave the child waiting for a line.
+        if self.input.is_some() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Waits up to 5 s for `cond`.
+fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "timed out waiting: {what}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// An exporter: a pool over the VMM source over the simulator.
+fn exporter() -> (Arc<SimSource>, Arc<VmmSource<SimSource>>, Pool) {
+    let sim = sim();
+    let vmm = Arc::new(VmmSource::new(Arc::clone(&sim), 0, VmmConfig::default()).unwrap());
+    let pool = Pool::new(vmm.clone(), PoolConfig::default()).unwrap();
+    (sim, vmm, pool)
+}
+
+fn filled(pool: &Pool, len: u64) -> ascend_pool::DeviceRegion {
+    let mut r = pool.alloc_device(len).unwrap();
+    let data: Vec<u8> = (0..len as usize).map(pattern).collect();
+    pool.copy_from_host(&mut r, 0, &data).unwrap();
+    r
+}
+
+#[test]
+fn a_whitelisted_process_reads_answers_and_keeps_the_memory_after_the_exporter_frees_it() {
+    let _g = serial();
+    let objects = memory_objects();
+    let (sim, vmm, pool) = exporter();
+    // 3 MiB from a 32 MiB chunk: the published range crosses granules.
+    let region = filled(&pool, 3 * MIB);
+    let mut reader = Peer::spawn("reader", &[]);
+    let tgid: i32 = reader
+        .line()
+        .strip_prefix("tgid ")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let desc = vmm
+        .publish_region(&region, &Access::Processes(vec![tgid]))
+        .unwrap();
+    assert_eq!(desc.len, 3 * MIB);
+    reader.send(&desc.to_json());
+    assert_eq!(reader.line(), "read ok");
+    assert_eq!(reader.line(), "wrote");
+    // The answer, written by the other process into our device memory.
+    let mut answer = [0u8; 32];
+    pool.copy_to_host(&region, 3 * MIB - 32, &mut answer)
+        .unwrap();
+    let expected = format!("answer from {tgid:>20}");
+    assert_eq!(&answer[..expected.len()], expected.as_bytes());
+
+    // The exporter frees everything: the region, then the chunk (its physical memory).
+    drop(region);
+    pool.trim();
+    assert_eq!(vmm.stats().mapped_bytes, 0);
+    // The importer still holds it: still charged to the device, and not importable again.
+    assert_eq!(used(&sim), 32 * MIB);
+    match SharedMapping::open(Arc::clone(&sim), 0, &desc) {
+        Err(Error::ShareGone { handle }) => assert_eq!(handle, desc.pieces[0].handle),
+        other => panic!("expected ShareGone, got {other:?}"),
+    }
+    reader.send("close");
+    assert_eq!(reader.line(), "reread ok");
+    assert_eq!(reader.line(), "closed 0");
+    reader.finish();
+    eventually("the importer's free reaches the exporter", || {
+        used(&sim) == 0
+    });
+    drop(pool);
+    drop(vmm);
+    assert_eq!(memory_objects(), objects);
+}
+
+#[test]
+fn a_process_off_the_whitelist_is_refused_and_any_process_opens_without_validation() {
+    let _g = serial();
+    let (sim, vmm, pool) = exporter();
+    let region = filled(&pool, MIB);
+    let me = sim.bare_tgid().unwrap();
+    let mut outsider = Peer::spawn("reader", &[]);
+    let tgid: i32 = outsider
+        .line()
+        .strip_prefix("tgid ")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_ne!(tgid, me);
+    let desc = vmm
+        .publish_region(&region, &Access::Processes(vec![me]))
+        .unwrap();
+    outsider.send(&desc.to_json());
+    assert_eq!(outsider.line(), format!("err refused {tgid}"));
+    outsider.finish();
+    drop(region);
+
+    // A whole pool published to any process (pid validation off), opened through the
+    // AscendCL path: AclSource over the drop-in library in the child.
+    let (_sim, vmm, pool) = exporter();
+    let region = filled(&pool, MIB);
+    let other = pool.alloc_device(40 * MIB).unwrap(); // a dedicated chunk: a second extent
+    let all = vmm.publish_all(&Access::AnyProcess).unwrap();
+    assert!(all.pieces.len() >= 2, "{all:?}");
+    let lib = common_dropin::dropin().to_string_lossy().into_owned();
+    let mut reader = Peer::spawn("acl-reader", &[("ASCEND_POOL_SIM_LIB", lib)]);
+    let _ = reader.line(); // tgid: not needed
+    let window = format!("{} {} {}", region.addr(), MIB, all.to_json());
+    reader.send(&window);
+    assert_eq!(reader.line(), "read ok");
+    reader.finish();
+    drop((region, other));
+}
+
+#[test]
+fn memory_outlives_the_exporting_process_until_the_importer_frees_it() {
+    let _g = serial();
+    let objects = memory_objects();
+    let sim = sim();
+    let me = sim.bare_tgid().unwrap();
+    let mut exporter = Peer::spawn("exporter", &[(PEER, me.to_string())]);
+    let desc = ShareDescriptor::from_json(exporter.line().strip_prefix("desc ").unwrap()).unwrap();
+    let mapping = SharedMapping::open(Arc::clone(&sim), 0, &desc).unwrap();
+    assert_eq!(memory_objects(), objects + desc.pieces.len());
+    exporter.send("imported");
+    exporter.finish(); // the exporting process is gone
+
+    let mut back = vec![0u8; desc.len as usize];
+    mapping.read(0, &mut back).unwrap();
+    assert!(back.iter().enumerate().all(|(i, &b)| b == pattern(i)));
+    mapping.write(0, b"still writable").unwrap();
+    assert_eq!(used(&sim), 0, "imported memory is charged to its exporter");
+    mapping.close().unwrap();
+    assert_eq!(memory_objects(), objects);
+    let s = sim.stats();
+    assert_eq!((s.reservations, s.physical_handles, s.mappings), (0, 0, 0));
+    // Its exporter has exited: nothing to import any more.
+    assert!(matches!(
+        SharedMapping::open(Arc::clone(&sim), 0, &desc),
+        Err(Error::ShareGone { .. })
+    ));
+}
+
+/// The other process. Does nothing in a normal test run.
+#[test]
+fn child_process() {
+    let Ok(role) = std::env::var(ROLE) else {
+        return;
+    };
+    let mut stdin = std::io::stdin().lock();
+    let mut line = String::new();
+    let mut next_line = move || {
+        line.clear();
+        stdin.read_line(&mut line).unwrap();
+        line.trim_end().to_owned()
+    };
+    match role.as_str() {
+        "reader" => {
+            let sim = sim();
+            let tgid = sim.bare_tgid().unwrap();
+            println!("@@tgid {tgid}");
+            let desc = ShareDescriptor::from_json(&next_line()).unwrap();
+            let mapping = match SharedMapping::open(Arc::clone(&sim), 0, &desc) {
+                Ok(m) => m,
+                Err(Error::ShareRefused { pid, .. }) => return println!("@@err refused {pid}"),
+                Err(e) => return println!("@@err {e}"),
+            };
+            let check = |m: &SharedMapping<SimSource>| {
+                let mut data = vec![0u8; m.len() as usize - 32];
+                m.read(0, &mut data).unwrap();
+                data.iter().enumerate().all(|(i, &b)| b == pattern(i))
+            };
+            println!("@@read {}", if check(&mapping) { "ok" } else { "bad" });
+            let answer = format!("answer from {tgid:>20}");
+            mapping
+                .write(mapping.len() - 32, answer.as_bytes())
+                .unwrap();
+            println!("@@wrote");
+            assert_eq!(next_line(), "close");
+            // By now the exporter has freed its memory: ours is intact.
+            println!("@@reread {}", if check(&mapping) { "ok" } else { "bad" });
+            mapping.close().unwrap();
+            println!("@@closed {}", memory_objects());
+        }
+        "acl-reader" => {
+            let acl = Arc::new(AclSource::open(common_dropin::dropin()).unwrap());
+            println!("@@tgid {}", acl.bare_tgid().unwrap());
+            let l = next_line();
+            let mut parts = l.splitn(3, ' ');
+            let addr: usize = parts.next().unwrap().parse().unwrap();
+            let len: usize = parts.next().unwrap().parse().unwrap();
+            let desc = ShareDescriptor::from_json(parts.next().unwrap()).unwrap();
+            let mapping = SharedMapping::open(Arc::clone(&acl), 0, &desc).unwrap();
+            let local = mapping.translate(addr).unwrap();
+            let mut data = vec![0u8; len];
+            // SAFETY: `local..local + len` lies in the mapping, which is open.
+            unsafe {
+                acl.memcpy(
+                    data.as_mut_ptr() as usize,
+                    len as u64,
+                    local,
+                    len as u64,
+                    ascend_pool::source::MemcpyKind::DeviceToHost,
+                )
+                .unwrap();
+            }
+            let ok = data.iter().enumerate().all(|(i, &b)| b == pattern(i));
+            println!("@@read {}", if ok { "ok" } else { "bad" });
+            mapping.close().unwrap();
+        }
+        "exporter" => {
+            let peer: i32 = std::env::var(PEER).unwrap().parse().unwrap();
+            let (_sim, vmm, pool) = exporter();
+            let region = filled(&pool, 5 * MIB);
+            let desc = vmm
+                .publish_region(&region, &Access::Processes(vec![peer]))
+                .unwrap();
+            println!("@@desc {}", desc.to_json());
+            assert_eq!(next_line(), "imported");
+            // Exit holding everything: the process's end releases it.
+            std::process::exit(0);
+        }
+        other => panic!("unknown role {other}"),
+    }
+}
