@@ -1,8 +1,10 @@
 //! Shareable handles between real processes.
 //!
 //! A process that exports physical memory starts (once) a service thread listening on the
-//! abstract unix socket `ascend-pool-sim.<pid>`: abstract names vanish with the process, so
-//! nothing is left in the file system. A shareable handle is `pid << 32 | serial`. To import
+//! abstract unix socket `ascend-pool-sim.<pid>.<instance>`: abstract names vanish with the
+//! process, so nothing is left in the file system. The instance tells apart the copies of
+//! the simulator one process may hold (the library itself, and a drop-in `libascendcl.so`
+//! loaded beside it). A shareable handle is `pid << 42 | instance << 32 | serial`. To import
 //! it, a process connects to the exporter's socket and asks for the handle; the exporter
 //! reads the importer's process id from the kernel (`SO_PEERCRED`, which a process cannot
 //! forge), checks it against the handle's whitelist, and passes the memory object's
@@ -60,27 +62,31 @@ struct Export {
 /// importer does (`importers > 0`); it is removed, and `release` run, when neither does.
 static EXPORTS: LazyLock<Mutex<HashMap<u64, Export>>> = LazyLock::new(Default::default);
 static NEXT_SERIAL: AtomicU32 = AtomicU32::new(1);
-static SERVICE: OnceLock<Result<(), AclError>> = OnceLock::new();
+/// The instance number of this copy's service, once started.
+static SERVICE: OnceLock<Result<u32, AclError>> = OnceLock::new();
+/// Service instances one process may run.
+const INSTANCES: u32 = 1 << 10;
 
 fn exports() -> MutexGuard<'static, HashMap<u64, Export>> {
     // Entries are updated in one step each; a panic elsewhere leaves them consistent.
     EXPORTS.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-fn socket_addr(pid: u32) -> io::Result<SocketAddr> {
-    SocketAddr::from_abstract_name(format!("ascend-pool-sim.{pid}").as_bytes())
+fn socket_addr(pid: u32, instance: u32) -> io::Result<SocketAddr> {
+    SocketAddr::from_abstract_name(format!("ascend-pool-sim.{pid}.{instance}").as_bytes())
 }
 
 /// Registers `fd` (`size` bytes) for export; returns the shareable handle.
 pub(super) fn export(fd: OwnedFd, size: u64, validate_pid: bool) -> Result<u64, AclError> {
-    (*SERVICE.get_or_init(start_service))?;
+    let instance = (*SERVICE.get_or_init(start_service))?;
     let serial = loop {
         let s = NEXT_SERIAL.fetch_add(1, Ordering::Relaxed);
         if s != 0 {
             break s;
         }
     };
-    let handle = (u64::from(std::process::id()) << 32) | u64::from(serial);
+    let pid = u64::from(std::process::id());
+    let handle = (pid << 42) | (u64::from(instance) << 32) | u64::from(serial);
     exports().insert(
         handle,
         Export {
@@ -140,9 +146,17 @@ fn importer_left(handle: u64) {
     }
 }
 
-fn start_service() -> Result<(), AclError> {
-    let addr = socket_addr(std::process::id()).map_err(|_| AclError::RT_FAILURE)?;
-    let listener = UnixListener::bind_addr(&addr).map_err(|_| AclError::RT_FAILURE)?;
+fn start_service() -> Result<u32, AclError> {
+    // pid_max is at most 2^22, so a process id fits the handle's 22 bits.
+    if std::process::id() >= 1 << 22 {
+        return Err(AclError::RT_FAILURE);
+    }
+    let (instance, listener) = (0..INSTANCES)
+        .find_map(|i| {
+            let addr = socket_addr(std::process::id(), i).ok()?;
+            UnixListener::bind_addr(&addr).ok().map(|l| (i, l))
+        })
+        .ok_or(AclError::RT_FAILURE)?;
     std::thread::Builder::new()
         .name("ascend-pool-share".into())
         .stack_size(128 << 10)
@@ -152,7 +166,7 @@ fn start_service() -> Result<(), AclError> {
             }
         })
         .map_err(|_| AclError::RT_FAILURE)?;
-    Ok(())
+    Ok(instance)
 }
 
 /// Serves one import request.
@@ -220,11 +234,14 @@ fn answer(mut conn: UnixStream) {
 /// Asks the exporting process for `handle`: the memory object, its size, and the link
 /// that stays open while this process holds it.
 pub(super) fn import(handle: u64) -> Result<(OwnedFd, u64, UnixStream), AclError> {
-    let pid = (handle >> 32) as u32;
+    let (pid, instance) = (
+        (handle >> 42) as u32,
+        (handle >> 32) as u32 & (INSTANCES - 1),
+    );
     if pid == 0 || handle as u32 == 0 {
         return Err(AclError::RT_INVALID_HANDLE);
     }
-    let addr = socket_addr(pid).map_err(|_| AclError::RT_INVALID_HANDLE)?;
+    let addr = socket_addr(pid, instance).map_err(|_| AclError::RT_INVALID_HANDLE)?;
     // No listener: the process is gone or never exported anything.
     let mut conn = UnixStream::connect_addr(&addr).map_err(|_| AclError::RT_INVALID_HANDLE)?;
     let _ = conn.set_read_timeout(Some(EXCHANGE_TIMEOUT));
