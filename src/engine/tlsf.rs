@@ -126,7 +126,7 @@ impl TlsfRange {
         let slack = align_units - 1;
         let node = self
             .find_free(len, slack, align_units)
-            .or_else(|| self.grow(len, align_units))?;
+            .or_else(|| self.take_wilderness(len, align_units))?;
         let tag = self.next_tag;
         self.next_tag += 1;
         let idx = self.carve(node, len, align_units, tag);
@@ -146,6 +146,41 @@ impl TlsfRange {
     /// Highest offset (bytes) ever in use.
     pub fn high_water(&self) -> u64 {
         self.high_water * self.unit
+    }
+
+    /// Bytes the range spans.
+    pub fn capacity(&self) -> u64 {
+        self.capacity * self.unit
+    }
+
+    /// Extends the range by `additional` bytes (a multiple of the unit) at its end. The new
+    /// space joins the wilderness, so it merges with the free tail at once.
+    pub fn grow(&mut self, additional: u64) -> Result<(), EngineError> {
+        let bad = EngineError::BadCapacity {
+            capacity: additional,
+            unit: self.unit,
+        };
+        if additional == 0 || additional % self.unit != 0 {
+            return Err(bad);
+        }
+        match self.capacity.checked_add(additional / self.unit) {
+            // Offsets in bytes must stay representable.
+            Some(c) if c.checked_mul(self.unit).is_some() => self.capacity = c,
+            _ => return Err(bad),
+        }
+        Ok(())
+    }
+
+    /// Bytes of free space at the end of the range: the wilderness (a free node never
+    /// touches it, so nothing below `top` is part of the free tail).
+    pub fn free_tail(&self) -> u64 {
+        (self.capacity - self.top) * self.unit
+    }
+
+    /// Cuts `bytes` (a multiple of the unit, at most [`TlsfRange::free_tail`]) off the end.
+    pub fn shrink(&mut self, bytes: u64) {
+        debug_assert!(bytes % self.unit == 0 && bytes <= self.free_tail());
+        self.capacity -= bytes / self.unit;
     }
 
     /// Free and fragmentation figures.
@@ -325,7 +360,7 @@ impl TlsfRange {
     }
 
     /// Extends `[0, top)` with a free node big enough for an aligned `len`, if capacity allows.
-    fn grow(&mut self, len: u64, align_units: u64) -> Option<u32> {
+    fn take_wilderness(&mut self, len: u64, align_units: u64) -> Option<u32> {
         let start = self.top.next_multiple_of(align_units);
         let end = start.checked_add(len)?;
         if end > self.capacity {
@@ -541,6 +576,34 @@ mod tests {
         assert!(t.alloc(1 << 16, 64).is_none());
         t.free(kb, b, tb).unwrap();
         assert!(t.free(kb, b, tb).is_err());
+        t.validate().unwrap();
+    }
+
+    #[test]
+    fn grow_extends_the_wilderness_and_shrink_cuts_it() {
+        let mut t = TlsfRange::new(4096, 64).unwrap();
+        let (a, ka, ta) = t.alloc(2048, 64).unwrap();
+        let (b, kb, tb) = t.alloc(1024, 64).unwrap();
+        t.free(kb, b, tb).unwrap();
+        // The freed node folded into the wilderness: the tail is all of [2048, 4096).
+        assert_eq!(t.free_tail(), 2048);
+        assert!(t.alloc(4096, 64).is_none());
+        assert!(t.grow(0).is_err() && t.grow(100).is_err() && t.grow(u64::MAX - 63).is_err());
+        t.grow(4096).unwrap();
+        assert_eq!(t.capacity(), 8192);
+        let (c, kc, tc) = t.alloc(6144, 64).unwrap();
+        assert_eq!(c, 2048, "the grown space continues the old free tail");
+        t.validate().unwrap();
+        assert_eq!(t.free_tail(), 0);
+        t.free(kc, c, tc).unwrap();
+        t.shrink(4096);
+        assert_eq!((t.capacity(), t.free_tail()), (4096, 2048));
+        t.validate().unwrap();
+        assert!(t.alloc(4096, 64).is_none());
+        t.free(ka, a, ta).unwrap();
+        t.shrink(4096);
+        assert_eq!(t.capacity(), 0);
+        assert!(t.alloc(64, 64).is_none());
         t.validate().unwrap();
     }
 }
