@@ -180,7 +180,7 @@ pub struct EngineStats {
 /// Where an allocation lives inside the engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Place {
-    Range { key: u32, tag: u64 },
+    Range { key: u32, tag: u32 },
     Slab { page: u32, slot: u32, tag: u32 },
 }
 
@@ -232,17 +232,17 @@ enum Range {
 
 impl Range {
     #[inline]
-    fn alloc(&mut self, size: u64, align: u64, tag: u64) -> Option<(u64, u32, u64)> {
+    fn alloc(&mut self, size: u64, align: u64, tag: u32) -> Option<(u64, u32)> {
         match self {
-            Self::Tlsf(t) => t.alloc(size, align),
-            Self::Buddy(b) => b.alloc(size, align, tag).map(|o| (o, NIL, tag)),
+            Self::Tlsf(t) => t.alloc(size, align, tag),
+            Self::Buddy(b) => b.alloc(size, align, u64::from(tag)).map(|o| (o, NIL)),
         }
     }
     #[inline]
-    fn free(&mut self, key: u32, offset: u64, tag: u64) -> Result<(), EngineError> {
+    fn free(&mut self, key: u32, offset: u64, tag: u32) -> Result<(), EngineError> {
         match self {
             Self::Tlsf(t) => t.free(key, offset, tag),
-            Self::Buddy(b) => b.free(offset, tag).map(|_| ()),
+            Self::Buddy(b) => b.free(offset, u64::from(tag)).map(|_| ()),
         }
     }
     fn stats(&self) -> RangeStats {
@@ -314,8 +314,8 @@ pub struct CarveEngine {
     counters: EngineCounters,
     /// Footprints of live allocations served by the range tier.
     range_live_bytes: u64,
-    /// Bumped per allocation; tags handles so stale ones are caught.
-    next_tag: u64,
+    /// Bumped per allocation (wrapping, never 0); tags handles so stale ones are caught.
+    next_tag: u32,
 }
 
 impl CarveEngine {
@@ -348,18 +348,18 @@ impl CarveEngine {
         };
         let align = rule.align();
         let tag = self.next_tag;
-        self.next_tag += 1;
+        self.next_tag = self.next_tag.checked_add(1).unwrap_or(1);
         let place;
         let offset;
         if self.slabs.serves(footprint, align) {
-            let stag = (tag as u32).max(1);
+            let stag = tag;
             let got = match self.slabs.alloc(footprint, stag) {
                 Some(x) => Some(x),
                 None => {
                     let (bytes, _, page_align) = slab::SlabAllocator::page_shape(footprint);
                     match self.range.alloc(bytes, page_align, tag) {
-                        Some((base, key, rtag)) => {
-                            self.slabs.add_page(footprint, base, key, rtag);
+                        Some((base, key)) => {
+                            self.slabs.add_page(footprint, base, key, tag);
                             self.slabs.alloc(footprint, stag)
                         }
                         None => None,
@@ -376,12 +376,12 @@ impl CarveEngine {
                 tag: stag,
             };
         } else {
-            let Some((off, key, rtag)) = self.range.alloc(footprint, align, tag) else {
+            let Some((off, key)) = self.range.alloc(footprint, align, tag) else {
                 return Err(self.out_of_space(footprint));
             };
             self.range_live_bytes += footprint;
             offset = off;
-            place = Place::Range { key, tag: rtag };
+            place = Place::Range { key, tag };
         }
         let c = &mut self.counters;
         c.live += 1;
