@@ -20,6 +20,8 @@ enum Op {
     DoubleFree(usize),
     Foreign,
     Trim,
+    Grow(u64),
+    ShrinkTail(u64),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -40,6 +42,10 @@ fn op() -> impl Strategy<Value = Op> {
         1 => any::<usize>().prop_map(Op::DoubleFree),
         1 => Just(Op::Foreign),
         1 => Just(Op::Trim),
+        1 => prop_oneof![Just(0u64), Just(100u64), (1u64..64).prop_map(|k| k * 64), Just(4u64 << 20)]
+            .prop_map(Op::Grow),
+        1 => prop_oneof![Just(0u64), Just(96u64), Just(64u64), Just(4096u64), Just(2u64 << 20)]
+            .prop_map(Op::ShrinkTail),
     ]
 }
 
@@ -51,7 +57,8 @@ struct Shadow {
 }
 
 impl Shadow {
-    fn check(&self, e: &CarveEngine, capacity: u64) {
+    fn check(&self, e: &CarveEngine) {
+        let capacity = e.capacity();
         e.validate().unwrap();
         let mut end = 0;
         for (&off, &(fp, _)) in &self.live {
@@ -74,7 +81,7 @@ impl Shadow {
 }
 
 fn run(ops: Vec<Op>, tier: RangeTier, slab_max: u64) {
-    let capacity = 64 << 20;
+    let mut capacity = 64 << 20;
     let cfg = EngineConfig {
         range: tier,
         slab_max,
@@ -104,7 +111,7 @@ fn run(ops: Vec<Op>, tier: RangeTier, slab_max: u64) {
                         assert!(s.live.insert(a.offset(), (a.footprint(), len)).is_none());
                         s.handles.push(a);
                     }
-                    Err(EngineError::Carve(_)) => assert!(len == 0 || len > capacity),
+                    Err(EngineError::Carve(_)) => assert!(len == 0 || len > 1 << 40),
                     Err(EngineError::OutOfSpace { footprint, .. }) => {
                         assert_eq!(Ok(footprint), rule.footprint(len))
                     }
@@ -123,9 +130,30 @@ fn run(ops: Vec<Op>, tier: RangeTier, slab_max: u64) {
             }
             Op::Foreign => assert_eq!(e.free(foreign), Err(EngineError::ForeignAllocation)),
             Op::Trim => e.trim(),
+            Op::Grow(additional) => {
+                let ok = additional > 0 && additional % 64 == 0;
+                assert_eq!(e.grow(additional).is_ok(), ok, "grow by {additional}");
+                if ok {
+                    capacity += additional;
+                }
+                assert_eq!(e.capacity(), capacity);
+            }
+            Op::ShrinkTail(granule) => {
+                let removed = e.shrink_free_tail(granule);
+                if granule == 0 || granule % 64 != 0 {
+                    assert_eq!(removed, 0);
+                } else {
+                    assert_eq!(removed % granule, 0);
+                    // The largest multiple went: less than a granule of free tail is left.
+                    let top = e.stats().range.top;
+                    assert!(capacity - removed - top < granule, "free tail left behind");
+                }
+                capacity -= removed;
+                assert_eq!(e.capacity(), capacity);
+            }
             _ => {}
         }
-        s.check(&e, capacity);
+        s.check(&e);
     }
     for a in s.handles.drain(..) {
         e.free(a).unwrap();

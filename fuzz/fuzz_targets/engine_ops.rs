@@ -14,6 +14,8 @@ enum Op {
     FreeAgain { index: u16 },
     FreeForeign,
     Trim,
+    Grow { additional: u32 },
+    ShrinkTail { granule_log: u8, odd: bool },
 }
 
 #[derive(Arbitrary, Debug)]
@@ -25,7 +27,7 @@ struct Input {
 }
 
 fuzz_target!(|input: Input| {
-    let capacity = 1u64 << (12 + input.capacity_log % 16);
+    let mut capacity = 1u64 << (12 + input.capacity_log % 16);
     let config = EngineConfig {
         range: if input.buddy { RangeTier::Buddy } else { RangeTier::Tlsf },
         slab_max: u64::from(input.slab_max % 8192),
@@ -64,9 +66,32 @@ fuzz_target!(|input: Input| {
             }
             Op::FreeForeign => assert_eq!(engine.free(foreign), Err(EngineError::ForeignAllocation)),
             Op::Trim => engine.trim(),
+            Op::Grow { additional } => {
+                let additional = u64::from(additional);
+                let ok = additional > 0 && additional % 64 == 0;
+                assert_eq!(engine.grow(additional).is_ok(), ok);
+                if ok {
+                    capacity += additional;
+                }
+            }
+            Op::ShrinkTail { granule_log, odd } => {
+                let granule = (1u64 << (granule_log % 24)) + u64::from(odd) * 64;
+                let removed = engine.shrink_free_tail(granule);
+                if granule % 64 != 0 {
+                    assert_eq!(removed, 0);
+                } else {
+                    assert_eq!(removed % granule, 0);
+                    assert!(capacity - removed - engine.stats().range.top < granule);
+                }
+                capacity -= removed;
+            }
             _ => {}
         }
         engine.validate().unwrap();
+        assert_eq!(engine.capacity(), capacity);
+        for a in &live {
+            assert!(a.offset() + a.footprint() <= capacity);
+        }
         // No two live segments overlap.
         let mut spans: Vec<(u64, u64)> = live.iter().map(|a| (a.offset(), a.footprint())).collect();
         spans.sort_unstable();

@@ -104,6 +104,60 @@ impl BuddyRange {
         self.high_water
     }
 
+    /// Bytes the range spans.
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// Extends the range by `additional` bytes (a multiple of the minimum block) at its end.
+    /// The new space is freed as maximal aligned blocks, each coalescing with free buddies
+    /// below the old end that had none before.
+    pub fn grow(&mut self, additional: u64) -> Result<(), EngineError> {
+        let min_block = 1u64 << self.min_order;
+        let new_capacity = self.capacity.checked_add(additional);
+        match new_capacity {
+            Some(c) if additional != 0 && additional % min_block == 0 && c < 1 << MAX_ORDER => {
+                let old = self.capacity;
+                self.capacity = c;
+                self.free_range(old, c);
+                Ok(())
+            }
+            _ => Err(EngineError::BadCapacity {
+                capacity: additional,
+                unit: min_block,
+            }),
+        }
+    }
+
+    /// Bytes of free space at the end of the range: everything above the highest live end.
+    pub fn free_tail(&self) -> u64 {
+        let top = self.live.iter().map(|(s, (l, _))| s + l).max();
+        self.capacity - top.unwrap_or(0)
+    }
+
+    /// Cuts `bytes` (a multiple of the minimum block, at most [`BuddyRange::free_tail`]) off
+    /// the end: the free blocks reaching past the new end are taken out and their part below
+    /// it is freed again under the new capacity.
+    pub fn shrink(&mut self, bytes: u64) {
+        debug_assert!(bytes % (1 << self.min_order) == 0 && bytes <= self.free_tail());
+        let end = self.capacity - bytes;
+        let mut low = end;
+        for k in 0..=MAX_ORDER {
+            let size = 1u64 << k;
+            // Blocks of order k that end past `end` start at or after `end - size`.
+            let cut: Vec<u64> = self.free[k as usize]
+                .range(end.saturating_sub(size - 1)..)
+                .copied()
+                .collect();
+            for s in cut {
+                self.remove_free(k, s);
+                low = low.min(s);
+            }
+        }
+        self.capacity = end;
+        self.free_range(low, end);
+    }
+
     /// Whether nothing is allocated.
     pub fn is_empty(&self) -> bool {
         self.live.is_empty()
@@ -273,6 +327,44 @@ mod tests {
         let _ = b.alloc(64, 64, 1).unwrap();
         let a = b.alloc(64, 1 << 21, 2).unwrap();
         assert_eq!(a % (1 << 21), 0);
+        b.validate().unwrap();
+    }
+
+    #[test]
+    fn grow_coalesces_with_the_old_tail() {
+        let mut b = BuddyRange::new(3 * 1024, 64).unwrap();
+        let a = b.alloc(1024, 64, 1).unwrap();
+        assert!(b.grow(0).is_err() && b.grow(96).is_err() && b.grow(u64::MAX - 63).is_err());
+        b.grow(1024).unwrap();
+        b.validate().unwrap();
+        // [1024, 2048) and [2048, 3072) were free; with [3072, 4096) they form one 2 KiB block
+        // and a 1 KiB one.
+        assert_eq!(b.stats().largest_free, 2048);
+        b.free(a, 1).unwrap();
+        b.validate().unwrap();
+        assert_eq!(b.stats().largest_free, 4096);
+        assert_eq!(b.stats().free_fragments, 1);
+    }
+
+    #[test]
+    fn shrink_cuts_blocks_that_cross_the_new_end() {
+        let mut b = BuddyRange::new(1 << 16, 64).unwrap();
+        let a = b.alloc(100 * 64, 64, 1).unwrap();
+        assert_eq!(b.free_tail(), (1 << 16) - 100 * 64);
+        // The new end (40 KiB) cuts the free 32 KiB block [32 KiB, 64 KiB) in two.
+        b.shrink(24 << 10);
+        assert_eq!(b.capacity(), 40 << 10);
+        b.validate().unwrap();
+        assert_eq!(b.free_tail(), (40 << 10) - 100 * 64);
+        assert!(b.alloc(40 << 10, 64, 2).is_none());
+        b.free(a, 1).unwrap();
+        b.validate().unwrap();
+        assert_eq!(b.stats().free_bytes, 40 << 10);
+        b.shrink(40 << 10);
+        assert_eq!(b.capacity(), 0);
+        b.validate().unwrap();
+        b.grow(1 << 12).unwrap();
+        assert_eq!(b.alloc(1 << 12, 64, 3), Some(0));
         b.validate().unwrap();
     }
 }

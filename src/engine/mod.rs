@@ -180,7 +180,7 @@ pub struct EngineStats {
 /// Where an allocation lives inside the engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Place {
-    Range { key: u32, tag: u64 },
+    Range { key: u32, tag: u32 },
     Slab { page: u32, slot: u32, tag: u32 },
 }
 
@@ -232,17 +232,17 @@ enum Range {
 
 impl Range {
     #[inline]
-    fn alloc(&mut self, size: u64, align: u64, tag: u64) -> Option<(u64, u32, u64)> {
+    fn alloc(&mut self, size: u64, align: u64, tag: u32) -> Option<(u64, u32)> {
         match self {
-            Self::Tlsf(t) => t.alloc(size, align),
-            Self::Buddy(b) => b.alloc(size, align, tag).map(|o| (o, NIL, tag)),
+            Self::Tlsf(t) => t.alloc(size, align, tag),
+            Self::Buddy(b) => b.alloc(size, align, u64::from(tag)).map(|o| (o, NIL)),
         }
     }
     #[inline]
-    fn free(&mut self, key: u32, offset: u64, tag: u64) -> Result<(), EngineError> {
+    fn free(&mut self, key: u32, offset: u64, tag: u32) -> Result<(), EngineError> {
         match self {
             Self::Tlsf(t) => t.free(key, offset, tag),
-            Self::Buddy(b) => b.free(offset, tag).map(|_| ()),
+            Self::Buddy(b) => b.free(offset, u64::from(tag)).map(|_| ()),
         }
     }
     fn stats(&self) -> RangeStats {
@@ -269,6 +269,30 @@ impl Range {
             Self::Buddy(b) => b.used_bytes(),
         }
     }
+    fn capacity(&self) -> u64 {
+        match self {
+            Self::Tlsf(t) => t.capacity(),
+            Self::Buddy(b) => b.capacity(),
+        }
+    }
+    fn grow(&mut self, additional: u64) -> Result<(), EngineError> {
+        match self {
+            Self::Tlsf(t) => t.grow(additional),
+            Self::Buddy(b) => b.grow(additional),
+        }
+    }
+    fn free_tail(&self) -> u64 {
+        match self {
+            Self::Tlsf(t) => t.free_tail(),
+            Self::Buddy(b) => b.free_tail(),
+        }
+    }
+    fn shrink(&mut self, bytes: u64) {
+        match self {
+            Self::Tlsf(t) => t.shrink(bytes),
+            Self::Buddy(b) => b.shrink(bytes),
+        }
+    }
 }
 
 static NEXT_ENGINE_ID: AtomicU32 = AtomicU32::new(1);
@@ -290,8 +314,8 @@ pub struct CarveEngine {
     counters: EngineCounters,
     /// Footprints of live allocations served by the range tier.
     range_live_bytes: u64,
-    /// Bumped per allocation; tags handles so stale ones are caught.
-    next_tag: u64,
+    /// Bumped per allocation (wrapping, never 0); tags handles so stale ones are caught.
+    next_tag: u32,
 }
 
 impl CarveEngine {
@@ -324,18 +348,18 @@ impl CarveEngine {
         };
         let align = rule.align();
         let tag = self.next_tag;
-        self.next_tag += 1;
+        self.next_tag = self.next_tag.checked_add(1).unwrap_or(1);
         let place;
         let offset;
         if self.slabs.serves(footprint, align) {
-            let stag = (tag as u32).max(1);
+            let stag = tag;
             let got = match self.slabs.alloc(footprint, stag) {
                 Some(x) => Some(x),
                 None => {
                     let (bytes, _, page_align) = slab::SlabAllocator::page_shape(footprint);
                     match self.range.alloc(bytes, page_align, tag) {
-                        Some((base, key, rtag)) => {
-                            self.slabs.add_page(footprint, base, key, rtag);
+                        Some((base, key)) => {
+                            self.slabs.add_page(footprint, base, key, tag);
                             self.slabs.alloc(footprint, stag)
                         }
                         None => None,
@@ -352,12 +376,12 @@ impl CarveEngine {
                 tag: stag,
             };
         } else {
-            let Some((off, key, rtag)) = self.range.alloc(footprint, align, tag) else {
+            let Some((off, key)) = self.range.alloc(footprint, align, tag) else {
                 return Err(self.out_of_space(footprint));
             };
             self.range_live_bytes += footprint;
             offset = off;
-            place = Place::Range { key, tag: rtag };
+            place = Place::Range { key, tag };
         }
         let c = &mut self.counters;
         c.live += 1;
@@ -415,9 +439,69 @@ impl CarveEngine {
         self.id
     }
 
-    /// Bytes the engine spans.
+    /// Bytes the engine spans now (changed by [`grow`](Self::grow) and
+    /// [`shrink_free_tail`](Self::shrink_free_tail)).
     pub fn capacity(&self) -> u64 {
         self.capacity
+    }
+
+    /// Extends the range by `additional` bytes at its end, for a block that grew in place
+    /// (virtual memory mapped behind the old end). The new space merges with any free tail.
+    ///
+    /// `additional` must be a non-zero multiple of 64 and the new capacity must not
+    /// overflow; otherwise [`EngineError::BadCapacity`] and nothing changes. Both range
+    /// tiers support it.
+    ///
+    /// ```
+    /// use ascend_pool::engine::{CarveEngine, EngineConfig};
+    /// use ascend_pool::CarveRule;
+    ///
+    /// let mut engine = CarveEngine::new(1 << 20, EngineConfig::default()).unwrap();
+    /// let a = engine.alloc(1 << 19, CarveRule::default()).unwrap(); // [0, 512 KiB + 64)
+    /// assert!(engine.alloc(1 << 19, CarveRule::default()).is_err());
+    /// engine.grow(1 << 20).unwrap();
+    /// let b = engine.alloc(1 << 19, CarveRule::default()).unwrap();
+    /// assert_eq!(b.offset(), a.footprint()); // straight after `a`, across the old end
+    /// assert!(engine.grow(100).is_err()); // not a multiple of 64
+    /// engine.validate().unwrap();
+    /// ```
+    pub fn grow(&mut self, additional: u64) -> Result<(), EngineError> {
+        self.range.grow(additional)?;
+        self.capacity = self.range.capacity();
+        Ok(())
+    }
+
+    /// Gives back the largest multiple of `granule` bytes of free space at the end of the
+    /// range; returns the bytes removed (0 when none), by which the capacity shrank.
+    ///
+    /// Cached empty slab pages are given back to the range tier first, so they do not pin
+    /// the tail. `granule` must be a non-zero multiple of 64 (the engine's unit); any other
+    /// value removes nothing and returns 0. The high-water mark keeps its historical peak.
+    ///
+    /// ```
+    /// use ascend_pool::engine::{CarveEngine, EngineConfig};
+    /// use ascend_pool::CarveRule;
+    ///
+    /// let mut engine = CarveEngine::new(8 << 20, EngineConfig::default()).unwrap();
+    /// let a = engine.alloc(3 << 20, CarveRule::default()).unwrap(); // [0, 3 MiB + 64)
+    /// assert_eq!(engine.shrink_free_tail(2 << 20), 4 << 20); // two 2 MiB granules fit
+    /// assert_eq!(engine.capacity(), 4 << 20);
+    /// engine.free(a).unwrap();
+    /// assert_eq!(engine.shrink_free_tail(2 << 20), 4 << 20);
+    /// assert_eq!(engine.capacity(), 0);
+    /// engine.validate().unwrap();
+    /// ```
+    pub fn shrink_free_tail(&mut self, granule: u64) -> u64 {
+        if granule == 0 || granule % crate::align::DEFAULT_ALIGN != 0 {
+            return 0;
+        }
+        self.trim();
+        let removed = self.range.free_tail() / granule * granule;
+        if removed > 0 {
+            self.range.shrink(removed);
+            self.capacity = self.range.capacity();
+        }
+        removed
     }
 
     /// Highest offset ever in use: what a block under this engine must have reserved.
@@ -459,6 +543,13 @@ impl CarveEngine {
                 "range tier has {used} bytes in use, slabs and live segments account for {expected}"
             )));
         }
+        if self.capacity != self.range.capacity() {
+            return Err(EngineError::Corrupt(format!(
+                "engine capacity {} differs from the range tier's {}",
+                self.capacity,
+                self.range.capacity()
+            )));
+        }
         if self.counters.live != self.counters.allocs - self.counters.frees {
             return Err(EngineError::Corrupt("live counter drifted".into()));
         }
@@ -470,6 +561,64 @@ impl CarveEngine {
         EngineError::OutOfSpace {
             footprint,
             largest_free: self.range.stats().largest_free,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn both_tiers() -> [EngineConfig; 2] {
+        [RangeTier::Tlsf, RangeTier::Buddy].map(|range| EngineConfig {
+            range,
+            ..EngineConfig::default()
+        })
+    }
+
+    #[test]
+    fn grow_then_shrink_round_trips() {
+        for cfg in both_tiers() {
+            let mut e = CarveEngine::new(1 << 20, cfg).unwrap();
+            let big = e.alloc(900 << 10, CarveRule::default()).unwrap();
+            let small = e.alloc(100, CarveRule::default()).unwrap(); // a slab page
+            assert!(e.alloc(900 << 10, CarveRule::default()).is_err());
+            assert!(matches!(
+                e.grow(0),
+                Err(EngineError::BadCapacity { capacity: 0, .. })
+            ));
+            assert!(e.grow(32).is_err() && e.grow(u64::MAX - 63).is_err());
+            assert_eq!(e.capacity(), 1 << 20);
+            e.grow(3 << 20).unwrap();
+            assert_eq!(e.capacity(), 4 << 20);
+            let more = e.alloc(900 << 10, CarveRule::default()).unwrap();
+            assert!(more.offset() + more.footprint() <= 2 << 20);
+            e.validate().unwrap();
+            assert_eq!(e.shrink_free_tail(0), 0);
+            assert_eq!(e.shrink_free_tail(100), 0);
+            // Everything past `more` goes.
+            let tail = e.shrink_free_tail(64);
+            assert_eq!(e.capacity(), more.offset() + more.footprint());
+            assert_eq!(e.capacity(), (4 << 20) - tail);
+            e.validate().unwrap();
+            e.free(more).unwrap();
+            e.free(small).unwrap(); // its page stays cached until the shrink trims it
+            let removed = e.shrink_free_tail(512 << 10);
+            assert!(removed >= 512 << 10, "{cfg:?}: removed {removed}");
+            assert_eq!(removed % (512 << 10), 0);
+            assert_eq!(e.capacity() + removed + tail, 4 << 20);
+            e.validate().unwrap();
+            e.free(big).unwrap();
+            let rest = e.shrink_free_tail(64);
+            assert_eq!(rest + removed + tail, 4 << 20);
+            assert_eq!(e.capacity(), 0);
+            assert!(matches!(
+                e.alloc(1, CarveRule::default()),
+                Err(EngineError::OutOfSpace { .. })
+            ));
+            e.grow(4096).unwrap();
+            e.alloc(4000, CarveRule::default()).unwrap();
+            e.validate().unwrap();
         }
     }
 }

@@ -21,7 +21,7 @@ struct SlabPage {
     bytes: u64,
     /// Range-engine key and tag, to give the page back.
     range_key: u32,
-    range_tag: u64,
+    range_tag: u32,
     /// Class index.
     class: u32,
     /// Objects in use; `0 ..= objects`.
@@ -52,7 +52,7 @@ pub struct PageRelease {
     /// Range-engine key.
     pub range_key: u32,
     /// Range-engine tag.
-    pub range_tag: u64,
+    pub range_tag: u32,
 }
 
 /// Slabs for footprints up to `max_footprint`.
@@ -136,7 +136,7 @@ impl SlabAllocator {
     }
 
     /// Adds a fresh page for `footprint` at `base` taken from the range engine.
-    pub fn add_page(&mut self, footprint: u64, base: u64, range_key: u32, range_tag: u64) {
+    pub fn add_page(&mut self, footprint: u64, base: u64, range_key: u32, range_tag: u32) {
         let class = (footprint / CLASS_GRANULE - 1) as usize;
         let (bytes, objects, _) = Self::page_shape(footprint);
         let words = (objects as usize).div_ceil(64);

@@ -5,36 +5,46 @@
 //! Free nodes also sit in one of `FL x SL` size bins, found through two bitmaps. Above `top`
 //! lies the untouched rest of the range (the "wilderness"): it is taken only when no bin
 //! can serve a request, which keeps the range's high-water mark low.
+//!
+//! Nodes live in one flat `Vec` addressed by `u32` index; the slots of merged-away nodes
+//! form an intrusive chain through `next_phys` and are reused first. Units are a power of
+//! two, so every byte/unit conversion is a shift.
 
 use super::{EngineError, RangeStats, NIL};
-use slab::Slab;
 
 /// log2 of the number of second-level bins per first level.
 const SL_SHIFT: u32 = 5;
 const SL_COUNT: usize = 1 << SL_SHIFT;
 /// First levels: enough for ranges up to 2^60 units.
 const FL_COUNT: usize = 61;
-/// How many entries of the exact bin are tried before moving to a larger bin.
-const EXACT_BIN_PROBES: usize = 8;
+/// How many entries of a bin are tried, lowest address winning, before settling.
+const BIN_PROBES: usize = 8;
 
-/// One block of the range: free or used.
-#[derive(Debug, Clone)]
+/// One block of the range (free or used), or a vacant slot of the node table.
+#[derive(Debug, Clone, Copy)]
 struct Node {
     /// Start, in units.
     start: u64,
-    /// Length, in units; never 0.
+    /// Length, in units; 0 only while the slot is vacant.
     len: u64,
     /// Neighbour below in address order (`NIL` at offset 0).
     prev_phys: u32,
-    /// Neighbour above in address order (`NIL` when the node ends at `top`).
+    /// Neighbour above in address order (`NIL` when the node ends at `top`); while the
+    /// slot is vacant, the next vacant slot.
     next_phys: u32,
-    /// Free-list links; meaningful only while `free`.
+    /// Free-list links; meaningful only while free.
     prev_free: u32,
     next_free: u32,
-    /// Whether the node is in a bin.
-    free: bool,
-    /// Allocation sequence number while used, so a stale handle to a reused slot is caught.
-    tag: u64,
+    /// The allocation's tag while used (never 0); 0 while free or vacant, so a stale
+    /// handle to a reused slot is caught.
+    tag: u32,
+}
+
+impl Node {
+    #[inline]
+    fn is_free(&self) -> bool {
+        self.tag == 0
+    }
 }
 
 /// A TLSF range engine. Lengths and offsets are in bytes at the API, in units of `unit` inside.
@@ -45,11 +55,12 @@ struct Node {
 ///   never ends at `top`: it is folded into the wilderness instead);
 /// - bit `fl` of `fl_bitmap` is set iff `sl_bitmap[fl] != 0`, and bit `sl` of
 ///   `sl_bitmap[fl]` is set iff `heads[fl][sl] != NIL`;
-/// - each free node is linked in exactly the bin `mapping_insert(len)` names.
+/// - each free node is linked in exactly the bin `mapping_insert(len)` names;
+/// - every slot of `nodes` is either reachable from `last` or on the vacant chain.
 #[derive(Debug)]
 pub struct TlsfRange {
-    /// Bytes per unit: every offset and length is a multiple of it.
-    unit: u64,
+    /// log2 of the bytes per unit: every offset and length is a multiple of the unit.
+    unit_shift: u32,
     /// Range size in units.
     capacity: u64,
     /// First unit of the wilderness; all of `[top, capacity)` is free.
@@ -58,7 +69,11 @@ pub struct TlsfRange {
     high_water: u64,
     /// Last node below `top` (`NIL` when `top == 0`).
     last: u32,
-    nodes: Slab<Node>,
+    nodes: Vec<Node>,
+    /// First vacant slot of `nodes` (`NIL` when none); the chain runs through `next_phys`.
+    vacant: u32,
+    /// Length of the vacant chain.
+    vacant_count: usize,
     fl_bitmap: u64,
     sl_bitmap: [u32; FL_COUNT],
     heads: [[u32; SL_COUNT]; FL_COUNT],
@@ -66,7 +81,6 @@ pub struct TlsfRange {
     binned_units: u64,
     /// Number of free nodes in bins.
     free_nodes: u64,
-    next_tag: u64,
 }
 
 /// Bin of a free block of `len` units.
@@ -94,6 +108,12 @@ fn mapping_search(len: u64) -> (usize, usize) {
     }
 }
 
+/// `value` rounded up to a multiple of `align` (a power of two); no overflow for unit counts.
+#[inline]
+fn align_units_up(value: u64, align: u64) -> u64 {
+    (value + (align - 1)) & !(align - 1)
+}
+
 impl TlsfRange {
     /// A range of `capacity` bytes carved in multiples of `unit` bytes (a power of two).
     pub fn new(capacity: u64, unit: u64) -> Result<Self, EngineError> {
@@ -101,42 +121,47 @@ impl TlsfRange {
             return Err(EngineError::BadCapacity { capacity, unit });
         }
         Ok(Self {
-            unit,
+            unit_shift: unit.trailing_zeros(),
             capacity: capacity / unit,
             top: 0,
             high_water: 0,
             last: NIL,
-            nodes: Slab::new(),
+            nodes: Vec::new(),
+            vacant: NIL,
+            vacant_count: 0,
             fl_bitmap: 0,
             sl_bitmap: [0; FL_COUNT],
             heads: [[NIL; SL_COUNT]; FL_COUNT],
             binned_units: 0,
             free_nodes: 0,
-            next_tag: 1,
         })
     }
 
-    /// Allocates `size` bytes (a multiple of the unit) at an `align`-aligned offset.
-    /// Returns the offset and the key [`TlsfRange::free`] needs.
-    pub fn alloc(&mut self, size: u64, align: u64) -> Option<(u64, u32, u64)> {
-        debug_assert!(size % self.unit == 0 && size > 0);
-        let len = size / self.unit;
-        let align_units = (align / self.unit).max(1);
-        // Worst-case slack needed in a free block to reach an aligned start.
-        let slack = align_units - 1;
-        let node = self
-            .find_free(len, slack, align_units)
-            .or_else(|| self.grow(len, align_units))?;
-        let tag = self.next_tag;
-        self.next_tag += 1;
-        let idx = self.carve(node, len, align_units, tag);
-        Some((self.nodes[idx as usize].start * self.unit, idx, tag))
+    #[inline]
+    fn unit(&self) -> u64 {
+        1 << self.unit_shift
+    }
+
+    /// Allocates `size` bytes (a non-zero multiple of the unit) at an `align`-aligned offset
+    /// (`align` a power of two), marking it with `tag` (non-zero). Returns the offset and the
+    /// key [`TlsfRange::free`] needs.
+    #[inline]
+    pub fn alloc(&mut self, size: u64, align: u64, tag: u32) -> Option<(u64, u32)> {
+        debug_assert!(size % self.unit() == 0 && size > 0 && align.is_power_of_two() && tag != 0);
+        let len = size >> self.unit_shift;
+        let align_units = (align >> self.unit_shift).max(1);
+        let (idx, start) = match self.find_free(len, align_units) {
+            Some(node) => self.carve(node, len, align_units, tag),
+            None => self.carve_wilderness(len, align_units, tag)?,
+        };
+        Some((start << self.unit_shift, idx))
     }
 
     /// Frees the block `key` names, checking it is the live block at `offset` with `tag`.
-    pub fn free(&mut self, key: u32, offset: u64, tag: u64) -> Result<(), EngineError> {
+    #[inline]
+    pub fn free(&mut self, key: u32, offset: u64, tag: u32) -> Result<(), EngineError> {
         match self.nodes.get(key as usize) {
-            Some(n) if !n.free && n.tag == tag && n.start * self.unit == offset => {}
+            Some(n) if tag != 0 && n.tag == tag && n.start << self.unit_shift == offset => {}
             _ => return Err(EngineError::AlreadyFreed { offset }),
         }
         self.release(key);
@@ -145,24 +170,59 @@ impl TlsfRange {
 
     /// Highest offset (bytes) ever in use.
     pub fn high_water(&self) -> u64 {
-        self.high_water * self.unit
+        self.high_water << self.unit_shift
+    }
+
+    /// Bytes the range spans.
+    pub fn capacity(&self) -> u64 {
+        self.capacity << self.unit_shift
+    }
+
+    /// Extends the range by `additional` bytes (a multiple of the unit) at its end. The new
+    /// space joins the wilderness, so it merges with the free tail at once.
+    pub fn grow(&mut self, additional: u64) -> Result<(), EngineError> {
+        let bad = EngineError::BadCapacity {
+            capacity: additional,
+            unit: self.unit(),
+        };
+        if additional == 0 || additional % self.unit() != 0 {
+            return Err(bad);
+        }
+        match self.capacity.checked_add(additional >> self.unit_shift) {
+            // Offsets in bytes must stay representable.
+            Some(c) if c.checked_mul(self.unit()).is_some() => self.capacity = c,
+            _ => return Err(bad),
+        }
+        Ok(())
+    }
+
+    /// Bytes of free space at the end of the range: the wilderness (a free node never
+    /// touches it, so nothing below `top` is part of the free tail).
+    pub fn free_tail(&self) -> u64 {
+        (self.capacity - self.top) << self.unit_shift
+    }
+
+    /// Cuts `bytes` (a multiple of the unit, at most [`TlsfRange::free_tail`]) off the end.
+    pub fn shrink(&mut self, bytes: u64) {
+        debug_assert!(bytes % self.unit() == 0 && bytes <= self.free_tail());
+        self.capacity -= bytes >> self.unit_shift;
     }
 
     /// Free and fragmentation figures.
     pub fn stats(&self) -> RangeStats {
-        let mut largest = (self.capacity - self.top) * self.unit;
-        for (_, n) in self.nodes.iter() {
-            if n.free {
-                largest = largest.max(n.len * self.unit);
+        let mut largest = self.capacity - self.top;
+        for n in &self.nodes {
+            if n.is_free() {
+                largest = largest.max(n.len);
             }
         }
         RangeStats {
-            capacity: self.capacity * self.unit,
-            free_bytes: (self.binned_units + self.capacity - self.top) * self.unit,
-            largest_free: largest,
+            capacity: self.capacity(),
+            free_bytes: (self.binned_units + self.capacity - self.top) << self.unit_shift,
+            largest_free: largest << self.unit_shift,
             free_fragments: self.free_nodes + u64::from(self.top < self.capacity),
             high_water: self.high_water(),
-            top: self.top * self.unit,
+            top: self.top << self.unit_shift,
         }
     }
 
@@ -186,10 +246,10 @@ impl TlsfRange {
             if n.start != cursor || n.len == 0 || n.prev_phys != prev {
                 return fail(format!("node {idx} breaks the tiling at unit {cursor}"));
             }
-            if n.free {
+            if n.is_free() {
                 binned += n.len;
                 free_nodes += 1;
-                if prev != NIL && self.nodes[prev as usize].free {
+                if prev != NIL && self.nodes[prev as usize].is_free() {
                     return fail(format!("free nodes {prev} and {idx} are adjacent"));
                 }
                 let (fl, sl) = mapping_insert(n.len);
@@ -201,17 +261,32 @@ impl TlsfRange {
             prev = idx;
             idx = n.next_phys;
             seen += 1;
+            if seen > self.nodes.len() {
+                return fail("the address-order list has a cycle".into());
+            }
         }
         if cursor != self.top || prev != self.last {
             return fail(format!("tiling ends at {cursor}, top is {}", self.top));
         }
-        if self.last != NIL && self.nodes[self.last as usize].free {
+        if self.last != NIL && self.nodes[self.last as usize].is_free() {
             return fail("a free node touches the wilderness".into());
         }
-        if seen != self.nodes.len() {
+        let mut vacant = 0usize;
+        let mut v = self.vacant;
+        while v != NIL {
+            match self.nodes.get(v as usize) {
+                Some(n) if n.len == 0 && n.tag == 0 && vacant < self.nodes.len() => {
+                    v = n.next_phys;
+                    vacant += 1;
+                }
+                _ => return fail(format!("vacant chain holds a live or dangling slot {v}")),
+            }
+        }
+        if vacant != self.vacant_count || seen + vacant != self.nodes.len() {
             return fail(format!(
-                "{} nodes allocated, {seen} reachable",
-                self.nodes.len()
+                "{} slots, {seen} reachable, {vacant} vacant (counted {})",
+                self.nodes.len(),
+                self.vacant_count
             ));
         }
         if binned != self.binned_units || free_nodes != self.free_nodes {
@@ -230,7 +305,11 @@ impl TlsfRange {
                 let mut i = head;
                 while i != NIL {
                     let n = &self.nodes[i as usize];
-                    if !n.free || n.prev_free != p || mapping_insert(n.len) != (fl, sl) {
+                    if !n.is_free()
+                        || n.len == 0
+                        || n.prev_free != p
+                        || mapping_insert(n.len) != (fl, sl)
+                    {
                         return fail(format!("bin ({fl},{sl}) holds a wrong node {i}"));
                     }
                     p = i;
@@ -251,48 +330,80 @@ impl TlsfRange {
 
     /// Used bytes, padding gaps included.
     pub fn used_bytes(&self) -> u64 {
-        (self.top - self.binned_units) * self.unit
+        (self.top - self.binned_units) << self.unit_shift
     }
 
     fn first_node(&self) -> u32 {
         let mut i = self.last;
-        while i != NIL && self.nodes[i as usize].prev_phys != NIL {
+        let mut steps = 0;
+        while i != NIL && self.nodes[i as usize].prev_phys != NIL && steps <= self.nodes.len() {
             i = self.nodes[i as usize].prev_phys;
+            steps += 1;
         }
         i
     }
 
     fn bin_contains(&self, fl: usize, sl: usize, idx: u32) -> bool {
         let mut i = self.heads[fl][sl];
-        while i != NIL {
+        let mut steps = 0;
+        while i != NIL && steps <= self.nodes.len() {
             if i == idx {
                 return true;
             }
             i = self.nodes[i as usize].next_free;
+            steps += 1;
         }
         false
     }
 
-    /// Offset within `n` where an aligned allocation of `len` would start, if it fits.
+    /// A slot for `node`: the first vacant one, else a new one.
     #[inline]
-    fn fit(n: &Node, len: u64, align_units: u64) -> Option<u64> {
-        let start = n.start.next_multiple_of(align_units);
-        (start + len <= n.start + n.len).then_some(start)
+    fn new_node(&mut self, node: Node) -> u32 {
+        if self.vacant != NIL {
+            let idx = self.vacant;
+            self.vacant = self.nodes[idx as usize].next_phys;
+            self.vacant_count -= 1;
+            self.nodes[idx as usize] = node;
+            idx
+        } else {
+            let idx = self.nodes.len() as u32;
+            // Four billion nodes would take 160 GB of metadata: memory runs out first.
+            debug_assert!(idx != NIL);
+            self.nodes.push(node);
+            idx
+        }
     }
 
-    fn find_free(&mut self, len: u64, slack: u64, align_units: u64) -> Option<u32> {
+    /// Puts slot `idx` on the vacant chain.
+    #[inline]
+    fn drop_node(&mut self, idx: u32) {
+        let n = &mut self.nodes[idx as usize];
+        n.len = 0;
+        n.tag = 0;
+        n.next_phys = self.vacant;
+        self.vacant = idx;
+        self.vacant_count += 1;
+    }
+
+    /// A free node to carve `len` aligned units from, if a bin has one.
+    #[inline]
+    fn find_free(&self, len: u64, align_units: u64) -> Option<u32> {
         // A few blocks of the request's own bin may fit: the lowest-addressed of them wins.
         let (fl, sl) = mapping_insert(len);
-        let mut best = self.lowest_fitting(self.heads[fl][sl], len, align_units);
-        if best.is_some() {
-            return best;
+        let head = self.heads[fl][sl];
+        if head != NIL {
+            let best = self.lowest_fitting(head, len, align_units);
+            if best.is_some() {
+                return best;
+            }
         }
-        // Then the smallest bin that surely fits, again preferring low addresses.
-        let (mut fl, sl) = mapping_search(len + slack);
+        // Then the smallest bin that surely fits (worst-case slack to reach an aligned
+        // start included), again preferring low addresses.
+        let (mut fl, sl) = mapping_search(len + (align_units - 1));
         if fl >= FL_COUNT {
             return None;
         }
-        let mut sl_map = self.sl_bitmap[fl] & (!0u32).checked_shl(sl as u32).unwrap_or(0);
+        let mut sl_map = self.sl_bitmap[fl] & (!0u32 << sl);
         if sl_map == 0 {
             let fl_map = self.fl_bitmap & (!0u64).checked_shl(fl as u32 + 1).unwrap_or(0);
             if fl_map == 0 {
@@ -302,7 +413,7 @@ impl TlsfRange {
             sl_map = self.sl_bitmap[fl];
         }
         let sl = sl_map.trailing_zeros() as usize;
-        best = self.lowest_fitting(self.heads[fl][sl], len, align_units);
+        let best = self.lowest_fitting(self.heads[fl][sl], len, align_units);
         debug_assert!(best.is_some(), "a block of a searched bin always fits");
         best
     }
@@ -310,89 +421,99 @@ impl TlsfRange {
     /// The lowest-addressed block that fits among the first few of a bin's list.
     #[inline]
     fn lowest_fitting(&self, head: u32, len: u64, align_units: u64) -> Option<u32> {
-        let mut best: Option<(u64, u32)> = None;
+        let mut best = NIL;
+        let mut best_start = u64::MAX;
         let mut i = head;
         let mut probes = 0;
-        while i != NIL && probes < EXACT_BIN_PROBES {
+        while i != NIL && probes < BIN_PROBES {
             let n = &self.nodes[i as usize];
-            if Self::fit(n, len, align_units).is_some() && best.is_none_or(|(s, _)| n.start < s) {
-                best = Some((n.start, i));
+            let start = align_units_up(n.start, align_units);
+            if start + len <= n.start + n.len && n.start < best_start {
+                best = i;
+                best_start = n.start;
             }
             i = n.next_free;
             probes += 1;
         }
-        best.map(|(_, i)| i)
+        (best != NIL).then_some(best)
     }
 
-    /// Extends `[0, top)` with a free node big enough for an aligned `len`, if capacity allows.
-    fn grow(&mut self, len: u64, align_units: u64) -> Option<u32> {
-        let start = self.top.next_multiple_of(align_units);
-        let end = start.checked_add(len)?;
-        if end > self.capacity {
-            return None;
-        }
-        let node = self.nodes.insert(Node {
-            start: self.top,
-            len: end - self.top,
-            prev_phys: self.last,
-            next_phys: NIL,
-            prev_free: NIL,
-            next_free: NIL,
-            free: false,
-            tag: 0,
-        }) as u32;
-        if self.last != NIL {
-            self.nodes[self.last as usize].next_phys = node;
-        }
-        self.last = node;
-        self.top = end;
-        self.high_water = self.high_water.max(end);
-        // Hand it to carve as if it were binned.
-        self.nodes[node as usize].free = true;
-        self.link(node);
-        Some(node)
-    }
-
-    /// Takes `len` aligned units out of free node `idx`; returns the used node.
-    fn carve(&mut self, idx: u32, len: u64, align_units: u64, tag: u64) -> u32 {
+    /// Takes `len` aligned units out of free node `idx`; returns the used node and its start.
+    #[inline]
+    fn carve(&mut self, idx: u32, len: u64, align_units: u64, tag: u32) -> (u32, u64) {
         self.unlink(idx);
-        let n = &self.nodes[idx as usize];
-        let start = Self::fit(n, len, align_units).expect("find_free returned a fitting block");
-        let (n_start, n_end) = (n.start, n.start + n.len);
+        let n = self.nodes[idx as usize];
+        let start = align_units_up(n.start, align_units);
+        let n_end = n.start + n.len;
+        debug_assert!(start + len <= n_end, "find_free returned a fitting block");
         let mut used = idx;
-        if start > n_start {
+        if start > n.start {
             // Leading alignment gap stays free in `idx`; the allocation gets a new node.
-            self.nodes[idx as usize].len = start - n_start;
+            self.nodes[idx as usize].len = start - n.start;
             used = self.split_after(idx, start, n_end - start);
-            self.nodes[idx as usize].free = true;
             self.link(idx);
         }
         let end = start + len;
         if end < n_end {
             self.nodes[used as usize].len = len;
             let rest = self.split_after(used, end, n_end - end);
-            self.nodes[rest as usize].free = true;
             self.link(rest);
         }
-        let u = &mut self.nodes[used as usize];
-        u.free = false;
-        u.tag = tag;
-        used
+        self.nodes[used as usize].tag = tag;
+        (used, start)
     }
 
-    /// Inserts a node `[start, start+len)` right after `idx` in address order.
+    /// Extends `[0, top)` with a used node for an aligned `len` (and a free node for the
+    /// alignment gap, if any), if capacity allows.
+    #[inline]
+    fn carve_wilderness(&mut self, len: u64, align_units: u64, tag: u32) -> Option<(u32, u64)> {
+        let start = align_units_up(self.top, align_units);
+        let end = start.checked_add(len)?;
+        if end > self.capacity {
+            return None;
+        }
+        if start > self.top {
+            let gap = self.push_top(self.top, start - self.top, 0);
+            self.link(gap);
+        }
+        let used = self.push_top(start, len, tag);
+        self.top = end;
+        self.high_water = self.high_water.max(end);
+        Some((used, start))
+    }
+
+    /// Appends a node `[start, start + len)` after the last one.
+    #[inline]
+    fn push_top(&mut self, start: u64, len: u64, tag: u32) -> u32 {
+        let node = self.new_node(Node {
+            start,
+            len,
+            prev_phys: self.last,
+            next_phys: NIL,
+            prev_free: NIL,
+            next_free: NIL,
+            tag,
+        });
+        if self.last != NIL {
+            self.nodes[self.last as usize].next_phys = node;
+        }
+        self.last = node;
+        node
+    }
+
+    /// Inserts a free node `[start, start+len)` right after `idx` in address order.
+    #[inline]
     fn split_after(&mut self, idx: u32, start: u64, len: u64) -> u32 {
         let next = self.nodes[idx as usize].next_phys;
-        let new = self.nodes.insert(Node {
+        let new = self.new_node(Node {
             start,
             len,
             prev_phys: idx,
             next_phys: next,
             prev_free: NIL,
             next_free: NIL,
-            free: false,
             tag: 0,
-        }) as u32;
+        });
         self.nodes[idx as usize].next_phys = new;
         if next != NIL {
             self.nodes[next as usize].prev_phys = new;
@@ -402,39 +523,43 @@ impl TlsfRange {
         new
     }
 
-    fn release(&mut self, mut idx: u32) {
-        self.nodes[idx as usize].free = true;
-        self.nodes[idx as usize].tag = 0;
+    #[inline]
+    fn release(&mut self, idx: u32) {
+        let n = &mut self.nodes[idx as usize];
+        n.tag = 0;
+        let (prev, next) = (n.prev_phys, n.next_phys);
         // Merge with the free neighbour above.
-        let next = self.nodes[idx as usize].next_phys;
-        if next != NIL && self.nodes[next as usize].free {
+        if next != NIL && self.nodes[next as usize].is_free() {
             self.unlink(next);
             self.absorb_next(idx);
         }
         // Merge into the free neighbour below.
-        let prev = self.nodes[idx as usize].prev_phys;
-        if prev != NIL && self.nodes[prev as usize].free {
+        let mut idx = idx;
+        if prev != NIL && self.nodes[prev as usize].is_free() {
             self.unlink(prev);
             self.absorb_next(prev);
             idx = prev;
         }
-        if self.nodes[idx as usize].next_phys == NIL {
+        let n = &self.nodes[idx as usize];
+        if n.next_phys == NIL {
             // Touches the wilderness: fold it back in.
-            let n = self.nodes.remove(idx as usize);
             self.top = n.start;
             self.last = n.prev_phys;
             if self.last != NIL {
                 self.nodes[self.last as usize].next_phys = NIL;
             }
+            self.drop_node(idx);
         } else {
             self.link(idx);
         }
     }
 
     /// Node `idx` swallows its physical successor.
+    #[inline]
     fn absorb_next(&mut self, idx: u32) {
         let next = self.nodes[idx as usize].next_phys;
-        let gone = self.nodes.remove(next as usize);
+        let gone = self.nodes[next as usize];
+        self.drop_node(next);
         let n = &mut self.nodes[idx as usize];
         n.len += gone.len;
         n.next_phys = gone.next_phys;
@@ -445,6 +570,7 @@ impl TlsfRange {
         }
     }
 
+    #[inline]
     fn link(&mut self, idx: u32) {
         let len = self.nodes[idx as usize].len;
         let (fl, sl) = mapping_insert(len);
@@ -464,6 +590,7 @@ impl TlsfRange {
         self.free_nodes += 1;
     }
 
+    #[inline]
     fn unlink(&mut self, idx: u32) {
         let n = &self.nodes[idx as usize];
         let (prev, next, len) = (n.prev_free, n.next_free, n.len);
@@ -490,6 +617,14 @@ impl TlsfRange {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    /// `alloc` with a fresh tag, returned with the offset and key.
+    fn alloc(t: &mut TlsfRange, size: u64, align: u64) -> Option<(u64, u32, u32)> {
+        static NEXT: AtomicU32 = AtomicU32::new(1);
+        let tag = NEXT.fetch_add(1, Ordering::Relaxed);
+        t.alloc(size, align, tag).map(|(o, k)| (o, k, tag))
+    }
 
     #[test]
     fn mapping_is_monotone_and_search_rounds_up() {
@@ -513,15 +648,15 @@ mod tests {
     #[test]
     fn allocates_low_and_merges_back() {
         let mut t = TlsfRange::new(1 << 20, 64).unwrap();
-        let (a, ka, ta) = t.alloc(128, 64).unwrap();
-        let (b, kb, tb) = t.alloc(64, 64).unwrap();
-        let (c, kc, tc) = t.alloc(4096, 64).unwrap();
+        let (a, ka, ta) = alloc(&mut t, 128, 64).unwrap();
+        let (b, kb, tb) = alloc(&mut t, 64, 64).unwrap();
+        let (c, kc, tc) = alloc(&mut t, 4096, 64).unwrap();
         assert_eq!((a, b, c), (0, 128, 192));
         t.validate().unwrap();
         t.free(kb, b, tb).unwrap();
         t.validate().unwrap();
         // The hole is reused before the wilderness.
-        let (d, kd, td) = t.alloc(64, 64).unwrap();
+        let (d, kd, td) = alloc(&mut t, 64, 64).unwrap();
         assert_eq!(d, 128);
         t.free(ka, a, ta).unwrap();
         t.free(kd, d, td).unwrap();
@@ -534,13 +669,41 @@ mod tests {
     #[test]
     fn honours_alignment_and_capacity() {
         let mut t = TlsfRange::new(1 << 16, 64).unwrap();
-        let (_, _, _) = t.alloc(64, 64).unwrap();
-        let (b, kb, tb) = t.alloc(256, 4096).unwrap();
+        let (_, _, _) = alloc(&mut t, 64, 64).unwrap();
+        let (b, kb, tb) = alloc(&mut t, 256, 4096).unwrap();
         assert_eq!(b % 4096, 0);
         t.validate().unwrap();
-        assert!(t.alloc(1 << 16, 64).is_none());
+        assert!(alloc(&mut t, 1 << 16, 64).is_none());
         t.free(kb, b, tb).unwrap();
         assert!(t.free(kb, b, tb).is_err());
+        t.validate().unwrap();
+    }
+
+    #[test]
+    fn grow_extends_the_wilderness_and_shrink_cuts_it() {
+        let mut t = TlsfRange::new(4096, 64).unwrap();
+        let (a, ka, ta) = alloc(&mut t, 2048, 64).unwrap();
+        let (b, kb, tb) = alloc(&mut t, 1024, 64).unwrap();
+        t.free(kb, b, tb).unwrap();
+        // The freed node folded into the wilderness: the tail is all of [2048, 4096).
+        assert_eq!(t.free_tail(), 2048);
+        assert!(alloc(&mut t, 4096, 64).is_none());
+        assert!(t.grow(0).is_err() && t.grow(100).is_err() && t.grow(u64::MAX - 63).is_err());
+        t.grow(4096).unwrap();
+        assert_eq!(t.capacity(), 8192);
+        let (c, kc, tc) = alloc(&mut t, 6144, 64).unwrap();
+        assert_eq!(c, 2048, "the grown space continues the old free tail");
+        t.validate().unwrap();
+        assert_eq!(t.free_tail(), 0);
+        t.free(kc, c, tc).unwrap();
+        t.shrink(4096);
+        assert_eq!((t.capacity(), t.free_tail()), (4096, 2048));
+        t.validate().unwrap();
+        assert!(alloc(&mut t, 4096, 64).is_none());
+        t.free(ka, a, ta).unwrap();
+        t.shrink(4096);
+        assert_eq!(t.capacity(), 0);
+        assert!(alloc(&mut t, 64, 64).is_none());
         t.validate().unwrap();
     }
 }
