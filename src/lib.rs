@@ -14,7 +14,7 @@
 //! - [`pool`]: one pool per memory kind, chunks from a source, statistics, snapshots;
 //! - [`region`]: typed regions and validated copies, the public face;
 //! - [`share`]: device memory published by one process and opened by another, over the
-//!   virtual-memory source ([`source::vmm`]);
+//!   virtual-memory source ([`source::vmm`]); [`mbuf`]: shared buffers on top;
 //! - [`trace`] and [`peers`]: tools — allocation traces, a validating reader, a replay driver,
 //!   and other range allocators behind the same replay trait for comparison;
 //! - [`error`]: the typed errors every layer returns.
@@ -24,6 +24,7 @@ pub mod align;
 pub mod engine;
 pub mod error;
 pub mod kind;
+pub mod mbuf;
 pub mod peers;
 pub mod pool;
 pub mod region;

@@ -12,6 +12,7 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use ascend_pool::mbuf::{Mbuf, MbufKind, SharedMbuf};
 use ascend_pool::share::{Access, ShareDescriptor, SharedMapping};
 use ascend_pool::source::acl::AclSource;
 use ascend_pool::source::sim::{SimConfig, SimSource};
@@ -269,6 +270,28 @@ fn memory_outlives_the_exporting_process_until_the_importer_frees_it() {
     ));
 }
 
+#[test]
+fn a_secondary_process_reads_a_buffer_the_primary_authorised() {
+    let _g = serial();
+    let (_sim, vmm, pool) = exporter();
+    let pool = Arc::new(pool);
+    let buf = Mbuf::alloc(&pool, 64 << 10, MbufKind::Normal).unwrap();
+    buf.write(0, b"decoded frame 42").unwrap();
+    buf.set_data_len(16).unwrap();
+    buf.set_user_data(b"stream=3", 8).unwrap();
+    let mut secondary = Peer::spawn("mbuf-reader", &[]);
+    let tgid: i32 = secondary
+        .line()
+        .strip_prefix("tgid ")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let desc = buf.publish(&vmm, &Access::Processes(vec![tgid])).unwrap();
+    secondary.send(&desc.to_json());
+    assert_eq!(secondary.line(), "mbuf 65536 16 stream=3 decoded frame 42");
+    secondary.finish();
+}
+
 /// The other process. Does nothing in a normal test run.
 #[test]
 fn child_process() {
@@ -335,6 +358,24 @@ fn child_process() {
             let ok = data.iter().enumerate().all(|(i, &b)| b == pattern(i));
             println!("@@read {}", if ok { "ok" } else { "bad" });
             mapping.close().unwrap();
+        }
+        "mbuf-reader" => {
+            let sim = sim();
+            println!("@@tgid {}", sim.bare_tgid().unwrap());
+            let desc = ShareDescriptor::from_json(&next_line()).unwrap();
+            let buf = SharedMbuf::open(Arc::clone(&sim), 0, &desc).unwrap();
+            let len = buf.data_len().unwrap();
+            let mut user = [0u8; 8];
+            buf.user_data(&mut user, 8).unwrap();
+            let mut data = vec![0u8; len as usize];
+            buf.read(0, &mut data).unwrap();
+            println!(
+                "@@mbuf {} {len} {} {}",
+                buf.size(),
+                String::from_utf8_lossy(&user),
+                String::from_utf8_lossy(&data)
+            );
+            buf.close().unwrap();
         }
         "exporter" => {
             let peer: i32 = std::env::var(PEER).unwrap().parse().unwrap();

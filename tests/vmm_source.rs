@@ -484,3 +484,56 @@ fn a_pool_over_the_vmm_source_maps_its_device_chunks() {
     assert_eq!(used(&sim), 0);
     assert_eq!(memory_objects(), objects);
 }
+
+#[test]
+fn the_pool_grows_a_chunk_in_place_and_trims_its_tail() {
+    let _g = serial();
+    let (sim, vmm) = vmm(256 * MIB);
+    let vmm = Arc::new(vmm);
+    let mut config = PoolConfig::default().with_chunk_size(4 * MIB);
+    config.large_threshold = 64 * MIB;
+    let pool = Pool::new(vmm.clone(), config).unwrap();
+    let mut regions = Vec::new();
+    for i in 0..5u8 {
+        let mut r = pool.alloc_device(3 * MIB).unwrap();
+        pool.copy_from_host(&mut r, 0, &[i; 64]).unwrap();
+        regions.push(r);
+    }
+    let st = pool.stats(MemKind::DEVICE);
+    // One chunk, grown where it is: the regions follow each other in one address range.
+    assert_eq!(st.chunks, 1, "{st:?}");
+    assert!(st.reserved_bytes >= 15 * MIB);
+    let (base, _) = vmm.reservation();
+    for r in &regions {
+        assert!(
+            r.addr() >= base && r.addr() + 3 * MIB as usize <= base + st.reserved_bytes as usize
+        );
+    }
+    // A request larger than what any fresh chunk would be served the same way.
+    let big = pool.alloc_device(20 * MIB).unwrap();
+    assert_eq!(pool.stats(MemKind::DEVICE).chunks, 1);
+    drop(big);
+    let before = pool.stats(MemKind::DEVICE).reserved_bytes;
+    let used_before = used(&sim);
+    // The tail is free again: trim unmaps it, keeps the chunk and the regions in it.
+    regions.truncate(2);
+    let released = pool.trim();
+    let st = pool.stats(MemKind::DEVICE);
+    assert_eq!(st.chunks, 1);
+    assert!(
+        released > 0 && st.reserved_bytes == before - released,
+        "{released} {st:?}"
+    );
+    assert!(used(&sim) < used_before);
+    for (i, r) in regions.iter().enumerate() {
+        let mut b = [0u8; 64];
+        pool.copy_to_host(r, 0, &mut b).unwrap();
+        assert_eq!(b, [i as u8; 64]);
+    }
+    pool.validate().unwrap();
+    vmm.validate().unwrap();
+    // And it grows again after the trim.
+    regions.push(pool.alloc_device(10 * MIB).unwrap());
+    assert_eq!(pool.stats(MemKind::DEVICE).chunks, 1);
+    pool.validate().unwrap();
+}

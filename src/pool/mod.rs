@@ -313,6 +313,7 @@ impl Pool {
             let mut k = lock(m);
             self.inner.reclaim(&mut k, false);
             released += self.inner.trim_kind(&mut k, 0);
+            released += self.inner.shrink_tails(&mut k);
         }
         released
     }
@@ -617,6 +618,17 @@ impl PoolInner {
                 });
                 continue;
             }
+            // A source that can grow a block in place (virtual memory) extends a chunk first.
+            let step = crate::align::align_up(footprint, granule).map_or(size, |f| f.max(size));
+            match self.grow_in_place(k, len, rule, step, dedicated) {
+                Ok(Some(x)) => return Ok(x),
+                Ok(None) => {}
+                Err(Error::Runtime { code, .. }) if code.is_out_of_memory() => {
+                    last_err = Some(code.into_oom(k, len));
+                    continue;
+                }
+                Err(e) => return Err(e),
+            }
             match self.new_chunk(k, size, rule.align(), dedicated) {
                 Ok(id) => {
                     let a = k.chunks[id]
@@ -689,6 +701,83 @@ impl PoolInner {
         k.stats.reserved_bytes += block.size;
         k.stats.peak_reserved_bytes = k.stats.peak_reserved_bytes.max(k.stats.reserved_bytes);
         Ok(id)
+    }
+
+    /// Grows a shared chunk in place by `additional` bytes, when the source can, and carves
+    /// from it. `Ok(None)` when no chunk could grow or none then fits the request.
+    fn grow_in_place(
+        &self,
+        k: &mut KindPool,
+        len: u64,
+        rule: CarveRule,
+        additional: u64,
+        dedicated: bool,
+    ) -> Result<Option<(usize, Allocation)>> {
+        if dedicated {
+            return Ok(None);
+        }
+        let hint = k.hint;
+        let mut ids: Vec<usize> = k
+            .chunks
+            .iter()
+            .filter(|(id, c)| *id != hint && !c.dedicated && c.base % rule.align() as usize == 0)
+            .map(|(id, _)| id)
+            .collect();
+        if k.chunks
+            .get(hint)
+            .is_some_and(|c| !c.dedicated && c.base % rule.align() as usize == 0)
+        {
+            ids.insert(0, hint);
+        }
+        for id in ids {
+            let old = k.chunks[id].block;
+            let Some(block) = self.source.extend_block(old, additional)? else {
+                continue;
+            };
+            k.stats.source_alloc_calls += 1;
+            let c = &mut k.chunks[id];
+            let usable = (block.size - (c.base - block.addr) as u64) / 64 * 64;
+            let grown = usable.saturating_sub(c.engine.capacity());
+            if let Err(e) = c.engine.grow(grown) {
+                // Give the memory back rather than hold bytes no engine carves.
+                let _ = self.source.shrink_block(block, old.size);
+                return Err(Error::Invalid(e.to_string()));
+            }
+            c.block = block;
+            k.stats.reserved_bytes += block.size - old.size;
+            k.stats.peak_reserved_bytes = k.stats.peak_reserved_bytes.max(k.stats.reserved_bytes);
+            if let Ok(a) = k.chunks[id].engine.alloc(len, rule) {
+                k.hint = id;
+                return Ok(Some((id, a)));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Gives back the free tail of every chunk, in whole granules, where the source can
+    /// shrink a block in place. Returns the bytes released.
+    fn shrink_tails(&self, k: &mut KindPool) -> u64 {
+        let mut released = 0;
+        for (_, c) in k.chunks.iter_mut() {
+            let removed = c.engine.shrink_free_tail(config::CHUNK_GRANULE);
+            if removed == 0 {
+                continue;
+            }
+            let old = c.block;
+            let kept = match self.source.shrink_block(old, old.size - removed) {
+                Ok(b) if b.addr == old.addr && b.size <= old.size => b,
+                _ => old,
+            };
+            // Whatever the source kept goes back to the engine.
+            let keep = removed - (old.size - kept.size).min(removed);
+            if keep > 0 && c.engine.grow(keep).is_err() {
+                eprintln!("ascend-pool: a chunk could not take back {keep} bytes");
+            }
+            c.block = kept;
+            k.stats.reserved_bytes -= old.size - kept.size;
+            released += old.size - kept.size;
+        }
+        released
     }
 
     /// Gives empty chunks back until at most `keep` bytes of empty chunks remain.

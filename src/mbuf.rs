@@ -1,0 +1,284 @@
+//! Shared buffers (mbuf) carved from a pool, in the manner of `acltdtAllocBuf`.
+//!
+//! An [`Mbuf`] is one region of device memory (128-aligned, fit to feed a model) or DVPP
+//! memory holding a 128-byte header and then the data. The header lives in device memory
+//! itself, so a secondary process that opens the buffer sees what the primary set:
+//!
+//! | bytes | content |
+//! |---|---|
+//! | 0..8 | magic `APMBUF01` |
+//! | 8..16 | data size (little-endian `u64`) |
+//! | 16..24 | valid data length (`acltdtSetBufDataLen`) |
+//! | 24..28 | kind: 0 normal, 1 DVPP |
+//! | 32..128 | user data, 96 bytes (`acltdtSetBufUserData`) |
+//!
+//! Cloning an [`Mbuf`] is `acltdtCopyBufRef`: another handle on the same data; the region goes
+//! back to the pool when the last handle is dropped (`acltdtFreeBuf`). A primary process
+//! authorises secondaries with [`Mbuf::publish`] (the pool must run over a
+//! [`VmmSource`]); they open it read-only with [`SharedMbuf::open`]. DVPP memory cannot be
+//! shared between processes, so publishing a DVPP buffer is refused.
+//!
+//! ```
+//! use ascend_pool::mbuf::{Mbuf, MbufKind};
+//! use ascend_pool::{Pool, PoolConfig, SimSource};
+//! use std::sync::Arc;
+//!
+//! let pool = Arc::new(Pool::new(Arc::new(SimSource::default()), PoolConfig::default())?);
+//! let buf = Mbuf::alloc(&pool, 1024, MbufKind::Normal)?;
+//! buf.write(0, b"tensor bytes")?;
+//! buf.set_data_len(12)?;
+//! buf.set_user_data(b"seq=7", 0)?;
+//! let copy = buf.clone(); // acltdtCopyBufRef
+//! drop(buf);
+//! assert_eq!(copy.data_len()?, 12);
+//! let mut tag = [0u8; 5];
+//! copy.user_data(&mut tag, 0)?;
+//! assert_eq!(&tag, b"seq=7");
+//! # Ok::<(), ascend_pool::Error>(())
+//! ```
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::error::{Error, Result};
+use crate::pool::Pool;
+use crate::region::{Align128, DeviceRegion, DvppRegion, Region};
+use crate::share::{Access, ShareDescriptor, SharedMapping};
+use crate::source::vmm::{VmmRuntime, VmmSource};
+use crate::source::DeviceId;
+
+/// Bytes of user data a buffer carries.
+pub const USER_DATA_LEN: usize = 96;
+/// Bytes of header before the data (keeps the data 128-aligned).
+pub const HEADER_LEN: u64 = 128;
+const MAGIC: &[u8; 8] = b"APMBUF01";
+const USER_DATA_AT: u64 = 32;
+
+/// Which memory a buffer is made of (`acltdtAllocBuf`'s type).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MbufKind {
+    /// `ACL_TDT_NORMAL_MEM`: device memory.
+    Normal,
+    /// `ACL_TDT_DVPP_MEM`: DVPP memory (not shareable between processes).
+    Dvpp,
+}
+
+#[derive(Debug)]
+enum MbufRegion {
+    Normal(DeviceRegion<Align128>),
+    Dvpp(DvppRegion),
+}
+
+#[derive(Debug)]
+struct MbufInner {
+    pool: Arc<Pool>,
+    /// Header then `size` bytes of data; locked for each copy (the region API takes `&mut`).
+    region: Mutex<MbufRegion>,
+    kind: MbufKind,
+    size: u64,
+}
+
+/// A shared buffer; clones are references to the same data (see the module docs).
+#[derive(Debug, Clone)]
+pub struct Mbuf {
+    inner: Arc<MbufInner>,
+}
+
+fn out_of_bounds(offset: u64, len: u64, capacity: u64) -> Error {
+    Error::OutOfBounds {
+        offset,
+        len,
+        capacity,
+    }
+}
+
+/// The header bytes `len` bytes at `offset` of the user data cover, if they fit in the 96.
+fn user_range(offset: u64, len: usize) -> Result<u64> {
+    let cap = USER_DATA_LEN as u64;
+    match offset.checked_add(len as u64) {
+        Some(end) if end <= cap && len > 0 => Ok(USER_DATA_AT + offset),
+        _ => Err(out_of_bounds(offset, len as u64, cap)),
+    }
+}
+
+impl Mbuf {
+    /// Allocates a buffer of `size` data bytes of `kind` from `pool` (`acltdtAllocBuf`).
+    pub fn alloc(pool: &Arc<Pool>, size: u64, kind: MbufKind) -> Result<Self> {
+        if size == 0 {
+            return Err(Error::Carve(crate::align::CarveRuleError::ZeroLength));
+        }
+        let total = size.checked_add(HEADER_LEN).ok_or(Error::Carve(
+            crate::align::CarveRuleError::LengthOverflow { len: size },
+        ))?;
+        let region = match kind {
+            MbufKind::Normal => MbufRegion::Normal(pool.alloc_model_input(total)?),
+            MbufKind::Dvpp => MbufRegion::Dvpp(pool.alloc_dvpp(total)?),
+        };
+        let buf = Self {
+            inner: Arc::new(MbufInner {
+                pool: Arc::clone(pool),
+                region: Mutex::new(region),
+                kind,
+                size,
+            }),
+        };
+        let mut header = [0u8; HEADER_LEN as usize];
+        header[..8].copy_from_slice(MAGIC);
+        header[8..16].copy_from_slice(&size.to_le_bytes());
+        header[24..28].copy_from_slice(&u32::from(kind == MbufKind::Dvpp).to_le_bytes());
+        buf.put(0, &header)?;
+        Ok(buf)
+    }
+
+    fn region(&self) -> MutexGuard<'_, MbufRegion> {
+        self.inner.region.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn put(&self, at: u64, data: &[u8]) -> Result<()> {
+        let pool = &self.inner.pool;
+        match &mut *self.region() {
+            MbufRegion::Normal(r) => pool.copy_from_host(r, at, data),
+            MbufRegion::Dvpp(r) => pool.copy_from_host(r, at, data),
+        }
+    }
+
+    fn get(&self, at: u64, out: &mut [u8]) -> Result<()> {
+        let pool = &self.inner.pool;
+        match &*self.region() {
+            MbufRegion::Normal(r) => pool.copy_to_host(r, at, out),
+            MbufRegion::Dvpp(r) => pool.copy_to_host(r, at, out),
+        }
+    }
+
+    fn data_range(&self, offset: u64, len: usize) -> Result<u64> {
+        match offset.checked_add(len as u64) {
+            Some(end) if end <= self.inner.size && len > 0 => Ok(HEADER_LEN + offset),
+            _ => Err(out_of_bounds(offset, len as u64, self.inner.size)),
+        }
+    }
+
+    /// The kind of memory.
+    pub fn kind(&self) -> MbufKind {
+        self.inner.kind
+    }
+
+    /// The data area: device address and size (`acltdtGetBufData`).
+    pub fn data(&self) -> (usize, u64) {
+        let addr = match &*self.region() {
+            MbufRegion::Normal(r) => r.addr(),
+            MbufRegion::Dvpp(r) => r.addr(),
+        };
+        (addr + HEADER_LEN as usize, self.inner.size)
+    }
+
+    /// Copies `data` into the data area at `offset`.
+    pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
+        self.put(self.data_range(offset, data.len())?, data)
+    }
+
+    /// Copies data from `offset` into `out`.
+    pub fn read(&self, offset: u64, out: &mut [u8]) -> Result<()> {
+        self.get(self.data_range(offset, out.len())?, out)
+    }
+
+    /// Sets the valid data length, at most the size (`acltdtSetBufDataLen`).
+    pub fn set_data_len(&self, len: u64) -> Result<()> {
+        if len > self.inner.size {
+            return Err(out_of_bounds(0, len, self.inner.size));
+        }
+        self.put(16, &len.to_le_bytes())
+    }
+
+    /// The valid data length (`acltdtGetBufDataLen`).
+    pub fn data_len(&self) -> Result<u64> {
+        let mut b = [0u8; 8];
+        self.get(16, &mut b)?;
+        Ok(u64::from_le_bytes(b))
+    }
+
+    /// Writes user data at `offset` of the 96 bytes (`acltdtSetBufUserData`).
+    pub fn set_user_data(&self, data: &[u8], offset: u64) -> Result<()> {
+        self.put(user_range(offset, data.len())?, data)
+    }
+
+    /// Reads user data from `offset` of the 96 bytes (`acltdtGetBufUserData`).
+    pub fn user_data(&self, out: &mut [u8], offset: u64) -> Result<()> {
+        self.get(user_range(offset, out.len())?, out)
+    }
+
+    /// Handles on this buffer alive (this one included).
+    pub fn refs(&self) -> usize {
+        Arc::strong_count(&self.inner)
+    }
+
+    /// Authorises other processes to read the buffer: `vmm` must be the source of the pool
+    /// the buffer came from. DVPP buffers are refused ([`Error::WrongKind`]).
+    pub fn publish<R: VmmRuntime + 'static>(
+        &self,
+        vmm: &VmmSource<R>,
+        access: &Access,
+    ) -> Result<ShareDescriptor> {
+        match &*self.region() {
+            MbufRegion::Normal(r) => vmm.publish_region(r, access),
+            MbufRegion::Dvpp(r) => Err(Error::WrongKind {
+                expected: "device memory (DVPP memory cannot be shared between processes)",
+                got: r.kind(),
+            }),
+        }
+    }
+}
+
+/// A buffer another process published, opened read-only.
+#[derive(Debug)]
+pub struct SharedMbuf<R: VmmRuntime> {
+    mapping: SharedMapping<R>,
+    size: u64,
+}
+
+impl<R: VmmRuntime> SharedMbuf<R> {
+    /// Opens what [`Mbuf::publish`] described; refuses memory that is not a buffer.
+    pub fn open(runtime: Arc<R>, device: DeviceId, desc: &ShareDescriptor) -> Result<Self> {
+        let mapping = SharedMapping::open(runtime, device, desc)?;
+        let mut head = [0u8; 16];
+        if mapping.len() < HEADER_LEN {
+            return Err(Error::ForeignHandle);
+        }
+        mapping.read(0, &mut head)?;
+        let size = u64::from_le_bytes(head[8..16].try_into().expect("8 bytes"));
+        if &head[..8] != MAGIC || size.checked_add(HEADER_LEN) != Some(mapping.len()) {
+            return Err(Error::ForeignHandle);
+        }
+        Ok(Self { mapping, size })
+    }
+
+    /// Bytes of data.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// The valid data length the primary set.
+    pub fn data_len(&self) -> Result<u64> {
+        let mut b = [0u8; 8];
+        self.mapping.read(16, &mut b)?;
+        Ok(u64::from_le_bytes(b))
+    }
+
+    /// Reads user data from `offset` of the 96 bytes.
+    pub fn user_data(&self, out: &mut [u8], offset: u64) -> Result<()> {
+        self.mapping.read(user_range(offset, out.len())?, out)
+    }
+
+    /// Reads data from `offset`.
+    pub fn read(&self, offset: u64, out: &mut [u8]) -> Result<()> {
+        match offset.checked_add(out.len() as u64) {
+            Some(end) if end <= self.size && !out.is_empty() => {
+                self.mapping.read(HEADER_LEN + offset, out)
+            }
+            _ => Err(out_of_bounds(offset, out.len() as u64, self.size)),
+        }
+    }
+
+    /// Unmaps the buffer and frees what was imported.
+    pub fn close(self) -> Result<()> {
+        self.mapping.close()
+    }
+}

@@ -1,0 +1,115 @@
+//! Shared buffers carved from a pool: data, valid length, user data, references, and the
+//! bounds every call checks.
+
+use std::sync::Arc;
+
+use ascend_pool::mbuf::{Mbuf, MbufKind, HEADER_LEN};
+use ascend_pool::share::Access;
+use ascend_pool::source::sim::{SimConfig, SimSource};
+use ascend_pool::source::vmm::{VmmConfig, VmmSource};
+use ascend_pool::{Error, MemKind, Pool, PoolConfig};
+
+fn pool() -> Arc<Pool> {
+    let sim = SimSource::new(SimConfig::default().with_device_capacity(256 << 20)).unwrap();
+    Arc::new(Pool::new(Arc::new(sim), PoolConfig::default()).unwrap())
+}
+
+#[test]
+fn buffers_carry_data_length_and_user_data_and_share_them_between_references() {
+    let pool = pool();
+    for (kind, mem) in [
+        (MbufKind::Normal, MemKind::DEVICE),
+        (MbufKind::Dvpp, MemKind::Dvpp),
+    ] {
+        let buf = Mbuf::alloc(&pool, 1920 * 1080, kind).unwrap();
+        let (addr, size) = buf.data();
+        assert_eq!((addr % 128, size), (0, 1920 * 1080));
+        assert_eq!(buf.data_len().unwrap(), 0);
+        buf.write(size - 5, b"frame").unwrap();
+        buf.set_data_len(size).unwrap();
+        buf.set_user_data(&[1; 16], 0).unwrap();
+        buf.set_user_data(&[2; 16], 80).unwrap();
+
+        let copy = buf.clone(); // acltdtCopyBufRef
+        assert_eq!(copy.refs(), 2);
+        drop(buf);
+        assert_eq!(
+            pool.stats(mem).live_regions,
+            1,
+            "a reference keeps the memory"
+        );
+        let mut end = [0u8; 5];
+        copy.read(size - 5, &mut end).unwrap();
+        assert_eq!(&end, b"frame");
+        assert_eq!(copy.data_len().unwrap(), size);
+        let mut user = [0u8; 96];
+        copy.user_data(&mut user, 0).unwrap();
+        assert_eq!(
+            (&user[..16], &user[16..80], &user[80..]),
+            (&[1u8; 16][..], &[0u8; 64][..], &[2u8; 16][..])
+        );
+
+        // Every bound is checked; nothing is written past it.
+        assert!(matches!(
+            copy.set_data_len(size + 1),
+            Err(Error::OutOfBounds { .. })
+        ));
+        assert!(matches!(
+            copy.set_user_data(&[0; 97], 0),
+            Err(Error::OutOfBounds { capacity: 96, .. })
+        ));
+        assert!(matches!(
+            copy.set_user_data(&[0; 8], 89),
+            Err(Error::OutOfBounds { .. })
+        ));
+        assert!(matches!(
+            copy.user_data(&mut [0; 1], 96),
+            Err(Error::OutOfBounds { .. })
+        ));
+        assert!(matches!(
+            copy.write(size - 4, b"frame"),
+            Err(Error::OutOfBounds { .. })
+        ));
+        assert!(matches!(
+            copy.read(u64::MAX, &mut [0; 1]),
+            Err(Error::OutOfBounds { .. })
+        ));
+        assert_eq!(copy.data_len().unwrap(), size);
+        drop(copy);
+        assert_eq!(pool.stats(mem).live_regions, 0);
+    }
+    assert!(matches!(
+        Mbuf::alloc(&pool, 0, MbufKind::Normal),
+        Err(Error::Carve(_))
+    ));
+    assert!(matches!(
+        Mbuf::alloc(&pool, u64::MAX - 64, MbufKind::Normal),
+        Err(Error::Carve(_))
+    ));
+    pool.validate().unwrap();
+}
+
+#[test]
+fn dvpp_buffers_are_not_published_and_foreign_pools_are_refused() {
+    let sim =
+        Arc::new(SimSource::new(SimConfig::default().with_device_capacity(256 << 20)).unwrap());
+    let vmm = Arc::new(VmmSource::new(Arc::clone(&sim), 0, VmmConfig::default()).unwrap());
+    let pool = Arc::new(Pool::new(vmm.clone(), PoolConfig::default()).unwrap());
+    let dvpp = Mbuf::alloc(&pool, 4096, MbufKind::Dvpp).unwrap();
+    assert!(matches!(
+        dvpp.publish(&vmm, &Access::AnyProcess),
+        Err(Error::WrongKind {
+            got: MemKind::Dvpp,
+            ..
+        })
+    ));
+    let normal = Mbuf::alloc(&pool, 4096, MbufKind::Normal).unwrap();
+    let desc = normal.publish(&vmm, &Access::AnyProcess).unwrap();
+    assert_eq!(desc.len, 4096 + HEADER_LEN);
+    // A buffer of another pool is not this source's memory.
+    let other = Mbuf::alloc(&self::pool(), 4096, MbufKind::Normal).unwrap();
+    assert!(matches!(
+        other.publish(&vmm, &Access::AnyProcess),
+        Err(Error::ForeignHandle)
+    ));
+}
