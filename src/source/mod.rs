@@ -100,8 +100,8 @@ pub trait BlockSource: Send + Sync + std::fmt::Debug {
     }
 
     /// Gives back memory past the first `new_size` bytes of `block` where the source can
-    /// (whole granules); returns the block as kept, of `new_size` bytes. The default keeps
-    /// everything and returns `block` unchanged.
+    /// (whole granules) and returns the block as kept: of `new_size` bytes when it shrank,
+    /// unchanged when it cannot (the default). On an error nothing changed.
     fn shrink_block(&self, block: Block, new_size: u64) -> Result<Block> {
         let _ = new_size;
         Ok(block)

@@ -20,6 +20,12 @@
 //!   range, inside a live block of this source (host-side addresses cannot be checked and
 //!   are accepted); `count > dst_max` is refused; an asynchronous device-to-device copy
 //!   needs 64-aligned `src` and `dst` (`ACL_ERROR_RT_ADDR_UNALIGNED`, 107008).
+//! - **Virtual memory** (`vmm.rs`): reservations are real address-space reservations,
+//!   physical memory is a shareable memory object (memfd) charged against the device,
+//!   mappings are made with `MAP_FIXED` over the reservation; see [`SimSource::map_mem`].
+//! - **Sharing between processes** (`share.rs`): shareable handles that other, real
+//!   processes import only when whitelisted; see [`SimSource::export_to_shareable_handle`].
+//! - **Shared buffers** (`mbuf.rs`): `acltdtAllocBuf` and friends; see [`SimSource::alloc_buf`].
 //! - **Observability**: [`SimSource::stats`] counts calls and failures per function and
 //!   live bytes per device and kind; [`SimSource::inject_fault`] makes chosen calls fail.
 //!
