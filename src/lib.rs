@@ -13,8 +13,9 @@
 //! - [`source`]: block sources, the only code that talks to a runtime;
 //! - [`pool`]: one pool per memory kind, chunks from a source, statistics, snapshots;
 //! - [`region`]: typed regions and validated copies, the public face;
-//! - [`trace`] and [`peers`]: tools — allocation traces, a validating reader, a replay driver,
-//!   and other range allocators behind the same replay trait for comparison;
+//! - [`trace`] and [`peers`]: tools — allocation traces, a validating reader, a replay driver
+//!   (the whole pool on the simulator, or one range per kind), and other range allocators
+//!   behind the same replay trait for comparison; [`svg`]: pictures of a pool and a replay;
 //! - [`error`]: the typed errors every layer returns.
 #![warn(missing_docs, missing_debug_implementations, rust_2018_idioms)]
 
@@ -26,6 +27,7 @@ pub mod peers;
 pub mod pool;
 pub mod region;
 pub mod source;
+pub mod svg;
 pub mod trace;
 
 pub use align::CarveRule;

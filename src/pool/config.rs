@@ -23,6 +23,7 @@ pub const CONF_ENV: &str = "ASCEND_POOL_CONF";
 /// | `range` | `tlsf` or `buddy` | `tlsf` |
 /// | `policy` | `huge_first`, `huge_only`, `normal_only`, `huge1g_only` | `huge_first` |
 /// | `device` | device id | `0` |
+/// | `record` | [`record`](Self::record): write every allocation and free to this JSON Lines trace | none |
 ///
 /// Sizes take `k`, `m`, `g` suffixes (powers of 1024).
 ///
@@ -53,6 +54,10 @@ pub struct PoolConfig {
     pub policy: MallocPolicy,
     /// Device the pool allocates on.
     pub device: DeviceId,
+    /// Write every allocation and free to this file as a JSON Lines trace that
+    /// `ascend-pool replay` reads (see [`record`](super::record)). The file is created or
+    /// truncated when the pool is. In `ASCEND_POOL_CONF` the path runs to the next comma.
+    pub record: Option<std::path::PathBuf>,
 }
 
 impl Default for PoolConfig {
@@ -67,6 +72,7 @@ impl Default for PoolConfig {
             engine: EngineConfig::default(),
             policy: MallocPolicy::HugeFirst,
             device: 0,
+            record: None,
         }
     }
 }
@@ -149,6 +155,13 @@ impl PoolConfig {
                         .parse()
                         .map_err(|_| Error::Config(format!("device:{v} is not a device id")))?
                 }
+                "record" => {
+                    let path = v.trim();
+                    if path.is_empty() {
+                        return Err(Error::Config("record needs a file path".into()));
+                    }
+                    c.record = Some(path.into());
+                }
                 other => return Err(Error::Config(format!("unknown key `{other}`"))),
             }
         }
@@ -208,6 +221,11 @@ impl PoolConfig {
         self.device = device;
         self
     }
+    /// Builder: record every allocation and free to a JSON Lines trace at `path`.
+    pub fn with_record(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.record = Some(path.into());
+        self
+    }
     /// Builder: engine settings.
     pub fn with_engine(mut self, engine: EngineConfig) -> Self {
         self.engine = engine;
@@ -223,7 +241,7 @@ mod tests {
     fn parses_every_key() {
         let c = PoolConfig::parse(
             "chunk_size:64m, padding:0, limit:8g, release_threshold:128m, debug:on, \
-             slab_max:2k, range:buddy, policy:huge1g_only, device:3",
+             slab_max:2k, range:buddy, policy:huge1g_only, device:3, record:/tmp/a:b.jsonl",
         )
         .unwrap();
         assert_eq!(c.chunk_size, 64 << 20);
@@ -236,6 +254,10 @@ mod tests {
         assert_eq!(c.engine.range, RangeTier::Buddy);
         assert_eq!(c.policy, MallocPolicy::Huge1gOnly);
         assert_eq!(c.device, 3);
+        assert_eq!(
+            c.record.as_deref(),
+            Some(std::path::Path::new("/tmp/a:b.jsonl"))
+        );
     }
 
     #[test]
@@ -249,6 +271,7 @@ mod tests {
             "chunk_size",
             "limit:99999999999999999999g",
             "range:first_fit",
+            "record:",
         ] {
             assert!(PoolConfig::parse(bad).is_err(), "{bad} was accepted");
         }

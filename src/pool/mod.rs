@@ -9,6 +9,7 @@
 //! that says what was requested, reserved, in use and the largest free range.
 
 pub mod config;
+pub mod record;
 
 pub use config::PoolConfig;
 
@@ -200,6 +201,8 @@ pub(crate) struct PoolInner {
     idle_events: Mutex<Vec<EventHandle>>,
     /// Overruns found when regions were dropped (drop cannot return them).
     corruption: Mutex<Vec<Error>>,
+    /// Trace writer when [`PoolConfig::record`] is set.
+    recorder: Option<record::Recorder>,
 }
 
 /// A handle on a live segment: what a region holds.
@@ -249,6 +252,11 @@ impl Pool {
     /// A pool over `source` with `config`.
     pub fn new(source: Arc<dyn BlockSource>, config: PoolConfig) -> Result<Self> {
         config.validate()?;
+        let recorder = config
+            .record
+            .as_deref()
+            .map(record::Recorder::create)
+            .transpose()?;
         let kinds = MemKind::ALL.map(|k| {
             let kind = match k.policy() {
                 Some(_) => match k {
@@ -274,6 +282,7 @@ impl Pool {
                 kinds,
                 idle_events: Mutex::new(Vec::new()),
                 corruption: Mutex::new(Vec::new()),
+                recorder,
             }),
         })
     }
@@ -346,6 +355,12 @@ impl Pool {
         }
         out.sort_by_key(|s| s.addr);
         out
+    }
+
+    /// Writes out the trace being recorded ([`PoolConfig::record`]); the first write error
+    /// since the pool was created, if any. Without recording, does nothing.
+    pub fn flush_record(&self) -> Result<()> {
+        self.inner.recorder.as_ref().map_or(Ok(()), |r| r.flush())
     }
 
     /// Padding overruns found when regions were dropped; taking them clears the list.
@@ -531,6 +546,10 @@ impl PoolInner {
         s.peak_requested_bytes = s.peak_requested_bytes.max(s.requested_bytes);
         s.live_regions += 1;
         s.allocations += 1;
+        if let Some(r) = &self.recorder {
+            // Under the kind lock, so the free that released this address is written first.
+            r.alloc(kind, addr, len, align);
+        }
         drop(k);
         if self.config.debug {
             // Canary over the rule's padding and the alignment slack after it.
@@ -809,6 +828,9 @@ impl PoolInner {
 
     fn finish_free(&self, k: &mut KindPool, key: usize) {
         let e = k.live.remove(key);
+        if let Some(r) = &self.recorder {
+            r.free(e.addr);
+        }
         let chunk = &mut k.chunks[e.chunk];
         chunk
             .engine
