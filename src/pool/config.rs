@@ -13,11 +13,11 @@ pub const CONF_ENV: &str = "ASCEND_POOL_CONF";
 ///
 /// | key (`ASCEND_POOL_CONF`) | field | default |
 /// |---|---|---|
-/// | `chunk_size` | [`chunk_size`](Self::chunk_size): bytes per block taken from the source | `32m` |
+/// | `chunk_size` | [`chunk_size`](Self::chunk_size): largest ordinary block taken from the source | `128m` |
 /// | `large_threshold` | [`large_threshold`](Self::large_threshold): requests at least this big get a chunk of their own size | `chunk_size / 2` |
 /// | `padding` | [`padding`](Self::padding): carve-rule padding after each segment | `32` |
 /// | `limit` | [`limit`](Self::limit): most bytes one memory kind may reserve (`0` = none) | `0` |
-/// | `release_threshold` | [`release_threshold`](Self::release_threshold): empty chunks beyond this many bytes go back at once | `64m` |
+/// | `release_threshold` | [`release_threshold`](Self::release_threshold): empty chunks beyond this many bytes go back at once | `128m` |
 /// | `debug` | [`debug`](Self::debug): canaries in the padding, checked on free | `0` |
 /// | `slab_max` | largest footprint served by slabs | `1024` |
 /// | `range` | `tlsf` or `buddy` | `tlsf` |
@@ -36,7 +36,9 @@ pub const CONF_ENV: &str = "ASCEND_POOL_CONF";
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PoolConfig {
-    /// Bytes per chunk taken from the block source (a multiple of 2 MiB).
+    /// Largest ordinary chunk taken from the block source (a multiple of 2 MiB). A kind's
+    /// chunks grow from one 2 MiB granule towards it as the kind holds more (about
+    /// `sqrt(8 * 2 MiB * reserved)` each), so kinds that need little hold little.
     pub chunk_size: u64,
     /// Requests whose footprint reaches this get a dedicated chunk of their own size.
     pub large_threshold: u64,
@@ -44,7 +46,8 @@ pub struct PoolConfig {
     pub padding: u64,
     /// Most bytes one memory kind may reserve from the source; 0 means no limit.
     pub limit: u64,
-    /// Bytes of empty chunks a kind keeps cached; beyond this they go back on free.
+    /// Bytes of empty chunks a kind keeps cached; beyond this they go back on free. Below
+    /// `chunk_size`, a chunk that empties may go straight back and be asked for again.
     pub release_threshold: u64,
     /// Fill each segment's padding with a canary and check it on free.
     pub debug: bool,
@@ -63,11 +66,11 @@ pub struct PoolConfig {
 impl Default for PoolConfig {
     fn default() -> Self {
         Self {
-            chunk_size: 32 << 20,
-            large_threshold: 16 << 20,
+            chunk_size: 128 << 20,
+            large_threshold: 64 << 20,
             padding: crate::align::DEFAULT_PADDING,
             limit: 0,
-            release_threshold: 64 << 20,
+            release_threshold: 128 << 20,
             debug: false,
             engine: EngineConfig::default(),
             policy: MallocPolicy::HugeFirst,
@@ -190,7 +193,7 @@ impl PoolConfig {
         Ok(())
     }
 
-    /// Builder: bytes per chunk (a multiple of 2 MiB).
+    /// Builder: largest ordinary chunk (a multiple of 2 MiB); the large threshold follows.
     pub fn with_chunk_size(mut self, bytes: u64) -> Self {
         self.chunk_size = bytes;
         self.large_threshold = bytes / 2;
