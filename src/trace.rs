@@ -472,7 +472,7 @@ fn validate_alloc(
 /// Offsets are relative to the start of the range; the range starts at 0.
 pub trait RangeReplayer {
     /// What the replayer needs back to free an allocation.
-    type Token;
+    type Token: Clone;
 
     /// Carves a segment of `len` bytes under `rule`: `rule.footprint(len)` bytes
     /// starting at an offset aligned to `rule.align()`. `None` when the range is full.
@@ -673,7 +673,7 @@ pub struct SourceCalls {
 }
 
 /// Valid events between two marks of the block-source call count.
-pub const CALL_MARK_EVERY: u64 = 1024;
+pub const CALL_MARK_EVERY: u64 = 64;
 
 /// One point of [`ReplayReport::timeline`]: the largest value of each series over a
 /// run of events (series peak separately, so a point can combine different moments).
@@ -1132,7 +1132,7 @@ impl ReplayerFactory for EngineFactory {
 }
 
 /// A segment the pool carved during a replay: an opaque handle for [`PoolRange::free`].
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct PoolSegment(crate::pool::RawSegment);
 
 /// One replay's pool and the simulator under it.
@@ -1183,9 +1183,9 @@ impl RangeReplayer for PoolRange {
         self.session.pool.stats(self.kind).reserved_bytes
     }
 
-    /// The simulator's count of this kind's allocation function.
+    /// The pool's count ([`validate`](RangeReplayer::validate) checks it against the simulator's).
     fn source_alloc_calls(&self) -> u64 {
-        self.session.sim.stats().alloc_calls(self.kind)
+        self.session.pool.stats(self.kind).source_alloc_calls
     }
 
     /// The pool's count (the simulator shares `aclrtFree` between three kinds).
@@ -1203,8 +1203,8 @@ impl RangeReplayer for PoolRange {
             return Err(format!("{} frees were refused", self.refused_frees));
         }
         self.session.pool.validate().map_err(|e| e.to_string())?;
-        let pool_calls = self.session.pool.stats(self.kind).source_alloc_calls;
-        let sim_calls = self.source_alloc_calls();
+        let pool_calls = self.source_alloc_calls();
+        let sim_calls = self.session.sim.stats().alloc_calls(self.kind);
         if pool_calls != sim_calls {
             return Err(format!(
                 "the pool counted {pool_calls} source allocations, the simulator {sim_calls}"
@@ -1511,6 +1511,62 @@ mod tests {
         // The honest bump replayer passes.
         let r = replay(text.as_bytes(), config, &BumpFactory, |_| {}).unwrap();
         assert!(r.invariant_errors.is_empty());
+    }
+
+    #[test]
+    fn timeline_halves_and_keeps_every_maximum() {
+        let mut t = TimelineRecorder::new();
+        let n = 3 * TIMELINE_MAX_POINTS as u64 + 7;
+        for op in 1..=n {
+            // One spike per series, at different events.
+            let spike = |at: u64| if op == at { 1_000_000 } else { op % 100 };
+            t.record(op, spike(17), spike(4000), spike(n));
+        }
+        assert!(t.points.len() <= TIMELINE_MAX_POINTS);
+        assert_eq!(t.step, 4, "2048 points of 4 events cover 6151 events");
+        assert_eq!(t.points[0].op, 1);
+        assert!(t.points.windows(2).all(|w| w[1].op == w[0].op + t.step));
+        let max = |f: fn(&TimelinePoint) -> u64| t.points.iter().map(f).max().unwrap();
+        assert_eq!(max(|p| p.requested), 1_000_000);
+        assert_eq!(max(|p| p.required), 1_000_000);
+        assert_eq!(max(|p| p.reserved), 1_000_000);
+    }
+
+    #[test]
+    fn timeline_and_snapshot_through_the_pool() {
+        let text = r#"{"op":"alloc","id":1,"size":1,"mem":"host"}
+{"op":"alloc","id":2,"size":3110400,"mem":"dvpp"}
+{"op":"free","id":2}
+{"op":"free","id":1}
+"#;
+        assert_eq!(
+            fullest_op(text.as_bytes(), TraceConfig::default()).unwrap(),
+            Some(2)
+        );
+        let config = TraceConfig {
+            timeline: true,
+            snapshot_at: Some(2),
+            check_placement: true,
+            ..TraceConfig::default()
+        };
+        let f = PoolFactory::new(crate::pool::PoolConfig::default(), DEFAULT_DEVICE_SIZE).unwrap();
+        let r = replay(text.as_bytes(), config, &f, |_| {}).unwrap();
+        assert!(r.invariant_errors.is_empty(), "{:?}", r.invariant_errors);
+        let reserved: Vec<u64> = r.timeline.iter().map(|p| p.reserved).collect();
+        assert_eq!(reserved, [2 << 20, 6 << 20, 6 << 20, 6 << 20]);
+        let required: Vec<u64> = r.timeline.iter().map(|p| p.required).collect();
+        assert_eq!(required, [64, 64 + 3_110_528, 64, 0]);
+        let snap = r.snapshot.expect("the pool has a snapshot");
+        let live: usize = snap
+            .kinds
+            .iter()
+            .flat_map(|k| &k.chunks)
+            .map(|c| c.segments.len())
+            .sum();
+        assert_eq!(live, 2);
+        // Ranges have no snapshot.
+        let r = replay(text.as_bytes(), config, &BumpFactory, |_| {}).unwrap();
+        assert!(r.snapshot.is_none() && r.timeline.len() == 4);
     }
 
     #[test]

@@ -212,8 +212,9 @@ pub(crate) struct PoolInner {
     recorder: Option<record::Recorder>,
 }
 
-/// A handle on a live segment: what a region holds.
-#[derive(Debug)]
+/// A handle on a live segment: what a region holds. Cloneable for the replay driver's
+/// token maps; a second release of a clone is refused as `AlreadyFreed`.
+#[derive(Debug, Clone)]
 pub(crate) struct RawSegment {
     pub(crate) kind: MemKind,
     pub(crate) addr: usize,
