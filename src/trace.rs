@@ -653,9 +653,8 @@ pub struct KindReport {
 
 /// Block-source calls over the replay, and over its warm part.
 ///
-/// The warm part is the second half of the trace: every valid event from
-/// [`warm_from_op`](Self::warm_from_op) on, the first multiple of
-/// [`CALL_MARK_EVERY`] events at or past half the trace.
+/// The warm part is the second half of the trace: every valid event after the first
+/// `ops / 2` ([`warm_from_op`](Self::warm_from_op) on).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct SourceCalls {
     /// Allocation calls over the whole replay (the same as [`ReplayReport::backend_alloc_calls`]).
@@ -671,9 +670,6 @@ pub struct SourceCalls {
     /// `warm_alloc_calls` per 10,000 `warm_allocs` (0 when there were none).
     pub warm_alloc_calls_per_10k_allocs: f64,
 }
-
-/// Valid events between two marks of the block-source call count.
-pub const CALL_MARK_EVERY: u64 = 64;
 
 /// One point of [`ReplayReport::timeline`]: the largest value of each series over a
 /// run of events (series peak separately, so a point can combine different moments).
@@ -834,15 +830,6 @@ pub fn timer_overhead_ns() -> u64 {
 /// The token type of a factory's replayers.
 type TokenOf<F> = <<F as ReplayerFactory>::Replayer as RangeReplayer>::Token;
 
-/// Source allocation calls over every range so far.
-fn alloc_calls<R: RangeReplayer>(ranges: &[Option<R>; KIND_COUNT]) -> u64 {
-    ranges
-        .iter()
-        .flatten()
-        .map(RangeReplayer::source_alloc_calls)
-        .sum()
-}
-
 /// Runs a trace through `factory`'s replayers and measures it.
 ///
 /// `progress` is called now and then with the bytes read so far. Returns an
@@ -867,9 +854,11 @@ pub fn replay<R: BufRead, F: ReplayerFactory>(
     let mut samples: Vec<u32> = Vec::new();
     let mut backend_errors = ErrorCounts::default();
     let mut ops = 0u64;
-    let mut allocs = 0u64;
-    // (events, allocations, source allocation calls) every CALL_MARK_EVERY events.
-    let mut call_marks: Vec<(u64, u64, u64)> = vec![(0, 0, 0)];
+    // Per valid event, whether it was an allocation; and (event, new source allocation
+    // calls) for each event that made some: the warm part is known only at the end.
+    let mut op_is_alloc: Vec<bool> = Vec::new();
+    let mut call_events: Vec<(u64, u64)> = Vec::new();
+    let mut kind_calls = [0u64; KIND_COUNT];
 
     while let Some(item) = reader.next_item() {
         let TraceItem::Op(op) = item? else { continue };
@@ -885,7 +874,7 @@ pub fn replay<R: BufRead, F: ReplayerFactory>(
                 rule,
                 footprint,
             } => {
-                allocs += 1;
+                op_is_alloc.push(true);
                 let slot = &mut ranges[kind.index()];
                 if slot.is_none() {
                     match factory.new_range(kind, config.device_size) {
@@ -915,6 +904,7 @@ pub fn replay<R: BufRead, F: ReplayerFactory>(
                 kind
             }
             TraceOp::Free { id, kind, .. } => {
+                op_is_alloc.push(false);
                 if let Some(Some((offset, token))) = tokens.remove(&id) {
                     if let Some(check) = shadow.as_mut() {
                         check.free(kind, offset);
@@ -943,8 +933,13 @@ pub fn replay<R: BufRead, F: ReplayerFactory>(
         if config.snapshot_at == Some(ops) {
             snapshot = factory.snapshot();
         }
-        if ops % CALL_MARK_EVERY == 0 {
-            call_marks.push((ops, allocs, alloc_calls(&ranges)));
+        let k = kind.index();
+        let calls = ranges[k]
+            .as_ref()
+            .map_or(0, RangeReplayer::source_alloc_calls);
+        if calls != kind_calls[k] {
+            call_events.push((ops, calls.saturating_sub(kind_calls[k])));
+            kind_calls[k] = calls;
         }
     }
     progress(reader.bytes_read());
@@ -988,18 +983,18 @@ pub fn replay<R: BufRead, F: ReplayerFactory>(
             source_free_calls: f,
         });
     }
-    // The warm part starts at the first mark at or past half the trace.
-    let (warm_op, warm_allocs_before, warm_calls_before) = call_marks
+    // The warm part: every event after the first half.
+    let half = ops / 2;
+    let warm_allocs = op_is_alloc[half as usize..].iter().filter(|&&a| a).count() as u64;
+    let warm_alloc_calls = call_events
         .iter()
-        .copied()
-        .find(|&(o, _, _)| o >= ops / 2)
-        .unwrap_or((ops, allocs, alloc_total));
-    let warm_allocs = allocs - warm_allocs_before;
-    let warm_alloc_calls = alloc_total - warm_calls_before;
+        .filter(|&&(op, _)| op > half)
+        .map(|&(_, n)| n)
+        .sum::<u64>();
     let source_calls = SourceCalls {
         alloc: alloc_total,
         free: free_total,
-        warm_from_op: if ops == 0 { 0 } else { warm_op + 1 },
+        warm_from_op: if ops == 0 { 0 } else { half + 1 },
         warm_allocs,
         warm_alloc_calls,
         warm_alloc_calls_per_10k_allocs: ratio(warm_alloc_calls * 10_000, warm_allocs),

@@ -286,6 +286,10 @@ fn default_replay_runs_the_whole_pool_and_counts_its_chunks() {
     assert_eq!(v["peak_reserved_bytes"], 8 << 20);
     assert_eq!(v["source_calls"]["alloc"], 3);
     assert_eq!(v["source_calls"]["free"], 0);
+    // The warm half is events 6..=10: one allocation, served from the device chunk.
+    assert_eq!(v["source_calls"]["warm_from_op"], 6);
+    assert_eq!(v["source_calls"]["warm_allocs"], 1);
+    assert_eq!(v["source_calls"]["warm_alloc_calls"], 0);
     let dvpp = v["per_kind"]
         .as_array()
         .unwrap()
