@@ -15,8 +15,9 @@
 //! - [`region`]: typed regions and validated copies, the public face;
 //! - [`share`]: device memory published by one process and opened by another, over the
 //!   virtual-memory source ([`source::vmm`]); [`mbuf`]: shared buffers on top;
-//! - [`trace`] and [`peers`]: tools — allocation traces, a validating reader, a replay driver,
-//!   and other range allocators behind the same replay trait for comparison;
+//! - [`trace`] and [`peers`]: tools — allocation traces, a validating reader, a replay driver
+//!   (the whole pool on the simulator, or one range per kind), and other range allocators
+//!   behind the same replay trait for comparison; [`svg`]: pictures of a pool and a replay;
 //! - [`error`]: the typed errors every layer returns.
 #![warn(missing_docs, missing_debug_implementations, rust_2018_idioms)]
 
@@ -30,6 +31,7 @@ pub mod pool;
 pub mod region;
 pub mod share;
 pub mod source;
+pub mod svg;
 pub mod trace;
 
 pub use align::CarveRule;

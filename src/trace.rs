@@ -215,6 +215,12 @@ pub struct TraceConfig {
     /// live segments (alignment, no overlap, inside the range, high water at least the
     /// highest end). Outside the timed window, but it slows the replay and pollutes caches.
     pub check_placement: bool,
+    /// [`replay`] only: record [`ReplayReport::timeline`] (live requested, live required and
+    /// reserved bytes over the replay). Untimed; costs one look at the backend per event.
+    pub timeline: bool,
+    /// [`replay`] only: take [`ReplayerFactory::snapshot`] right after this many valid events
+    /// (1-based) into [`ReplayReport::snapshot`]. Untimed.
+    pub snapshot_at: Option<u64>,
 }
 
 impl Default for TraceConfig {
@@ -222,6 +228,8 @@ impl Default for TraceConfig {
         Self {
             device_size: DEFAULT_DEVICE_SIZE,
             check_placement: false,
+            timeline: false,
+            snapshot_at: None,
         }
     }
 }
@@ -464,7 +472,7 @@ fn validate_alloc(
 /// Offsets are relative to the start of the range; the range starts at 0.
 pub trait RangeReplayer {
     /// What the replayer needs back to free an allocation.
-    type Token: Copy;
+    type Token: Clone;
 
     /// Carves a segment of `len` bytes under `rule`: `rule.footprint(len)` bytes
     /// starting at an offset aligned to `rule.align()`. `None` when the range is full.
@@ -476,6 +484,30 @@ pub trait RangeReplayer {
     /// The highest offset any segment ever reached (end of its footprint): the
     /// bytes this range would have had to reserve from its block source.
     fn high_water(&self) -> u64;
+
+    /// Bytes the range holds from its block source now (for the timeline). A range that
+    /// never gives memory back holds its high water.
+    fn reserved_now(&self) -> u64 {
+        self.high_water()
+    }
+
+    /// Calls the range made to allocate from its block source: 1 for a plain range (the
+    /// range itself), chunk growth for the pool.
+    fn source_alloc_calls(&self) -> u64 {
+        1
+    }
+
+    /// Calls the range made to give memory back to its block source.
+    fn source_free_calls(&self) -> u64 {
+        0
+    }
+
+    /// Whether [`alloc`](Self::alloc) returns addresses (spread over many blocks) rather
+    /// than offsets in one range starting at 0: the placement check then checks alignment
+    /// and overlap only, not range bounds or high water.
+    fn offsets_are_addresses(&self) -> bool {
+        false
+    }
 
     /// Checks the replayer's own invariants; run once at the end of a replay, untimed.
     /// Replayers without a check return `Ok`.
@@ -494,6 +526,22 @@ pub trait ReplayerFactory {
 
     /// A range of `capacity` bytes for segments of `kind`.
     fn new_range(&self, kind: MemKind, capacity: u64) -> Result<Self::Replayer, String>;
+
+    /// What the replay measures: `"ranges"` (one range per kind, reserved = high water)
+    /// or `"pool"` (the whole pool on a block source, reserved = bytes held from it).
+    fn mode(&self) -> &'static str {
+        "ranges"
+    }
+
+    /// Called by [`replay`] before its first [`new_range`](Self::new_range): a factory whose
+    /// ranges share state (the pool) starts afresh here, so every replay is independent.
+    fn start_replay(&self) {}
+
+    /// The state of the whole allocator, for [`TraceConfig::snapshot_at`]; `None` when the
+    /// backend has no snapshot.
+    fn snapshot(&self) -> Option<crate::pool::PoolSnapshot> {
+        None
+    }
 }
 
 /// The shadow model behind [`TraceConfig::check_placement`]: live segments per kind.
@@ -518,14 +566,22 @@ impl PlacementCheck {
         }
     }
 
-    fn alloc(&mut self, kind: MemKind, offset: u64, footprint: u64, align: u64, capacity: u64) {
+    /// A placement; `capacity` is `None` when offsets are addresses (no range bounds).
+    fn alloc(
+        &mut self,
+        kind: MemKind,
+        offset: u64,
+        footprint: u64,
+        align: u64,
+        capacity: Option<u64>,
+    ) {
         let k = kind.index();
         let name = kind.trace_name();
         let end = offset.saturating_add(footprint);
         if offset % align != 0 {
             self.report(format!("{name}: offset {offset} is not {align}-aligned"));
         }
-        if end > capacity {
+        if let Some(capacity) = capacity.filter(|&c| end > c) {
             self.report(format!(
                 "{name}: {offset}..{end} passes the capacity {capacity}"
             ));
@@ -550,6 +606,9 @@ impl PlacementCheck {
 
     fn finish<R: RangeReplayer>(mut self, ranges: &[Option<R>; KIND_COUNT]) -> Vec<String> {
         for (k, range) in ranges.iter().enumerate() {
+            if range.as_ref().is_some_and(R::offsets_are_addresses) {
+                continue;
+            }
             let hw = range.as_ref().map_or(0, |r| r.high_water());
             if hw < self.max_end[k] {
                 let name = MemKind::ALL[k].trace_name();
@@ -581,17 +640,119 @@ pub struct KindReport {
     pub peak_requested_bytes: u64,
     /// Peak of live footprint bytes.
     pub peak_required_bytes: u64,
-    /// High water of the kind's range.
+    /// Peak bytes the kind held from its block source (a range's high water, or the pool's
+    /// peak of chunk bytes).
     pub peak_reserved_bytes: u64,
     /// `peak_required / peak_reserved` (0 when nothing was reserved).
     pub utilization: f64,
+    /// Block-source allocation calls for this kind.
+    pub source_alloc_calls: u64,
+    /// Block-source free calls for this kind.
+    pub source_free_calls: u64,
+}
+
+/// Block-source calls over the replay, and over its warm part.
+///
+/// The warm part is the second half of the trace: every valid event after the first
+/// `ops / 2` ([`warm_from_op`](Self::warm_from_op) on).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct SourceCalls {
+    /// Allocation calls over the whole replay (the same as [`ReplayReport::backend_alloc_calls`]).
+    pub alloc: u64,
+    /// Free calls over the whole replay.
+    pub free: u64,
+    /// 1-based number of the first valid event of the warm part (0 for an empty trace).
+    pub warm_from_op: u64,
+    /// Valid allocations in the warm part.
+    pub warm_allocs: u64,
+    /// Allocation calls to the block source in the warm part.
+    pub warm_alloc_calls: u64,
+    /// `warm_alloc_calls` per 10,000 `warm_allocs` (0 when there were none).
+    pub warm_alloc_calls_per_10k_allocs: f64,
+}
+
+/// One point of [`ReplayReport::timeline`]: the largest value of each series over a
+/// run of events (series peak separately, so a point can combine different moments).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct TimelinePoint {
+    /// 1-based number of the first valid event of the run.
+    pub op: u64,
+    /// Live requested bytes, summed over kinds.
+    pub requested: u64,
+    /// Live rule-mandated footprint bytes, summed over kinds.
+    pub required: u64,
+    /// Bytes held from block sources, summed over kinds.
+    pub reserved: u64,
+}
+
+/// Most points a timeline keeps: past it, neighbouring points merge in pairs.
+pub const TIMELINE_MAX_POINTS: usize = 2048;
+
+/// A timeline that halves its resolution whenever it fills up, keeping each run's maxima.
+#[derive(Debug)]
+struct TimelineRecorder {
+    points: Vec<TimelinePoint>,
+    /// Events per point.
+    step: u64,
+}
+
+impl TimelineRecorder {
+    fn new() -> Self {
+        Self {
+            points: Vec::with_capacity(TIMELINE_MAX_POINTS),
+            step: 1,
+        }
+    }
+
+    fn record(&mut self, op: u64, requested: u64, required: u64, reserved: u64) {
+        let start = (op - 1) / self.step * self.step + 1;
+        match self.points.last_mut() {
+            Some(p) if p.op == start => {
+                p.requested = p.requested.max(requested);
+                p.required = p.required.max(required);
+                p.reserved = p.reserved.max(reserved);
+            }
+            _ => {
+                if self.points.len() == TIMELINE_MAX_POINTS {
+                    self.halve();
+                    return self.record(op, requested, required, reserved);
+                }
+                self.points.push(TimelinePoint {
+                    op: start,
+                    requested,
+                    required,
+                    reserved,
+                });
+            }
+        }
+    }
+
+    /// Merges neighbours in pairs: each point then covers twice as many events.
+    fn halve(&mut self) {
+        self.step *= 2;
+        let mut merged: Vec<TimelinePoint> = Vec::with_capacity(TIMELINE_MAX_POINTS);
+        for p in self.points.drain(..) {
+            let start = (p.op - 1) / self.step * self.step + 1;
+            match merged.last_mut() {
+                Some(m) if m.op == start => {
+                    m.requested = m.requested.max(p.requested);
+                    m.required = m.required.max(p.required);
+                    m.reserved = m.reserved.max(p.reserved);
+                }
+                _ => merged.push(TimelinePoint { op: start, ..p }),
+            }
+        }
+        self.points = merged;
+    }
 }
 
 /// Results of replaying one trace through one backend.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, Serialize)]
 pub struct ReplayReport {
     /// The backend's name.
     pub backend: String,
+    /// What was measured: `"pool"` or `"ranges"` ([`ReplayerFactory::mode`]).
+    pub mode: &'static str,
     /// Lines read (blank ones included).
     pub lines: u64,
     /// Valid events replayed (allocations plus frees).
@@ -602,12 +763,17 @@ pub struct ReplayReport {
     pub peak_requested_bytes: u64,
     /// Sum over kinds of the peak footprint bytes of each kind.
     pub peak_required_bytes: u64,
-    /// Sum over kinds of each range's high water.
+    /// Sum over kinds of each kind's peak reserved bytes.
     pub peak_reserved_bytes: u64,
     /// `peak_required_bytes / peak_reserved_bytes`.
     pub utilization: f64,
-    /// Ranges the replayer took from its block source: one per memory kind used.
+    /// Allocation calls to the block source, over every kind: one per range for a plain
+    /// range, chunk growth for the pool.
     pub backend_alloc_calls: u64,
+    /// Free calls to the block source, over every kind.
+    pub backend_free_calls: u64,
+    /// Block-source calls in detail, with the warm part of the trace.
+    pub source_calls: SourceCalls,
     /// Median time of one timed allocator call, ns (includes one clock read).
     pub ns_per_op_p50: u64,
     /// 99th percentile of the same, ns.
@@ -620,6 +786,14 @@ pub struct ReplayReport {
     pub per_kind: Vec<KindReport>,
     /// Failures of [`RangeReplayer::validate`] at the end of the replay (empty when all hold).
     pub invariant_errors: Vec<String>,
+    /// With [`TraceConfig::timeline`]: live requested / required and reserved bytes over the
+    /// replay, at most [`TIMELINE_MAX_POINTS`] points. Not serialised.
+    #[serde(skip)]
+    pub timeline: Vec<TimelinePoint>,
+    /// With [`TraceConfig::snapshot_at`]: the backend's state at that event, if it has one.
+    /// Not serialised.
+    #[serde(skip)]
+    pub snapshot: Option<crate::pool::PoolSnapshot>,
 }
 
 fn ratio(num: u64, den: u64) -> f64 {
@@ -667,15 +841,24 @@ pub fn replay<R: BufRead, F: ReplayerFactory>(
     factory: &F,
     mut progress: impl FnMut(u64),
 ) -> io::Result<ReplayReport> {
+    factory.start_replay();
     let mut reader = TraceReader::new(input, config);
     let mut ranges: [Option<F::Replayer>; KIND_COUNT] = Default::default();
     // A `None` token: the backend refused the allocation (counted once), so its free is skipped.
     let mut tokens: HashMap<u64, Option<(u64, TokenOf<F>)>> = HashMap::new();
     let mut shadow = config.check_placement.then(PlacementCheck::default);
+    let mut timeline = config.timeline.then(TimelineRecorder::new);
+    // Reserved bytes per kind as of the last event of that kind (timeline only).
+    let mut reserved_now = [0u64; KIND_COUNT];
+    let mut snapshot = None;
     let mut samples: Vec<u32> = Vec::new();
     let mut backend_errors = ErrorCounts::default();
     let mut ops = 0u64;
-    let mut backend_alloc_calls = 0u64;
+    // Per valid event, whether it was an allocation; and (event, new source allocation
+    // calls) for each event that made some: the warm part is known only at the end.
+    let mut op_is_alloc: Vec<bool> = Vec::new();
+    let mut call_events: Vec<(u64, u64)> = Vec::new();
+    let mut kind_calls = [0u64; KIND_COUNT];
 
     while let Some(item) = reader.next_item() {
         let TraceItem::Op(op) = item? else { continue };
@@ -683,7 +866,7 @@ pub fn replay<R: BufRead, F: ReplayerFactory>(
         if ops % 8192 == 0 {
             progress(reader.bytes_read());
         }
-        match op {
+        let kind = match op {
             TraceOp::Alloc {
                 id,
                 len,
@@ -691,13 +874,11 @@ pub fn replay<R: BufRead, F: ReplayerFactory>(
                 rule,
                 footprint,
             } => {
+                op_is_alloc.push(true);
                 let slot = &mut ranges[kind.index()];
                 if slot.is_none() {
                     match factory.new_range(kind, config.device_size) {
-                        Ok(r) => {
-                            *slot = Some(r);
-                            backend_alloc_calls += 1;
-                        }
+                        Ok(r) => *slot = Some(r),
                         Err(_) => {
                             backend_errors.add(RejectKind::OutOfMemory);
                             tokens.insert(id, None);
@@ -713,27 +894,52 @@ pub fn replay<R: BufRead, F: ReplayerFactory>(
                 match (got.as_ref(), shadow.as_mut()) {
                     (None, _) => backend_errors.add(RejectKind::OutOfMemory),
                     (Some(&(offset, _)), Some(check)) => {
-                        check.alloc(kind, offset, footprint, rule.align(), config.device_size)
+                        let capacity =
+                            (!range.offsets_are_addresses()).then_some(config.device_size);
+                        check.alloc(kind, offset, footprint, rule.align(), capacity)
                     }
                     (Some(_), None) => {}
                 }
                 tokens.insert(id, got);
+                kind
             }
             TraceOp::Free { id, kind, .. } => {
-                let Some(Some((offset, token))) = tokens.remove(&id) else {
-                    continue;
-                };
-                if let Some(check) = shadow.as_mut() {
-                    check.free(kind, offset);
+                op_is_alloc.push(false);
+                if let Some(Some((offset, token))) = tokens.remove(&id) {
+                    if let Some(check) = shadow.as_mut() {
+                        check.free(kind, offset);
+                    }
+                    if let Some(range) = ranges[kind.index()].as_mut() {
+                        let t = Instant::now();
+                        range.free(token);
+                        let ns = t.elapsed().as_nanos();
+                        samples.push(ns.min(u128::from(u32::MAX)) as u32);
+                    }
                 }
-                let Some(range) = ranges[kind.index()].as_mut() else {
-                    continue;
-                };
-                let t = Instant::now();
-                range.free(token);
-                let ns = t.elapsed().as_nanos();
-                samples.push(ns.min(u128::from(u32::MAX)) as u32);
+                kind
             }
+        };
+        if let Some(tl) = timeline.as_mut() {
+            let k = kind.index();
+            reserved_now[k] = ranges[k].as_ref().map_or(0, RangeReplayer::reserved_now);
+            let live = reader.kind_stats();
+            tl.record(
+                ops,
+                live.iter().map(|s| s.live_requested).sum(),
+                live.iter().map(|s| s.live_required).sum(),
+                reserved_now.iter().sum(),
+            );
+        }
+        if config.snapshot_at == Some(ops) {
+            snapshot = factory.snapshot();
+        }
+        let k = kind.index();
+        let calls = ranges[k]
+            .as_ref()
+            .map_or(0, RangeReplayer::source_alloc_calls);
+        if calls != kind_calls[k] {
+            call_events.push((ops, calls.saturating_sub(kind_calls[k])));
+            kind_calls[k] = calls;
         }
     }
     progress(reader.bytes_read());
@@ -751,9 +957,14 @@ pub fn replay<R: BufRead, F: ReplayerFactory>(
     }
     let mut per_kind = Vec::new();
     let (mut req, mut need, mut res) = (0u64, 0u64, 0u64);
+    let (mut alloc_total, mut free_total) = (0u64, 0u64);
     for (i, kind) in MemKind::ALL.iter().enumerate() {
         let s = reader.kind_stats()[i];
-        let reserved = ranges[i].as_ref().map_or(0, |r| r.high_water());
+        let range = ranges[i].as_ref();
+        let reserved = range.map_or(0, RangeReplayer::high_water);
+        let (a, f) = range.map_or((0, 0), |r| (r.source_alloc_calls(), r.source_free_calls()));
+        alloc_total += a;
+        free_total += f;
         if s.allocs == 0 && reserved == 0 {
             continue;
         }
@@ -768,12 +979,41 @@ pub fn replay<R: BufRead, F: ReplayerFactory>(
             peak_required_bytes: s.peak_required,
             peak_reserved_bytes: reserved,
             utilization: ratio(s.peak_required, reserved),
+            source_alloc_calls: a,
+            source_free_calls: f,
         });
+    }
+    // The warm part: every event after the first half.
+    let half = ops / 2;
+    let warm_allocs = op_is_alloc[half as usize..].iter().filter(|&&a| a).count() as u64;
+    let warm_alloc_calls = call_events
+        .iter()
+        .filter(|&&(op, _)| op > half)
+        .map(|&(_, n)| n)
+        .sum::<u64>();
+    let source_calls = SourceCalls {
+        alloc: alloc_total,
+        free: free_total,
+        warm_from_op: if ops == 0 { 0 } else { half + 1 },
+        warm_allocs,
+        warm_alloc_calls,
+        warm_alloc_calls_per_10k_allocs: ratio(warm_alloc_calls * 10_000, warm_allocs),
+    };
+    // Segments the trace never freed go back now, after measuring, so that a backend
+    // ends empty (the pool would otherwise report them as leaks when it drops).
+    for (id, entry) in tokens.drain() {
+        let (Some((_, token)), Some(live)) = (entry, reader.live.get(&id)) else {
+            continue;
+        };
+        if let Some(range) = ranges[live.kind.index()].as_mut() {
+            range.free(token);
+        }
     }
     let p50 = quantile(&mut samples, 0.5);
     let p99 = quantile(&mut samples, 0.99);
     Ok(ReplayReport {
         backend: factory.name().to_owned(),
+        mode: factory.mode(),
         lines: reader.lines(),
         ops,
         errors,
@@ -781,14 +1021,39 @@ pub fn replay<R: BufRead, F: ReplayerFactory>(
         peak_required_bytes: need,
         peak_reserved_bytes: res,
         utilization: ratio(need, res),
-        backend_alloc_calls,
+        backend_alloc_calls: alloc_total,
+        backend_free_calls: free_total,
+        source_calls,
         ns_per_op_p50: p50,
         ns_per_op_p99: p99,
         timer_overhead_ns: timer_overhead_ns(),
         live_at_end: reader.live_count() as u64,
         per_kind,
         invariant_errors,
+        timeline: timeline.map_or_else(Vec::new, |t| t.points),
+        snapshot,
     })
+}
+
+/// The 1-based number of the valid event after which the live footprint bytes, summed
+/// over kinds, first reach their largest value: the fullest moment of the trace, where
+/// `replay --svg-state` takes its snapshot. `None` for a trace without valid events.
+pub fn fullest_op<R: BufRead>(input: R, config: TraceConfig) -> io::Result<Option<u64>> {
+    let mut reader = TraceReader::new(input, config);
+    let (mut ops, mut best, mut at) = (0u64, 0u64, None);
+    while let Some(item) = reader.next_item() {
+        if let TraceItem::Op(op) = item? {
+            ops += 1;
+            if matches!(op, TraceOp::Alloc { .. }) {
+                let live: u64 = reader.kind_stats().iter().map(|s| s.live_required).sum();
+                if live > best {
+                    best = live;
+                    at = Some(ops);
+                }
+            }
+        }
+    }
+    Ok(at)
 }
 
 /// Our [`CarveEngine`](crate::engine::CarveEngine) behind [`RangeReplayer`]: one engine per range.
@@ -858,6 +1123,167 @@ impl ReplayerFactory for EngineFactory {
             engine,
             refused_frees: 0,
         })
+    }
+}
+
+/// A segment the pool carved during a replay: an opaque handle for [`PoolRange::free`].
+#[derive(Debug, Clone)]
+pub struct PoolSegment(crate::pool::RawSegment);
+
+/// One replay's pool and the simulator under it.
+#[derive(Debug)]
+struct PoolSession {
+    pool: crate::pool::Pool,
+    sim: std::sync::Arc<crate::source::sim::SimSource>,
+}
+
+/// One memory kind of a [`PoolFactory`]'s pool behind [`RangeReplayer`].
+///
+/// Allocations go through the pool's own raw path ([`Pool::alloc_raw`](crate::pool::Pool)
+/// and its release): chunked growth from the simulator, dedicated chunks for large
+/// requests, the release threshold, and the pool's statistics, everything but the typed
+/// region wrapper. Returned offsets are addresses.
+#[derive(Debug)]
+pub struct PoolRange {
+    session: std::rc::Rc<PoolSession>,
+    kind: MemKind,
+    /// Frees the pool refused (never expected: the driver frees each handle once).
+    refused_frees: u64,
+}
+
+impl RangeReplayer for PoolRange {
+    type Token = PoolSegment;
+
+    fn alloc(&mut self, len: u64, rule: CarveRule) -> Option<(u64, PoolSegment)> {
+        let seg = self
+            .session
+            .pool
+            .alloc_raw(self.kind, len, rule.align())
+            .ok()?;
+        Some((seg.addr as u64, PoolSegment(seg)))
+    }
+
+    fn free(&mut self, token: PoolSegment) {
+        if self.session.pool.inner.release(&token.0, &[]).is_err() {
+            self.refused_frees += 1;
+        }
+    }
+
+    /// The kind's peak of bytes held from the simulator (chunks, dedicated ones included).
+    fn high_water(&self) -> u64 {
+        self.session.pool.stats(self.kind).peak_reserved_bytes
+    }
+
+    fn reserved_now(&self) -> u64 {
+        self.session.pool.stats(self.kind).reserved_bytes
+    }
+
+    /// The pool's count ([`validate`](RangeReplayer::validate) checks it against the simulator's).
+    fn source_alloc_calls(&self) -> u64 {
+        self.session.pool.stats(self.kind).source_alloc_calls
+    }
+
+    /// The pool's count (the simulator shares `aclrtFree` between three kinds).
+    fn source_free_calls(&self) -> u64 {
+        self.session.pool.stats(self.kind).source_free_calls
+    }
+
+    fn offsets_are_addresses(&self) -> bool {
+        true
+    }
+
+    /// The pool's full check, and its call counter against the simulator's.
+    fn validate(&self) -> Result<(), String> {
+        if self.refused_frees > 0 {
+            return Err(format!("{} frees were refused", self.refused_frees));
+        }
+        self.session.pool.validate().map_err(|e| e.to_string())?;
+        let pool_calls = self.source_alloc_calls();
+        let sim_calls = self.session.sim.stats().alloc_calls(self.kind);
+        if pool_calls != sim_calls {
+            return Err(format!(
+                "the pool counted {pool_calls} source allocations, the simulator {sim_calls}"
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Builds [`PoolRange`]s: a fresh [`Pool`](crate::pool::Pool) over a fresh
+/// [`SimSource`](crate::source::sim::SimSource) for every replay, shared by its kinds.
+///
+/// The simulator gets `device_size` bytes of device and of pinned host memory (DVPP keeps
+/// its 16 GiB address limit). The pool's `record` option is ignored: a replay never records.
+#[derive(Debug)]
+pub struct PoolFactory {
+    pool_config: crate::pool::PoolConfig,
+    sim_config: crate::source::sim::SimConfig,
+    session: std::cell::RefCell<Option<std::rc::Rc<PoolSession>>>,
+}
+
+impl PoolFactory {
+    /// A factory for pools configured by `pool_config` over a simulator of `device_size` bytes.
+    pub fn new(pool_config: crate::pool::PoolConfig, device_size: u64) -> crate::Result<Self> {
+        let pool_config = crate::pool::PoolConfig {
+            record: None,
+            ..pool_config
+        };
+        pool_config.validate()?;
+        let sim_config = crate::source::sim::SimConfig::default()
+            .with_device_capacity(device_size)
+            .with_host_capacity(device_size);
+        // Fails on a zero size, like the replay itself would.
+        crate::source::sim::SimSource::new(sim_config.clone())?;
+        Ok(Self {
+            pool_config,
+            sim_config,
+            session: std::cell::RefCell::new(None),
+        })
+    }
+
+    /// The pool configuration every replay uses.
+    pub fn pool_config(&self) -> &crate::pool::PoolConfig {
+        &self.pool_config
+    }
+}
+
+impl ReplayerFactory for PoolFactory {
+    type Replayer = PoolRange;
+
+    fn name(&self) -> &str {
+        "ascend-pool"
+    }
+
+    fn mode(&self) -> &'static str {
+        "pool"
+    }
+
+    fn start_replay(&self) {
+        let session = crate::source::sim::SimSource::new(self.sim_config.clone())
+            .map(std::sync::Arc::new)
+            .and_then(|sim| {
+                let source: std::sync::Arc<dyn crate::source::BlockSource> = sim.clone();
+                let pool = crate::pool::Pool::new(source, self.pool_config.clone())?;
+                Ok(PoolSession { pool, sim })
+            });
+        *self.session.borrow_mut() = session.ok().map(std::rc::Rc::new);
+    }
+
+    fn new_range(&self, kind: MemKind, _capacity: u64) -> Result<PoolRange, String> {
+        let session = self
+            .session
+            .borrow()
+            .clone()
+            .ok_or("the pool could not be created")?;
+        Ok(PoolRange {
+            session,
+            kind,
+            refused_frees: 0,
+        })
+    }
+
+    fn snapshot(&self) -> Option<crate::pool::PoolSnapshot> {
+        self.session.borrow().as_ref().map(|s| s.pool.snapshot())
     }
 }
 
@@ -1080,6 +1506,62 @@ mod tests {
         // The honest bump replayer passes.
         let r = replay(text.as_bytes(), config, &BumpFactory, |_| {}).unwrap();
         assert!(r.invariant_errors.is_empty());
+    }
+
+    #[test]
+    fn timeline_halves_and_keeps_every_maximum() {
+        let mut t = TimelineRecorder::new();
+        let n = 3 * TIMELINE_MAX_POINTS as u64 + 7;
+        for op in 1..=n {
+            // One spike per series, at different events.
+            let spike = |at: u64| if op == at { 1_000_000 } else { op % 100 };
+            t.record(op, spike(17), spike(4000), spike(n));
+        }
+        assert!(t.points.len() <= TIMELINE_MAX_POINTS);
+        assert_eq!(t.step, 4, "2048 points of 4 events cover 6151 events");
+        assert_eq!(t.points[0].op, 1);
+        assert!(t.points.windows(2).all(|w| w[1].op == w[0].op + t.step));
+        let max = |f: fn(&TimelinePoint) -> u64| t.points.iter().map(f).max().unwrap();
+        assert_eq!(max(|p| p.requested), 1_000_000);
+        assert_eq!(max(|p| p.required), 1_000_000);
+        assert_eq!(max(|p| p.reserved), 1_000_000);
+    }
+
+    #[test]
+    fn timeline_and_snapshot_through_the_pool() {
+        let text = r#"{"op":"alloc","id":1,"size":1,"mem":"host"}
+{"op":"alloc","id":2,"size":3110400,"mem":"dvpp"}
+{"op":"free","id":2}
+{"op":"free","id":1}
+"#;
+        assert_eq!(
+            fullest_op(text.as_bytes(), TraceConfig::default()).unwrap(),
+            Some(2)
+        );
+        let config = TraceConfig {
+            timeline: true,
+            snapshot_at: Some(2),
+            check_placement: true,
+            ..TraceConfig::default()
+        };
+        let f = PoolFactory::new(crate::pool::PoolConfig::default(), DEFAULT_DEVICE_SIZE).unwrap();
+        let r = replay(text.as_bytes(), config, &f, |_| {}).unwrap();
+        assert!(r.invariant_errors.is_empty(), "{:?}", r.invariant_errors);
+        let reserved: Vec<u64> = r.timeline.iter().map(|p| p.reserved).collect();
+        assert_eq!(reserved, [2 << 20, 6 << 20, 6 << 20, 6 << 20]);
+        let required: Vec<u64> = r.timeline.iter().map(|p| p.required).collect();
+        assert_eq!(required, [64, 64 + 3_110_528, 64, 0]);
+        let snap = r.snapshot.expect("the pool has a snapshot");
+        let live: usize = snap
+            .kinds
+            .iter()
+            .flat_map(|k| &k.chunks)
+            .map(|c| c.segments.len())
+            .sum();
+        assert_eq!(live, 2);
+        // Ranges have no snapshot.
+        let r = replay(text.as_bytes(), config, &BumpFactory, |_| {}).unwrap();
+        assert!(r.snapshot.is_none() && r.timeline.len() == 4);
     }
 
     #[test]

@@ -268,3 +268,215 @@ fn peers_replay_the_hand_trace() {
     let host = b.per_kind.iter().find(|k| k.mem == "host").unwrap();
     assert_eq!(host.peak_reserved_bytes, 448);
 }
+
+#[test]
+fn default_replay_runs_the_whole_pool_and_counts_its_chunks() {
+    let dir = temp_dir("pool");
+    let p = write_trace(&dir, "hand.jsonl", HAND_TRACE);
+    let v = json_of(&run(&[
+        p.as_os_str(),
+        "--json".as_ref(),
+        "--check".as_ref(),
+    ]));
+    assert_eq!(v["mode"], "pool");
+    assert_eq!(v["backend"], "ascend-pool");
+    // One chunk per kind, each as small as the growth policy allows: 2 MiB for host and
+    // device, 4 MiB for the 3110528-byte frame.
+    assert_eq!(v["backend_alloc_calls"], 3);
+    assert_eq!(v["peak_reserved_bytes"], 8 << 20);
+    assert_eq!(v["source_calls"]["alloc"], 3);
+    assert_eq!(v["source_calls"]["free"], 0);
+    // The warm half is events 6..=10: one allocation, served from the device chunk.
+    assert_eq!(v["source_calls"]["warm_from_op"], 6);
+    assert_eq!(v["source_calls"]["warm_allocs"], 1);
+    assert_eq!(v["source_calls"]["warm_alloc_calls"], 0);
+    let dvpp = v["per_kind"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|k| k["mem"] == "dvpp")
+        .unwrap();
+    assert_eq!(dvpp["peak_reserved_bytes"], 4 << 20);
+    assert_eq!(dvpp["source_alloc_calls"], 1);
+    assert_eq!(v["invariant_errors"], serde_json::json!([]));
+
+    // --ranges keeps the old mode: one range per kind, reserved = highest offset.
+    let v = json_of(&run(&[
+        p.as_os_str(),
+        "--json".as_ref(),
+        "--ranges".as_ref(),
+    ]));
+    assert_eq!(v["mode"], "ranges");
+    let reserved = v["peak_reserved_bytes"].as_u64().unwrap();
+    assert!(
+        (256 + 3_110_528 + 256..4 << 20).contains(&reserved),
+        "{reserved}"
+    );
+
+    // --compare: the pool leads, the range backends follow, each with its mode.
+    let v = json_of(&run(&[
+        p.as_os_str(),
+        "--json".as_ref(),
+        "--compare".as_ref(),
+    ]));
+    let peers = v["peers"].as_array().unwrap();
+    assert_eq!(peers[0]["mode"], "pool");
+    assert!(peers[1..].iter().all(|p| p["mode"] == "ranges"));
+}
+
+/// `rounds` rounds of `n` host allocations of 1 MiB, each round freed before the next.
+fn rounds_trace(rounds: u64, n: u64) -> Vec<u8> {
+    let mut t = String::new();
+    for r in 0..rounds {
+        for i in 0..n {
+            let id = r * n + i;
+            t += &format!("{{\"op\":\"alloc\",\"id\":{id},\"size\":1048576,\"mem\":\"host\"}}\n");
+        }
+        for i in 0..n {
+            t += &format!("{{\"op\":\"free\",\"id\":{}}}\n", r * n + i);
+        }
+    }
+    t.into_bytes()
+}
+
+#[test]
+fn a_warm_pool_does_not_call_the_source_and_a_cold_one_does() {
+    use ascend_pool::pool::PoolConfig;
+    use ascend_pool::trace::{PoolFactory, DEFAULT_DEVICE_SIZE};
+    let trace = rounds_trace(4, 64);
+    let warm = PoolFactory::new(PoolConfig::default(), DEFAULT_DEVICE_SIZE).unwrap();
+    let r = replay(&trace[..], TraceConfig::default(), &warm, |_| {}).unwrap();
+    assert_eq!(r.ops, 512);
+    assert!(r.backend_alloc_calls > 1);
+    let c = r.source_calls;
+    // The warm half starts with the third round.
+    assert_eq!(c.warm_from_op, 257);
+    assert_eq!((c.warm_allocs, c.warm_alloc_calls), (128, 0), "{c:?}");
+    assert_eq!(
+        c.free, 0,
+        "64 MiB of empty chunks stay under the release threshold"
+    );
+
+    // With no release threshold every round gives its chunks back and asks again.
+    let cold = PoolFactory::new(
+        PoolConfig::default().with_release_threshold(0),
+        DEFAULT_DEVICE_SIZE,
+    )
+    .unwrap();
+    let r = replay(&trace[..], TraceConfig::default(), &cold, |_| {}).unwrap();
+    let c = r.source_calls;
+    assert!(c.warm_alloc_calls > 0 && c.free > 0, "{c:?}");
+    assert_eq!(
+        c.warm_alloc_calls_per_10k_allocs,
+        c.warm_alloc_calls as f64 * 10_000.0 / 128.0
+    );
+    // Per-kind counts add up to the totals.
+    let k = &r.per_kind[0];
+    assert_eq!(
+        (k.source_alloc_calls, k.source_free_calls),
+        (c.alloc, c.free)
+    );
+    assert!(r.invariant_errors.is_empty(), "{:?}", r.invariant_errors);
+}
+
+#[test]
+fn pictures_of_the_pool_and_of_the_replay() {
+    let dir = temp_dir("svg");
+    let p = write_trace(&dir, "hand.jsonl", HAND_TRACE);
+    let state = dir.join("state.svg");
+    let timeline = dir.join("timeline.svg");
+    let out = run(&[
+        p.as_os_str(),
+        "--svg-state".as_ref(),
+        state.as_os_str(),
+        "--svg-timeline".as_ref(),
+        timeline.as_os_str(),
+        "--json".as_ref(),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    json_of(&out);
+    let s = std::fs::read_to_string(&state).unwrap();
+    assert!(s.starts_with("<svg") && s.trim_end().ends_with("</svg>"));
+    // The fullest moment is after event 6 (the frame, one host and both device segments).
+    assert!(s.contains("after event 6"), "{s}");
+    assert!(
+        s.contains("dvpp: 1 chunk(s), 4.00 MiB reserved, 1 live segments"),
+        "{s}"
+    );
+    assert!(
+        s.contains("device: 1 chunk(s), 2.00 MiB reserved, 2 live segments"),
+        "{s}"
+    );
+    let t = std::fs::read_to_string(&timeline).unwrap();
+    assert_eq!(t.matches("<polyline").count(), 3);
+
+    // The state picture needs the pool; pictures need exactly one trace.
+    let ranges = run(&[
+        p.as_os_str(),
+        "--ranges".as_ref(),
+        "--svg-state".as_ref(),
+        state.as_os_str(),
+    ]);
+    assert_eq!(ranges.status.code(), Some(2));
+    let two = run(&[
+        p.as_os_str(),
+        p.as_os_str(),
+        "--svg-timeline".as_ref(),
+        timeline.as_os_str(),
+    ]);
+    assert_eq!(two.status.code(), Some(2));
+    // --ranges draws a timeline too (reserved = high water).
+    let out = run(&[
+        p.as_os_str(),
+        "--ranges".as_ref(),
+        "--svg-timeline".as_ref(),
+        timeline.as_os_str(),
+    ]);
+    assert!(out.status.success());
+}
+
+#[test]
+fn no_progress_bar_off_a_terminal_or_in_json() {
+    // Under the test harness stdout and stderr are pipes: nothing but the report is written.
+    let dir = temp_dir("bar");
+    let p = write_trace(&dir, "hand.jsonl", HAND_TRACE);
+    for json in [true, false] {
+        let mut args = vec![p.as_os_str(), "--compare".as_ref()];
+        if json {
+            args.push("--json".as_ref());
+        }
+        let out = run(&args);
+        assert!(out.status.success());
+        assert!(
+            out.stderr.is_empty(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8(out.stdout.clone()).unwrap();
+        assert!(!text.contains('\r') && !text.contains('\x1b'), "{text:?}");
+        if json {
+            json_of(&out);
+        }
+    }
+}
+
+#[test]
+fn bad_pool_configuration_is_a_usage_error() {
+    let dir = temp_dir("conf");
+    let p = write_trace(&dir, "hand.jsonl", HAND_TRACE);
+    let out = run(&[
+        p.as_os_str(),
+        "--pool-conf".as_ref(),
+        "chunk_size:3m".as_ref(),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("chunk_size"));
+    // A good one changes the figures: 4 MiB chunks cap the growth, the frame stays 4 MiB.
+    let v = json_of(&run(&[
+        p.as_os_str(),
+        "--json".as_ref(),
+        "--pool-conf".as_ref(),
+        "chunk_size:4m".as_ref(),
+    ]));
+    assert_eq!(v["peak_reserved_bytes"], 8 << 20);
+}

@@ -1,9 +1,15 @@
 //! `ascend-pool`: command-line tools for the ascend-pool sub-allocator.
 //!
-//! `ascend-pool replay TRACE... [--compare] [--json] [--engine NAME]` replays
+//! `ascend-pool replay TRACE... [--compare] [--json] [--ranges] [--engine NAME]` replays
 //! allocation traces (JSON Lines, see `shared/traces/README.md`) and reports
-//! peak requested / required / reserved bytes, utilization and time per
-//! operation. The JSON schema is in `docs/replay-json.md`.
+//! peak requested / required / reserved bytes, utilization, block-source calls and time
+//! per operation. The JSON schema is in `docs/replay-json.md`.
+//!
+//! By default the trace runs through the whole pool on the simulator (chunked growth,
+//! dedicated chunks, release threshold; `--pool-conf` takes `ASCEND_POOL_CONF` syntax);
+//! `--ranges` runs our carving engine over one range per kind instead, as the peers do.
+//! `--svg-state` and `--svg-timeline` draw the pool at the trace's fullest moment and the
+//! bytes over the replay.
 //!
 //! Each backend replays each trace twice, in its own passes: an untimed-in-effect
 //! warm-up (page faults, allocator caches) and the reported pass (`--cold` reports a
@@ -23,8 +29,10 @@ use serde_json::{json, Value};
 
 use ascend_pool::engine::{EngineConfig, RangeTier};
 use ascend_pool::peers::{BuddyFactory, OffsetAllocatorFactory, RlsfFactory};
+use ascend_pool::pool::PoolConfig;
 use ascend_pool::trace::{
-    replay, EngineFactory, ReplayReport, ReplayerFactory, TraceConfig, DEFAULT_DEVICE_SIZE,
+    fullest_op, replay, EngineFactory, PoolFactory, ReplayReport, ReplayerFactory, TraceConfig,
+    DEFAULT_DEVICE_SIZE,
 };
 
 #[derive(Debug, Parser)]
@@ -40,7 +48,7 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Replay allocation traces and report peak memory, utilization and ns/op.
+    /// Replay allocation traces and report peak memory, utilization, source calls and ns/op.
     Replay(ReplayArgs),
 }
 
@@ -55,9 +63,23 @@ struct ReplayArgs {
     /// Print exactly one JSON object on stdout instead of the text report.
     #[arg(long)]
     json: bool,
-    /// The allocator whose figures the report leads with.
-    #[arg(long, value_enum, default_value_t = Backend::Carve)]
-    engine: Backend,
+    /// The allocator whose figures the report leads with [default: pool, or carve with --ranges].
+    #[arg(long, value_enum)]
+    engine: Option<Backend>,
+    /// Replay our carving engine over one range per memory kind (reserved = highest offset)
+    /// instead of the whole pool.
+    #[arg(long)]
+    ranges: bool,
+    /// Pool configuration in `ASCEND_POOL_CONF` syntax (`chunk_size:64m,...`); the
+    /// environment variable is not read, and `record` is ignored.
+    #[arg(long, default_value = "")]
+    pool_conf: String,
+    /// Write an SVG of the pool's chunks at the trace's fullest moment (one trace, pool only).
+    #[arg(long, value_name = "FILE")]
+    svg_state: Option<PathBuf>,
+    /// Write an SVG timeline of live requested, required and reserved bytes (one trace).
+    #[arg(long, value_name = "FILE")]
+    svg_timeline: Option<PathBuf>,
     /// Check every placement against a shadow map (alignment, overlap, high water);
     /// problems are reported as invariant errors. Slows the replay.
     #[arg(long)]
@@ -73,7 +95,9 @@ struct ReplayArgs {
 /// Every allocator the tool can replay through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Backend {
-    /// Our CarveEngine (TLSF range tier, slabs for small segments).
+    /// The whole pool on the simulator: chunks, dedicated chunks, release threshold.
+    Pool,
+    /// Our CarveEngine over one range per kind (TLSF range tier, slabs for small segments).
     Carve,
     /// Our CarveEngine with the buddy range tier.
     CarveBuddy,
@@ -86,7 +110,8 @@ enum Backend {
 }
 
 impl Backend {
-    const ALL: [Backend; 5] = [
+    const ALL: [Backend; 6] = [
+        Backend::Pool,
         Backend::Carve,
         Backend::CarveBuddy,
         Backend::OffsetAllocator,
@@ -102,6 +127,20 @@ fn main() -> ExitCode {
     }
 }
 
+/// Whether to draw the progress bar: only on a terminal, and never with `--json`
+/// (the bar goes to stderr, so stderr must be the terminal).
+fn progress_wanted(json: bool, stderr_is_terminal: bool) -> bool {
+    !json && stderr_is_terminal
+}
+
+/// A usage error: message on stderr, exit status 2.
+fn usage_error(msg: &str) -> ExitCode {
+    eprintln!("ascend-pool: {msg}");
+    ExitCode::from(2)
+}
+
+/// Replays `path` through `backend` `passes` times with one factory (the last pass is
+/// reported), advancing `bar` by bytes read.
 /// Replays `path` through `backend` `passes` times with one factory (the last pass is
 /// reported), advancing `bar` by bytes read.
 fn replay_one(
@@ -110,6 +149,7 @@ fn replay_one(
     config: TraceConfig,
     passes: u32,
     bar: &ProgressBar,
+    pool_config: &PoolConfig,
 ) -> std::io::Result<ReplayReport> {
     fn go<F: ReplayerFactory>(
         path: &Path,
@@ -138,6 +178,11 @@ fn replay_one(
         },
     };
     match backend {
+        Backend::Pool => {
+            let factory = PoolFactory::new(pool_config.clone(), config.device_size)
+                .map_err(std::io::Error::other)?;
+            go(path, config, &factory, passes, bar)
+        }
         Backend::Carve => go(path, config, &engine(RangeTier::Tlsf), passes, bar),
         Backend::CarveBuddy => go(path, config, &engine(RangeTier::Buddy), passes, bar),
         Backend::OffsetAllocator => go(path, config, &OffsetAllocatorFactory, passes, bar),
@@ -149,24 +194,49 @@ fn replay_one(
 /// The result for one trace: the lead backend's report and, with `--compare`, every backend's.
 struct TraceResult {
     path: PathBuf,
+    /// The event after which the lead's snapshot was taken (`--svg-state`).
+    snapshot_at: Option<u64>,
     outcome: std::io::Result<(ReplayReport, Vec<ReplayReport>)>,
 }
 
 fn run_replay(args: &ReplayArgs) -> ExitCode {
+    let lead = match (args.engine, args.ranges) {
+        (Some(Backend::Pool), true) => {
+            return usage_error("--ranges replays ranges, not the pool: drop --engine pool")
+        }
+        (Some(b), _) => b,
+        (None, true) => Backend::Carve,
+        (None, false) => Backend::Pool,
+    };
+    let pool_config = match PoolConfig::parse(&args.pool_conf) {
+        Ok(c) => c,
+        Err(e) => return usage_error(&format!("--pool-conf: {e}")),
+    };
+    if let Err(e) = PoolFactory::new(pool_config.clone(), args.device_size) {
+        return usage_error(&format!("cannot build the pool: {e}"));
+    }
+    let pictures = args.svg_state.is_some() || args.svg_timeline.is_some();
+    if pictures && args.traces.len() != 1 {
+        return usage_error("--svg-state and --svg-timeline take exactly one trace");
+    }
+    if args.svg_state.is_some() && lead != Backend::Pool {
+        return usage_error("--svg-state draws the pool's chunks: it needs the pool as lead");
+    }
     let config = TraceConfig {
         device_size: args.device_size,
         check_placement: args.check,
+        ..TraceConfig::default()
     };
     let backends: Vec<Backend> = if args.compare {
-        std::iter::once(args.engine)
-            .chain(Backend::ALL.into_iter().filter(|&b| b != args.engine))
+        std::iter::once(lead)
+            .chain(Backend::ALL.into_iter().filter(|&b| b != lead))
             .collect()
     } else {
-        vec![args.engine]
+        vec![lead]
     };
 
     let passes = if args.cold { 1 } else { 2 };
-    let show_bar = !args.json && std::io::stdout().is_terminal() && std::io::stderr().is_terminal();
+    let show_bar = progress_wanted(args.json, std::io::stderr().is_terminal());
     let total: u64 = args
         .traces
         .iter()
@@ -187,10 +257,20 @@ fn run_replay(args: &ReplayArgs) -> ExitCode {
 
     let mut results = Vec::new();
     for path in &args.traces {
+        // The lead alone records the pictures' data, in its reported pass.
+        let mut lead_config = config;
+        lead_config.timeline = args.svg_timeline.is_some();
+        if args.svg_state.is_some() {
+            lead_config.snapshot_at = File::open(path)
+                .and_then(|f| fullest_op(BufReader::with_capacity(1 << 20, f), config))
+                .ok()
+                .flatten();
+        }
         let mut reports = Vec::new();
         let mut failure = None;
         for &b in &backends {
-            match replay_one(path, b, config, passes, &bar) {
+            let c = if b == lead { lead_config } else { config };
+            match replay_one(path, b, c, passes, &bar, &pool_config) {
                 Ok(r) => reports.push(r),
                 Err(e) => {
                     failure = Some(e);
@@ -204,15 +284,44 @@ fn run_replay(args: &ReplayArgs) -> ExitCode {
         };
         results.push(TraceResult {
             path: path.clone(),
+            snapshot_at: lead_config.snapshot_at,
             outcome,
         });
     }
     bar.finish_and_clear();
 
-    let failed = results.iter().any(|r| r.outcome.is_err());
+    let mut failed = results.iter().any(|r| r.outcome.is_err());
     for r in &results {
         if let Err(e) = &r.outcome {
             eprintln!("ascend-pool: cannot read {}: {e}", r.path.display());
+        }
+    }
+    if let Some(Ok((lead, _))) = results.first().map(|r| &r.outcome) {
+        let name = results[0]
+            .path
+            .file_name()
+            .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+        if let Some(file) = &args.svg_timeline {
+            let title = format!(
+                "{name}: bytes over the replay ({}, {})",
+                lead.backend, lead.mode
+            );
+            failed |= !write_picture(file, &ascend_pool::svg::timeline(&lead.timeline, &title));
+        }
+        if let Some(file) = &args.svg_state {
+            match &lead.snapshot {
+                Some(snap) => {
+                    let at = results[0]
+                        .snapshot_at
+                        .map_or_else(String::new, |op| format!(" (after event {op})"));
+                    let title = format!("{name}: pool chunks at its fullest moment{at}");
+                    failed |= !write_picture(file, &ascend_pool::svg::pool_state(snap, &title));
+                }
+                None => {
+                    eprintln!("ascend-pool: no pool snapshot (the trace has no allocation)");
+                    failed = true;
+                }
+            }
         }
     }
     let mut out = std::io::stdout().lock();
@@ -229,13 +338,21 @@ fn run_replay(args: &ReplayArgs) -> ExitCode {
             .iter()
             .try_for_each(|r| write_text(&mut out, r, args.compare))
     };
-    if written.is_err() {
-        return ExitCode::FAILURE;
-    }
-    if failed {
+    if written.is_err() || failed {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS
+    }
+}
+
+/// Writes an SVG; false (with a message) when the file cannot be written.
+fn write_picture(file: &Path, svg: &str) -> bool {
+    match std::fs::write(file, svg) {
+        Ok(()) => true,
+        Err(e) => {
+            eprintln!("ascend-pool: cannot write {}: {e}", file.display());
+            false
+        }
     }
 }
 
@@ -255,8 +372,10 @@ fn json_for(r: &TraceResult, compare: bool) -> Value {
                 .map(|p| {
                     json!({
                         "name": p.backend,
+                        "mode": p.mode,
                         "peak_reserved_bytes": p.peak_reserved_bytes,
                         "utilization": p.utilization,
+                        "backend_alloc_calls": p.backend_alloc_calls,
                         "ns_per_op_p50": p.ns_per_op_p50,
                         "ns_per_op_p99": p.ns_per_op_p99,
                         "out_of_memory": p.errors.get(ascend_pool::trace::RejectKind::OutOfMemory),
@@ -275,50 +394,62 @@ fn mib(bytes: u64) -> String {
     format!("{:.2} MiB", bytes as f64 / (1u64 << 20) as f64)
 }
 
+/// How a report names a backend in the comparison table.
+fn label(p: &ReplayReport) -> String {
+    format!("{} ({})", p.backend, p.mode)
+}
+
 fn write_text(out: &mut impl Write, r: &TraceResult, compare: bool) -> std::io::Result<()> {
     let (lead, all) = match &r.outcome {
         Ok(x) => x,
         Err(e) => return writeln!(out, "{}: cannot read: {e}\n", r.path.display()),
     };
-    writeln!(out, "{}  [{}]", r.path.display(), lead.backend)?;
+    writeln!(out, "{}  [{}]", r.path.display(), label(lead))?;
     writeln!(
         out,
-        "  lines {}, ops {}, errors {}, live at end {}, ranges {}",
+        "  lines {}, ops {}, errors {}, live at end {}",
         lead.lines,
         lead.ops,
         lead.errors.total(),
         lead.live_at_end,
-        lead.backend_alloc_calls
     )?;
     for (k, n) in lead.errors.nonzero() {
         writeln!(out, "    {k:<16} {n}")?;
     }
+    let c = &lead.source_calls;
     writeln!(
         out,
-        "  {:<15} {:>9} {:>16} {:>16} {:>16} {:>6}",
-        "mem", "allocs", "peak requested", "peak required", "peak reserved", "util"
+        "  block-source calls: {} alloc, {} free; warm half (events {}..): {} alloc calls for {} allocations ({:.2} per 10,000)",
+        c.alloc, c.free, c.warm_from_op, c.warm_alloc_calls, c.warm_allocs, c.warm_alloc_calls_per_10k_allocs
+    )?;
+    writeln!(
+        out,
+        "  {:<15} {:>9} {:>16} {:>16} {:>16} {:>6} {:>7}",
+        "mem", "allocs", "peak requested", "peak required", "peak reserved", "util", "calls"
     )?;
     for k in &lead.per_kind {
         writeln!(
             out,
-            "  {:<15} {:>9} {:>16} {:>16} {:>16} {:>6.3}",
+            "  {:<15} {:>9} {:>16} {:>16} {:>16} {:>6.3} {:>7}",
             k.mem,
             k.allocs,
             mib(k.peak_requested_bytes),
             mib(k.peak_required_bytes),
             mib(k.peak_reserved_bytes),
-            k.utilization
+            k.utilization,
+            k.source_alloc_calls
         )?;
     }
     writeln!(
         out,
-        "  {:<15} {:>9} {:>16} {:>16} {:>16} {:>6.3}",
+        "  {:<15} {:>9} {:>16} {:>16} {:>16} {:>6.3} {:>7}",
         "total",
         "",
         mib(lead.peak_requested_bytes),
         mib(lead.peak_required_bytes),
         mib(lead.peak_reserved_bytes),
-        lead.utilization
+        lead.utilization,
+        lead.backend_alloc_calls
     )?;
     writeln!(
         out,
@@ -327,23 +458,24 @@ fn write_text(out: &mut impl Write, r: &TraceResult, compare: bool) -> std::io::
     )?;
     for p in all {
         for e in &p.invariant_errors {
-            writeln!(out, "  INVARIANT BROKEN in {}: {e}", p.backend)?;
+            writeln!(out, "  INVARIANT BROKEN in {}: {e}", label(p))?;
         }
     }
     if compare {
         writeln!(out, "  comparison (same trace, same run, same carve rule):")?;
         writeln!(
             out,
-            "    {:<24} {:>16} {:>6} {:>9} {:>9} {:>6}",
-            "allocator", "peak reserved", "util", "ns p50", "ns p99", "oom"
+            "    {:<34} {:>16} {:>6} {:>7} {:>9} {:>9} {:>6}",
+            "allocator", "peak reserved", "util", "calls", "ns p50", "ns p99", "oom"
         )?;
         for p in all {
             writeln!(
                 out,
-                "    {:<24} {:>16} {:>6.3} {:>9} {:>9} {:>6}",
-                p.backend,
+                "    {:<34} {:>16} {:>6.3} {:>7} {:>9} {:>9} {:>6}",
+                label(p),
                 mib(p.peak_reserved_bytes),
                 p.utilization,
+                p.backend_alloc_calls,
                 p.ns_per_op_p50,
                 p.ns_per_op_p99,
                 p.errors.get(ascend_pool::trace::RejectKind::OutOfMemory)
@@ -351,4 +483,26 @@ fn write_text(out: &mut impl Write, r: &TraceResult, compare: bool) -> std::io::
         }
     }
     writeln!(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn progress_bar_only_on_a_terminal_and_never_with_json() {
+        assert!(progress_wanted(false, true));
+        assert!(!progress_wanted(true, true));
+        assert!(!progress_wanted(false, false));
+        assert!(!progress_wanted(true, false));
+    }
+
+    #[test]
+    fn arguments_parse() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+        let cli = Cli::try_parse_from(["ascend-pool", "replay", "t.jsonl", "--ranges"]).unwrap();
+        let Command::Replay(a) = cli.command;
+        assert!(a.ranges && a.engine.is_none());
+    }
 }

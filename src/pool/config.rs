@@ -13,16 +13,17 @@ pub const CONF_ENV: &str = "ASCEND_POOL_CONF";
 ///
 /// | key (`ASCEND_POOL_CONF`) | field | default |
 /// |---|---|---|
-/// | `chunk_size` | [`chunk_size`](Self::chunk_size): bytes per block taken from the source | `32m` |
+/// | `chunk_size` | [`chunk_size`](Self::chunk_size): largest ordinary block taken from the source | `128m` |
 /// | `large_threshold` | [`large_threshold`](Self::large_threshold): requests at least this big get a chunk of their own size | `chunk_size / 2` |
 /// | `padding` | [`padding`](Self::padding): carve-rule padding after each segment | `32` |
 /// | `limit` | [`limit`](Self::limit): most bytes one memory kind may reserve (`0` = none) | `0` |
-/// | `release_threshold` | [`release_threshold`](Self::release_threshold): empty chunks beyond this many bytes go back at once | `64m` |
+/// | `release_threshold` | [`release_threshold`](Self::release_threshold): empty chunks beyond this many bytes go back at once | `128m` |
 /// | `debug` | [`debug`](Self::debug): canaries in the padding, checked on free | `0` |
 /// | `slab_max` | largest footprint served by slabs | `1024` |
 /// | `range` | `tlsf` or `buddy` | `tlsf` |
 /// | `policy` | `huge_first`, `huge_only`, `normal_only`, `huge1g_only` | `huge_first` |
 /// | `device` | device id | `0` |
+/// | `record` | [`record`](Self::record): write every allocation and free to this JSON Lines trace | none |
 ///
 /// Sizes take `k`, `m`, `g` suffixes (powers of 1024).
 ///
@@ -35,7 +36,9 @@ pub const CONF_ENV: &str = "ASCEND_POOL_CONF";
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PoolConfig {
-    /// Bytes per chunk taken from the block source (a multiple of 2 MiB).
+    /// Largest ordinary chunk taken from the block source (a multiple of 2 MiB). A kind's
+    /// chunks grow from one 2 MiB granule towards it as the kind holds more (about
+    /// `sqrt(8 * 2 MiB * reserved)` each), so kinds that need little hold little.
     pub chunk_size: u64,
     /// Requests whose footprint reaches this get a dedicated chunk of their own size.
     pub large_threshold: u64,
@@ -43,7 +46,8 @@ pub struct PoolConfig {
     pub padding: u64,
     /// Most bytes one memory kind may reserve from the source; 0 means no limit.
     pub limit: u64,
-    /// Bytes of empty chunks a kind keeps cached; beyond this they go back on free.
+    /// Bytes of empty chunks a kind keeps cached; beyond this they go back on free. Below
+    /// `chunk_size`, a chunk that empties may go straight back and be asked for again.
     pub release_threshold: u64,
     /// Fill each segment's padding with a canary and check it on free.
     pub debug: bool,
@@ -53,20 +57,25 @@ pub struct PoolConfig {
     pub policy: MallocPolicy,
     /// Device the pool allocates on.
     pub device: DeviceId,
+    /// Write every allocation and free to this file as a JSON Lines trace that
+    /// `ascend-pool replay` reads (see [`record`](super::record)). The file is created or
+    /// truncated when the pool is. In `ASCEND_POOL_CONF` the path runs to the next comma.
+    pub record: Option<std::path::PathBuf>,
 }
 
 impl Default for PoolConfig {
     fn default() -> Self {
         Self {
-            chunk_size: 32 << 20,
-            large_threshold: 16 << 20,
+            chunk_size: 128 << 20,
+            large_threshold: 64 << 20,
             padding: crate::align::DEFAULT_PADDING,
             limit: 0,
-            release_threshold: 64 << 20,
+            release_threshold: 128 << 20,
             debug: false,
             engine: EngineConfig::default(),
             policy: MallocPolicy::HugeFirst,
             device: 0,
+            record: None,
         }
     }
 }
@@ -149,6 +158,13 @@ impl PoolConfig {
                         .parse()
                         .map_err(|_| Error::Config(format!("device:{v} is not a device id")))?
                 }
+                "record" => {
+                    let path = v.trim();
+                    if path.is_empty() {
+                        return Err(Error::Config("record needs a file path".into()));
+                    }
+                    c.record = Some(path.into());
+                }
                 other => return Err(Error::Config(format!("unknown key `{other}`"))),
             }
         }
@@ -177,7 +193,7 @@ impl PoolConfig {
         Ok(())
     }
 
-    /// Builder: bytes per chunk (a multiple of 2 MiB).
+    /// Builder: largest ordinary chunk (a multiple of 2 MiB); the large threshold follows.
     pub fn with_chunk_size(mut self, bytes: u64) -> Self {
         self.chunk_size = bytes;
         self.large_threshold = bytes / 2;
@@ -208,6 +224,11 @@ impl PoolConfig {
         self.device = device;
         self
     }
+    /// Builder: record every allocation and free to a JSON Lines trace at `path`.
+    pub fn with_record(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.record = Some(path.into());
+        self
+    }
     /// Builder: engine settings.
     pub fn with_engine(mut self, engine: EngineConfig) -> Self {
         self.engine = engine;
@@ -223,7 +244,7 @@ mod tests {
     fn parses_every_key() {
         let c = PoolConfig::parse(
             "chunk_size:64m, padding:0, limit:8g, release_threshold:128m, debug:on, \
-             slab_max:2k, range:buddy, policy:huge1g_only, device:3",
+             slab_max:2k, range:buddy, policy:huge1g_only, device:3, record:/tmp/a:b.jsonl",
         )
         .unwrap();
         assert_eq!(c.chunk_size, 64 << 20);
@@ -236,6 +257,10 @@ mod tests {
         assert_eq!(c.engine.range, RangeTier::Buddy);
         assert_eq!(c.policy, MallocPolicy::Huge1gOnly);
         assert_eq!(c.device, 3);
+        assert_eq!(
+            c.record.as_deref(),
+            Some(std::path::Path::new("/tmp/a:b.jsonl"))
+        );
     }
 
     #[test]
@@ -249,6 +274,7 @@ mod tests {
             "chunk_size",
             "limit:99999999999999999999g",
             "range:first_fit",
+            "record:",
         ] {
             assert!(PoolConfig::parse(bad).is_err(), "{bad} was accepted");
         }

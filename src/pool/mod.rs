@@ -9,6 +9,7 @@
 //! that says what was requested, reserved, in use and the largest free range.
 
 pub mod config;
+pub mod record;
 
 pub use config::PoolConfig;
 
@@ -143,7 +144,14 @@ struct Chunk {
     base: usize,
     engine: CarveEngine,
     dedicated: bool,
+    /// (footprint, alignment) of the smallest request the engine refused since this chunk's
+    /// last free; requests at least as big and as aligned skip the chunk. A hint only: a
+    /// wrong skip costs placement, never correctness.
+    refused: (u64, u64),
 }
+
+/// `Chunk::refused` when nothing was refused.
+const NOTHING_REFUSED: (u64, u64) = (u64::MAX, u64::MAX);
 
 #[derive(Debug, Clone, Copy)]
 struct LiveEntry {
@@ -183,9 +191,9 @@ struct PendingFree {
 #[derive(Debug)]
 struct KindPool {
     kind: MemKind,
+    /// Chunks, tried in slab order (first fit across chunks, good fit inside each), so the
+    /// first chunks fill up and the last ones drain and can go back.
     chunks: slab::Slab<Chunk>,
-    /// Chunk that served last: tried first.
-    hint: usize,
     live: slab::Slab<LiveEntry>,
     pending: Vec<PendingFree>,
     stats: KindStats,
@@ -200,10 +208,13 @@ pub(crate) struct PoolInner {
     idle_events: Mutex<Vec<EventHandle>>,
     /// Overruns found when regions were dropped (drop cannot return them).
     corruption: Mutex<Vec<Error>>,
+    /// Trace writer when [`PoolConfig::record`] is set.
+    recorder: Option<record::Recorder>,
 }
 
-/// A handle on a live segment: what a region holds.
-#[derive(Debug)]
+/// A handle on a live segment: what a region holds. Cloneable for the replay driver's
+/// token maps; a second release of a clone is refused as `AlreadyFreed`.
+#[derive(Debug, Clone)]
 pub(crate) struct RawSegment {
     pub(crate) kind: MemKind,
     pub(crate) addr: usize,
@@ -249,6 +260,11 @@ impl Pool {
     /// A pool over `source` with `config`.
     pub fn new(source: Arc<dyn BlockSource>, config: PoolConfig) -> Result<Self> {
         config.validate()?;
+        let recorder = config
+            .record
+            .as_deref()
+            .map(record::Recorder::create)
+            .transpose()?;
         let kinds = MemKind::ALL.map(|k| {
             let kind = match k.policy() {
                 Some(_) => match k {
@@ -261,7 +277,6 @@ impl Pool {
             Mutex::new(KindPool {
                 kind,
                 chunks: slab::Slab::new(),
-                hint: 0,
                 live: slab::Slab::new(),
                 pending: Vec::new(),
                 stats: KindStats::new(kind),
@@ -274,6 +289,7 @@ impl Pool {
                 kinds,
                 idle_events: Mutex::new(Vec::new()),
                 corruption: Mutex::new(Vec::new()),
+                recorder,
             }),
         })
     }
@@ -347,6 +363,12 @@ impl Pool {
         }
         out.sort_by_key(|s| s.addr);
         out
+    }
+
+    /// Writes out the trace being recorded ([`PoolConfig::record`]); the first write error
+    /// since the pool was created, if any. Without recording, does nothing.
+    pub fn flush_record(&self) -> Result<()> {
+        self.inner.recorder.as_ref().map_or(Ok(()), |r| r.flush())
     }
 
     /// Padding overruns found when regions were dropped; taking them clears the list.
@@ -532,6 +554,10 @@ impl PoolInner {
         s.peak_requested_bytes = s.peak_requested_bytes.max(s.requested_bytes);
         s.live_regions += 1;
         s.allocations += 1;
+        if let Some(r) = &self.recorder {
+            // Under the kind lock, so the free that released this address is written first.
+            r.alloc(kind, addr, len, align);
+        }
         drop(k);
         if self.config.debug {
             // Canary over the rule's padding and the alignment slack after it.
@@ -558,24 +584,52 @@ impl PoolInner {
     }
 
     fn carve_existing(k: &mut KindPool, len: u64, rule: CarveRule) -> Option<(usize, Allocation)> {
-        let hint = k.hint;
-        if let Some(c) = k.chunks.get_mut(hint) {
-            if c.base % rule.align() as usize == 0 {
-                if let Ok(a) = c.engine.alloc(len, rule) {
-                    return Some((hint, a));
-                }
-            }
-        }
+        let footprint = rule.footprint(len).ok()?;
+        let align = rule.align();
         for (id, c) in k.chunks.iter_mut() {
-            if id == hint || c.base % rule.align() as usize != 0 {
+            if c.base % align as usize != 0 || (footprint >= c.refused.0 && align >= c.refused.1) {
                 continue;
             }
-            if let Ok(a) = c.engine.alloc(len, rule) {
-                k.hint = id;
-                return Some((id, a));
+            match c.engine.alloc(len, rule) {
+                Ok(a) => return Some((id, a)),
+                Err(_) if footprint < c.refused.0 => c.refused = (footprint, align),
+                Err(_) => {}
             }
         }
         None
+    }
+
+    /// Bytes of the next ordinary chunk of `k`.
+    ///
+    /// The target is about `sqrt(8 * granule * reserved)`: each chunk boundary strands
+    /// some free bytes no request fits in, and the newest chunk stands partly empty at a
+    /// peak; the square root balances the two as a kind grows. A kind that needs little
+    /// gets one granule, and no ordinary chunk passes `chunk_size` (nor is below the
+    /// request). Within a quarter either side of the target, the size the request that
+    /// triggered growth tiles best wins: workloads repeat their sizes (frames, tensors,
+    /// cache blocks), so the chunk is cut for them.
+    fn growth_size(&self, k: &KindPool, footprint: u64, fit: u64) -> u64 {
+        let granule = config::CHUNK_GRANULE;
+        let cap = self.config.chunk_size.max(fit);
+        let balanced =
+            (8 * u128::from(granule) * u128::from(k.stats.reserved_bytes)).isqrt() as u64;
+        let target = (balanced / granule * granule).clamp(fit, cap);
+        // Least left over once the request's size has tiled the chunk, as a share of it.
+        let left_over = |size: u64| (u128::from(size % footprint), u128::from(size));
+        let (mut best, mut best_left) = (target, left_over(target));
+        let lo = (target - target / 4).next_multiple_of(granule).max(fit);
+        let hi = (target.saturating_add(target / 4) / granule * granule).min(cap);
+        // At most 64 candidates, however big the chunks.
+        let step = ((hi.saturating_sub(lo) / 64).next_multiple_of(granule)).max(granule);
+        let mut size = lo;
+        while size <= hi {
+            let (l, s) = left_over(size);
+            if l * best_left.1 < best_left.0 * s {
+                (best, best_left) = (size, (l, s));
+            }
+            size += step;
+        }
+        best
     }
 
     fn grow_and_carve(
@@ -587,12 +641,14 @@ impl PoolInner {
     ) -> Result<(usize, Allocation)> {
         let granule = config::CHUNK_GRANULE;
         let dedicated = footprint >= self.config.large_threshold;
-        let size = if dedicated {
-            crate::align::align_up(footprint, granule).ok_or(Error::Carve(
-                crate::align::CarveRuleError::LengthOverflow { len },
-            ))?
+        let fit = crate::align::align_up(footprint, granule).ok_or(Error::Carve(
+            crate::align::CarveRuleError::LengthOverflow { len },
+        ))?;
+        // The growth size first; when the source or the limit refuses it, just enough.
+        let sizes = if dedicated {
+            [fit, fit]
         } else {
-            self.config.chunk_size
+            [self.growth_size(k, footprint, fit), fit]
         };
         // Try, then make room (deferred frees, empty chunks, then wait for streams) and retry.
         let mut last_err = None;
@@ -609,39 +665,42 @@ impl PoolInner {
                     return Ok(x);
                 }
             }
-            if self.config.limit != 0 && k.stats.reserved_bytes + size > self.config.limit {
-                last_err = Some(Error::LimitExceeded {
-                    kind: k.kind,
-                    requested: len,
-                    limit: self.config.limit,
-                    reserved: k.stats.reserved_bytes,
-                });
-                continue;
-            }
-            // A source that can grow a block in place (virtual memory) extends a chunk first.
-            let step = crate::align::align_up(footprint, granule).map_or(size, |f| f.max(size));
-            match self.grow_in_place(k, len, rule, step, dedicated) {
-                Ok(Some(x)) => return Ok(x),
-                Ok(None) => {}
-                Err(Error::Runtime { code, .. }) if code.is_out_of_memory() => {
-                    last_err = Some(code.into_oom(k, len));
+            for (i, &size) in sizes.iter().enumerate() {
+                if i > 0 && size == sizes[0] {
+                    break;
+                }
+                if self.config.limit != 0 && k.stats.reserved_bytes + size > self.config.limit {
+                    last_err = Some(Error::LimitExceeded {
+                        kind: k.kind,
+                        requested: len,
+                        limit: self.config.limit,
+                        reserved: k.stats.reserved_bytes,
+                    });
                     continue;
                 }
-                Err(e) => return Err(e),
-            }
-            match self.new_chunk(k, size, rule.align(), dedicated) {
-                Ok(id) => {
-                    let a = k.chunks[id]
-                        .engine
-                        .alloc(len, rule)
-                        .map_err(|e| Error::Invalid(format!("fresh chunk refused: {e}")))?;
-                    k.hint = id;
-                    return Ok((id, a));
+                // A source that can grow a block in place (virtual memory) extends a chunk first.
+                match self.grow_in_place(k, len, rule, size, dedicated) {
+                    Ok(Some(x)) => return Ok(x),
+                    Ok(None) => {}
+                    Err(Error::Runtime { code, .. }) if code.is_out_of_memory() => {
+                        last_err = Some(code.into_oom(k, len));
+                        continue;
+                    }
+                    Err(e) => return Err(e),
                 }
-                Err(Error::Runtime { code, .. }) if code.is_out_of_memory() => {
-                    last_err = Some(code.into_oom(k, len));
+                match self.new_chunk(k, size, rule.align(), dedicated) {
+                    Ok(id) => {
+                        let a = k.chunks[id]
+                            .engine
+                            .alloc(len, rule)
+                            .map_err(|e| Error::Invalid(format!("fresh chunk refused: {e}")))?;
+                        return Ok((id, a));
+                    }
+                    Err(Error::Runtime { code, .. }) if code.is_out_of_memory() => {
+                        last_err = Some(code.into_oom(k, len));
+                    }
+                    Err(e) => return Err(e),
                 }
-                Err(e) => return Err(e),
             }
         }
         k.stats.ooms += 1;
@@ -696,6 +755,7 @@ impl PoolInner {
             base,
             engine,
             dedicated,
+            refused: NOTHING_REFUSED,
         });
         k.stats.chunks += 1;
         k.stats.reserved_bytes += block.size;
@@ -716,19 +776,15 @@ impl PoolInner {
         if dedicated {
             return Ok(None);
         }
-        let hint = k.hint;
-        let mut ids: Vec<usize> = k
+        // Newest first: under virtual memory only the block at the end of the reservation
+        // can grow, and that is the one mapped last.
+        let ids: Vec<usize> = k
             .chunks
             .iter()
-            .filter(|(id, c)| *id != hint && !c.dedicated && c.base % rule.align() as usize == 0)
+            .rev()
+            .filter(|(_, c)| !c.dedicated && c.base % rule.align() as usize == 0)
             .map(|(id, _)| id)
             .collect();
-        if k.chunks
-            .get(hint)
-            .is_some_and(|c| !c.dedicated && c.base % rule.align() as usize == 0)
-        {
-            ids.insert(0, hint);
-        }
         for id in ids {
             let old = k.chunks[id].block;
             let Some(block) = self.source.extend_block(old, additional)? else {
@@ -744,10 +800,11 @@ impl PoolInner {
                 return Err(Error::Invalid(e.to_string()));
             }
             c.block = block;
+            // More room: what the chunk refused before may fit now.
+            c.refused = NOTHING_REFUSED;
             k.stats.reserved_bytes += block.size - old.size;
             k.stats.peak_reserved_bytes = k.stats.peak_reserved_bytes.max(k.stats.reserved_bytes);
             if let Ok(a) = k.chunks[id].engine.alloc(len, rule) {
-                k.hint = id;
                 return Ok(Some((id, a)));
             }
         }
@@ -785,6 +842,7 @@ impl PoolInner {
         let mut empty: Vec<usize> = Vec::new();
         for (id, c) in k.chunks.iter_mut() {
             c.engine.trim();
+            c.refused = NOTHING_REFUSED;
             if c.engine.is_empty() {
                 empty.push(id);
             }
@@ -898,11 +956,24 @@ impl PoolInner {
 
     fn finish_free(&self, k: &mut KindPool, key: usize) {
         let e = k.live.remove(key);
+        if let Some(r) = &self.recorder {
+            r.free(e.addr);
+        }
         let chunk = &mut k.chunks[e.chunk];
         chunk
             .engine
             .free(e.alloc)
             .expect("registry and engine agree on live segments");
+        // The freed bytes may merge with a free neighbour on each side, each smaller than
+        // the refused footprint: requests past that sum still cannot fit.
+        let (refused, align) = chunk.refused;
+        chunk.refused = match refused
+            .checked_mul(2)
+            .and_then(|r| r.checked_add(e.alloc.footprint()))
+        {
+            Some(r) if refused != NOTHING_REFUSED.0 => (r, align),
+            _ => NOTHING_REFUSED,
+        };
         let now_empty = chunk.engine.is_empty();
         let s = &mut k.stats;
         s.allocated_bytes -= e.alloc.footprint();

@@ -1,0 +1,425 @@
+//! Pictures, as hand-written SVG: the pool's chunks, and bytes over a replay.
+//!
+//! - [`pool_state`]: one bar per chunk of a [`PoolSnapshot`], grouped by memory kind. Each
+//!   pixel column of a bar stacks, bottom to top, the share of its bytes that are allocated
+//!   (requested by live segments), padding (what the carve rule adds after each segment:
+//!   rounding to 32, the 32-byte pad, the round up to the start alignment) and free. The
+//!   label gives the exact shares of the whole chunk, since one segment's padding is often
+//!   far below a pixel.
+//! - [`timeline`]: live requested, live required (rule-mandated footprints) and reserved
+//!   bytes over a replay's events, from [`ReplayReport::timeline`](crate::trace::ReplayReport).
+//!
+//! Both return a complete SVG document as a `String`; nothing here touches memory or files.
+
+use std::fmt::Write as _;
+
+use crate::pool::{ChunkInfo, PoolSnapshot};
+use crate::trace::TimelinePoint;
+
+/// Width of every picture, px.
+const WIDTH: u32 = 960;
+/// Left margin (labels), px.
+const LABEL_W: u32 = 250;
+/// Height of one chunk bar, px.
+const BAR_H: u32 = 14;
+/// Vertical space per chunk row, px.
+const ROW_H: u32 = 20;
+
+const ALLOCATED: &str = "#4e79a7";
+const PADDING: &str = "#f28e2b";
+const FREE: &str = "#dcdcdc";
+const REQUESTED: &str = "#4e79a7";
+const REQUIRED: &str = "#f28e2b";
+const RESERVED: &str = "#59a14f";
+
+/// Escapes text for an SVG text node or attribute.
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// Bytes as MiB (or GiB past 10 GiB) with two decimals.
+fn human(bytes: u64) -> String {
+    let b = bytes as f64;
+    if b >= 10.0 * (1u64 << 30) as f64 {
+        format!("{:.2} GiB", b / (1u64 << 30) as f64)
+    } else {
+        format!("{:.2} MiB", b / (1u64 << 20) as f64)
+    }
+}
+
+/// Allocated, padding and free bytes in each of `columns` equal slices of a chunk.
+fn chunk_columns(chunk: &ChunkInfo, columns: usize) -> Vec<[f64; 3]> {
+    let mut cols = vec![[0.0f64; 3]; columns];
+    let size = chunk.size.max(1) as f64;
+    let per = size / columns as f64;
+    // Adds the bytes of [start, end) to class `c`, split over the columns it covers.
+    let mut add = |start: u64, end: u64, c: usize| {
+        let (s, e) = (start as f64, (end as f64).min(size));
+        if e <= s {
+            return;
+        }
+        let first = ((s / per) as usize).min(columns - 1);
+        let last = (((e / per).ceil() as usize).max(first + 1)).min(columns);
+        for (i, col) in cols.iter_mut().enumerate().take(last).skip(first) {
+            let lo = s.max(i as f64 * per);
+            let hi = e.min((i + 1) as f64 * per);
+            if hi > lo {
+                col[c] += hi - lo;
+            }
+        }
+    };
+    for seg in &chunk.segments {
+        add(seg.offset, seg.offset + seg.len, 0);
+        add(seg.offset + seg.len, seg.offset + seg.footprint, 1);
+    }
+    for col in &mut cols {
+        col[2] = (per - col[0] - col[1]).max(0.0);
+    }
+    cols
+}
+
+/// An SVG of every chunk in `snap`: one bar each, allocated / padding / free.
+///
+/// ```
+/// use ascend_pool::{Pool, PoolConfig, SimSource};
+/// use std::sync::Arc;
+/// let pool = Pool::new(Arc::new(SimSource::default()), PoolConfig::default()).unwrap();
+/// let _frame = pool.alloc_dvpp(3_110_400).unwrap();
+/// let svg = ascend_pool::svg::pool_state(&pool.snapshot(), "one frame");
+/// assert!(svg.starts_with("<svg") && svg.contains("dvpp"));
+/// ```
+pub fn pool_state(snap: &PoolSnapshot, title: &str) -> String {
+    let bar_w = WIDTH - LABEL_W - 10;
+    let rows: usize = snap.kinds.iter().map(|k| k.chunks.len() + 1).sum();
+    let height = 60 + rows as u32 * ROW_H + 10;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" viewBox="0 0 {WIDTH} {height}" font-family="sans-serif" font-size="11">"#
+    );
+    let _ = writeln!(
+        out,
+        r#"<rect width="{WIDTH}" height="{height}" fill="white"/><text x="10" y="18" font-size="14" font-weight="bold">{}</text>"#,
+        esc(title)
+    );
+    for (i, (name, color)) in [
+        ("allocated", ALLOCATED),
+        ("padding (carve rule)", PADDING),
+        ("free", FREE),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let x = 10 + i as u32 * 170;
+        let _ = writeln!(
+            out,
+            r#"<rect x="{x}" y="28" width="12" height="12" fill="{color}"/><text x="{}" y="38">{name}</text>"#,
+            x + 16
+        );
+    }
+    let mut y = 60;
+    for kind in &snap.kinds {
+        let s = &kind.stats;
+        let _ = writeln!(
+            out,
+            r#"<text x="10" y="{}" font-weight="bold">{}: {} chunk(s), {} reserved, {} live segments</text>"#,
+            y + 12,
+            kind.stats.kind.trace_name(),
+            kind.chunks.len(),
+            human(s.reserved_bytes),
+            s.live_regions
+        );
+        y += ROW_H;
+        for chunk in &kind.chunks {
+            let used: u64 = chunk.segments.iter().map(|g| g.len).sum();
+            let pad: u64 = chunk.segments.iter().map(|g| g.footprint - g.len).sum();
+            let pct = |b: u64| 100.0 * b as f64 / chunk.size.max(1) as f64;
+            let _ = writeln!(
+                out,
+                r#"<text x="10" y="{}">{}{}: {:.1}% / {:.2}% / {:.1}%</text>"#,
+                y + 11,
+                human(chunk.size),
+                if chunk.dedicated { " dedicated" } else { "" },
+                pct(used),
+                pct(pad),
+                pct(chunk.size.saturating_sub(used + pad))
+            );
+            bar(&mut out, chunk, LABEL_W, y, bar_w);
+            y += ROW_H;
+        }
+    }
+    out.push_str("</svg>\n");
+    out
+}
+
+/// Draws one chunk's bar at (`x`, `y`), `w` px wide, merging equal neighbouring columns.
+fn bar(out: &mut String, chunk: &ChunkInfo, x: u32, y: u32, w: u32) {
+    let cols = chunk_columns(chunk, w as usize);
+    // Pixel heights of allocated and padding (free fills the rest) per column.
+    let heights: Vec<(u32, u32)> = cols
+        .iter()
+        .map(|c| {
+            let total = (c[0] + c[1] + c[2]).max(1.0);
+            let a = (c[0] / total * f64::from(BAR_H)).round() as u32;
+            // Any padding at all shows as at least one pixel, so the rule's cost is visible.
+            let mut p = (c[1] / total * f64::from(BAR_H)).round() as u32;
+            if c[1] > 0.0 && p == 0 {
+                p = 1;
+            }
+            (a.min(BAR_H), p.min(BAR_H - a.min(BAR_H)))
+        })
+        .collect();
+    let _ = writeln!(
+        out,
+        r#"<rect x="{x}" y="{y}" width="{w}" height="{BAR_H}" fill="{FREE}"/>"#
+    );
+    let mut i = 0;
+    while i < heights.len() {
+        let (a, p) = heights[i];
+        let mut j = i + 1;
+        while j < heights.len() && heights[j] == (a, p) {
+            j += 1;
+        }
+        let (cx, cw) = (x + i as u32, (j - i) as u32);
+        if a > 0 {
+            let _ = writeln!(
+                out,
+                r#"<rect x="{cx}" y="{}" width="{cw}" height="{a}" fill="{ALLOCATED}"/>"#,
+                y + BAR_H - a
+            );
+        }
+        if p > 0 {
+            let _ = writeln!(
+                out,
+                r#"<rect x="{cx}" y="{}" width="{cw}" height="{p}" fill="{PADDING}"/>"#,
+                y + BAR_H - a - p
+            );
+        }
+        i = j;
+    }
+    let _ = writeln!(
+        out,
+        r##"<rect x="{x}" y="{y}" width="{w}" height="{BAR_H}" fill="none" stroke="#888" stroke-width="0.5"/>"##
+    );
+}
+
+/// Picks one series out of a timeline point.
+type Series = fn(&TimelinePoint) -> u64;
+
+/// A round step for about `n` ticks over `0..=max`.
+fn tick_step(max: f64, n: f64) -> f64 {
+    let raw = (max / n).max(1.0);
+    let mag = 10f64.powf(raw.log10().floor());
+    [1.0, 2.0, 2.5, 5.0, 10.0]
+        .iter()
+        .map(|m| m * mag)
+        .find(|&s| s >= raw)
+        .unwrap_or(10.0 * mag)
+}
+
+/// An SVG line chart of live requested, live required and reserved bytes over a replay.
+///
+/// ```
+/// use ascend_pool::trace::TimelinePoint;
+/// let pts = [
+///     TimelinePoint { op: 1, requested: 100, required: 192, reserved: 2 << 20 },
+///     TimelinePoint { op: 2, requested: 0, required: 0, reserved: 2 << 20 },
+/// ];
+/// let svg = ascend_pool::svg::timeline(&pts, "two events");
+/// assert!(svg.contains("<polyline") && svg.contains("reserved"));
+/// ```
+pub fn timeline(points: &[TimelinePoint], title: &str) -> String {
+    let (w, h) = (WIDTH, 420u32);
+    let (left, right, top, bottom) = (80.0, 20.0, 60.0, 50.0);
+    let pw = f64::from(w) - left - right;
+    let ph = f64::from(h) - top - bottom;
+    let max_op = points.last().map_or(1, |p| p.op).max(1) as f64;
+    let max_b = points
+        .iter()
+        .map(|p| p.requested.max(p.required).max(p.reserved))
+        .max()
+        .unwrap_or(0)
+        .max(1) as f64;
+    let mib = (1u64 << 20) as f64;
+    let y_step = tick_step(max_b / mib, 5.0) * mib;
+    let y_max = (max_b / y_step).ceil() * y_step;
+    let x_step = tick_step(max_op, 8.0);
+    let px = |op: f64| left + op / max_op * pw;
+    let py = |b: f64| top + ph - b / y_max * ph;
+
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="11">"#
+    );
+    let _ = writeln!(
+        out,
+        r#"<rect width="{w}" height="{h}" fill="white"/><text x="10" y="18" font-size="14" font-weight="bold">{}</text>"#,
+        esc(title)
+    );
+    for (i, (name, color)) in [
+        ("live requested", REQUESTED),
+        ("live required (carve rule)", REQUIRED),
+        ("reserved from the source", RESERVED),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let x = 10 + i as u32 * 220;
+        let _ = writeln!(
+            out,
+            r#"<rect x="{x}" y="30" width="14" height="4" fill="{color}"/><text x="{}" y="36">{name}</text>"#,
+            x + 18
+        );
+    }
+    // Axes and grid.
+    let mut v = 0.0;
+    while v <= y_max + 0.5 {
+        let y = py(v);
+        let _ = writeln!(
+            out,
+            r##"<line x1="{left}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#e8e8e8"/><text x="{:.1}" y="{:.1}" text-anchor="end">{:.0} MiB</text>"##,
+            left + pw,
+            left - 6.0,
+            y + 4.0,
+            v / mib
+        );
+        v += y_step;
+    }
+    let mut o = 0.0;
+    while o <= max_op {
+        let x = px(o);
+        let _ = writeln!(
+            out,
+            r##"<line x1="{x:.1}" y1="{top}" x2="{x:.1}" y2="{:.1}" stroke="#f0f0f0"/><text x="{x:.1}" y="{:.1}" text-anchor="middle">{o:.0}</text>"##,
+            top + ph,
+            top + ph + 16.0
+        );
+        o += x_step;
+    }
+    let _ = writeln!(
+        out,
+        r##"<text x="{:.1}" y="{}" text-anchor="middle">events replayed (each point: the largest value over its events)</text><rect x="{left}" y="{top}" width="{pw:.1}" height="{ph:.1}" fill="none" stroke="#888"/>"##,
+        left + pw / 2.0,
+        h - 10
+    );
+    // Required is drawn last and dashed: it hugs the requested line (the rule adds little).
+    let series: [(&str, &str, Series); 3] = [
+        (RESERVED, "", |p| p.reserved),
+        (REQUESTED, "", |p| p.requested),
+        (REQUIRED, r#" stroke-dasharray="4 3""#, |p| p.required),
+    ];
+    for (color, dash, get) in series {
+        let mut pts = String::new();
+        for p in points {
+            let _ = write!(pts, "{:.1},{:.1} ", px(p.op as f64), py(get(p) as f64));
+        }
+        let _ = writeln!(
+            out,
+            r#"<polyline fill="none" stroke="{color}" stroke-width="1.5"{dash} points="{}"/>"#,
+            pts.trim_end()
+        );
+    }
+    out.push_str("</svg>\n");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pool::{KindSnapshot, KindStats, SegmentInfo};
+    use crate::MemKind;
+
+    fn chunk(size: u64, segs: &[(u64, u64, u64)]) -> ChunkInfo {
+        ChunkInfo {
+            addr: 0,
+            size,
+            dedicated: false,
+            engine: Default::default(),
+            segments: segs
+                .iter()
+                .map(|&(offset, len, footprint)| SegmentInfo {
+                    kind: MemKind::Host,
+                    addr: offset as usize,
+                    offset,
+                    len,
+                    footprint,
+                    pending: false,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn columns_add_up_and_split_segments() {
+        // 4 columns of 100 bytes; a segment of 150 + 10 padding at 50.
+        let c = chunk_columns(&chunk(400, &[(50, 150, 160)]), 4);
+        assert_eq!(c[0], [50.0, 0.0, 50.0]);
+        assert_eq!(c[1], [100.0, 0.0, 0.0]);
+        assert_eq!(c[2], [0.0, 10.0, 90.0]);
+        assert_eq!(c[3], [0.0, 0.0, 100.0]);
+        for col in c {
+            assert!((col.iter().sum::<f64>() - 100.0).abs() < 1e-9);
+        }
+    }
+
+    #[test]
+    fn state_picture_has_a_bar_per_chunk_and_exact_shares() {
+        // KindStats has no public constructor: take one from a real pool.
+        let pool = crate::Pool::new(
+            std::sync::Arc::new(crate::SimSource::default()),
+            crate::PoolConfig::default(),
+        )
+        .unwrap();
+        let mut stats: KindStats = pool.stats(MemKind::Host);
+        stats.reserved_bytes = 2000;
+        let snap = PoolSnapshot {
+            source: "sim".into(),
+            device: 0,
+            kinds: vec![KindSnapshot {
+                stats,
+                chunks: vec![chunk(1000, &[(0, 500, 520)]), chunk(1000, &[])],
+            }],
+        };
+        let svg = pool_state(&snap, "a <title> & more");
+        assert!(svg.contains("a &lt;title&gt; &amp; more"));
+        assert!(svg.contains("50.0% / 2.00% / 48.0%"), "{svg}");
+        assert!(svg.contains("0.0% / 0.00% / 100.0%"));
+        // Two bars, each with its outline.
+        assert_eq!(
+            svg.matches(r##"stroke="#888" stroke-width="0.5""##).count(),
+            2
+        );
+        assert!(svg.trim_end().ends_with("</svg>"));
+    }
+
+    #[test]
+    fn timeline_scales_to_the_largest_value() {
+        let mib = 1u64 << 20;
+        let pts: Vec<TimelinePoint> = (1..=100)
+            .map(|i| TimelinePoint {
+                op: i,
+                requested: i * mib,
+                required: i * mib + 1000,
+                reserved: 128 * mib,
+            })
+            .collect();
+        let svg = timeline(&pts, "t");
+        assert_eq!(svg.matches("<polyline").count(), 3);
+        // The axis reaches the reserved 128 MiB: ticks every 50 MiB up to 150.
+        assert!(svg.contains(">150 MiB<"), "{svg}");
+        assert!(!svg.contains("NaN") && !svg.contains("inf"));
+        // An empty timeline still renders.
+        assert!(timeline(&[], "empty").contains("</svg>"));
+    }
+
+    #[test]
+    fn ticks_are_round() {
+        assert_eq!(tick_step(100.0, 5.0), 20.0);
+        assert_eq!(tick_step(128.0, 5.0), 50.0);
+        assert_eq!(tick_step(7.0, 8.0), 1.0);
+    }
+}

@@ -1,0 +1,156 @@
+//! `record`: a pool writes its allocations and frees as a trace, and replaying that trace
+//! gives back the same operations and the same live bytes.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use ascend_pool::pool::{Pool, PoolConfig};
+use ascend_pool::source::sim::SimSource;
+use ascend_pool::trace::{
+    replay, PoolFactory, TraceConfig, TraceItem, TraceOp, TraceReader, DEFAULT_DEVICE_SIZE,
+};
+use ascend_pool::MemKind;
+
+fn trace_path(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!(
+        "ascend-pool-record-{}-{name}.jsonl",
+        std::process::id()
+    ))
+}
+
+/// A small pipeline: packets, frames, model inputs and outputs, some freed behind a stream,
+/// two regions still live at the end. Returns the pool's totals (allocations, frees, peak
+/// requested bytes summed over kinds, live regions) and the regions still live.
+fn workload(pool: &Pool) -> ((u64, u64, u64, u64), Vec<ascend_pool::DeviceRegion>) {
+    let stream = pool.create_stream().unwrap();
+    let mut kept = Vec::new();
+    let mut frames = Vec::new();
+    for i in 0..200u64 {
+        let mut packet = pool.alloc_host(60_000 + i * 97).unwrap();
+        packet.as_mut_slice()[0] = i as u8;
+        let mut bitstream = pool.alloc_dvpp(60_000 + i * 97).unwrap();
+        // The packet is freed while the copy may still be queued: its free waits for the stream.
+        pool.copy_async(&mut bitstream, 0, &packet, 0, 4096, &stream)
+            .unwrap();
+        drop(packet);
+        let frame = pool.alloc_dvpp(1920 * 1080 * 3 / 2).unwrap();
+        let input = pool.alloc_model_input(640 * 640 * 3).unwrap();
+        let scores = pool.alloc_device(4096 + i).unwrap();
+        drop(bitstream);
+        frames.push(frame);
+        if frames.len() > 6 {
+            frames.remove(i as usize % 5);
+        }
+        drop(input);
+        if i % 50 == 0 {
+            kept.push(scores);
+        }
+    }
+    stream.synchronize().unwrap();
+    pool.synchronize().unwrap();
+    drop(frames);
+    kept.truncate(2);
+    let stats = pool.all_stats();
+    let allocs = stats.iter().map(|s| s.allocations).sum();
+    let frees = stats.iter().map(|s| s.frees).sum();
+    let peak_requested = stats.iter().map(|s| s.peak_requested_bytes).sum();
+    let live = stats.iter().map(|s| s.live_regions).sum();
+    // The kept regions stay live past the flush: the trace ends with them allocated.
+    pool.flush_record().unwrap();
+    ((allocs, frees, peak_requested, live), kept)
+}
+
+#[test]
+fn a_recorded_workload_replays_to_the_same_operations() {
+    let path = trace_path("roundtrip");
+    let config = PoolConfig::default().with_record(&path);
+    let pool = Pool::new(Arc::new(SimSource::default()), config).unwrap();
+    let ((allocs, frees, peak_requested, live), kept) = workload(&pool);
+    assert_eq!((allocs, frees, live), (1000, 998, 2));
+
+    // Every line is valid, ids increase by one per allocation, frees name live ids.
+    let file = std::fs::File::open(&path).unwrap();
+    let mut reader = TraceReader::new(std::io::BufReader::new(file), TraceConfig::default());
+    let (mut next_id, mut aligned_128_on_device) = (1, 0);
+    let mut live_ids = HashSet::new();
+    while let Some(item) = reader.next_item() {
+        match item.unwrap() {
+            TraceItem::Op(TraceOp::Alloc { id, kind, rule, .. }) => {
+                assert_eq!(id, next_id);
+                next_id += 1;
+                live_ids.insert(id);
+                if kind == MemKind::DEVICE && rule.align() == 128 {
+                    aligned_128_on_device += 1;
+                }
+            }
+            TraceItem::Op(TraceOp::Free { id, .. }) => assert!(live_ids.remove(&id)),
+            TraceItem::Rejected(r) => panic!("line {} rejected: {}", r.line, r.kind),
+        }
+    }
+    assert_eq!(next_id - 1, allocs);
+    assert_eq!(
+        aligned_128_on_device, 200,
+        "model inputs keep their 128-byte alignment"
+    );
+    assert_eq!(live_ids.len() as u64, live);
+
+    // Replaying the file through a fresh pool gives the same operations and peaks.
+    let factory = PoolFactory::new(PoolConfig::default(), DEFAULT_DEVICE_SIZE).unwrap();
+    let file = std::fs::File::open(&path).unwrap();
+    let report = replay(
+        std::io::BufReader::new(file),
+        TraceConfig::default(),
+        &factory,
+        |_| {},
+    )
+    .unwrap();
+    assert_eq!(report.ops, allocs + frees);
+    assert_eq!(report.errors.total(), 0);
+    assert_eq!(report.live_at_end, live);
+    assert_eq!(report.peak_requested_bytes, peak_requested);
+    assert!(
+        report.invariant_errors.is_empty(),
+        "{:?}",
+        report.invariant_errors
+    );
+    drop(kept);
+    let _ = std::fs::remove_file(&path);
+}
+
+#[test]
+fn record_comes_from_the_configuration_string() {
+    let path = trace_path("conf");
+    let config = PoolConfig::parse(&format!("chunk_size:64m, record:{}", path.display())).unwrap();
+    assert_eq!(config.record.as_deref(), Some(path.as_path()));
+    let pool = Pool::new(Arc::new(SimSource::default()), config).unwrap();
+    drop(pool.alloc_host(10).unwrap());
+    // Dropping the pool flushes the buffer.
+    drop(pool);
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert_eq!(
+        text,
+        "{\"op\":\"alloc\",\"id\":1,\"size\":10,\"mem\":\"host\"}\n{\"op\":\"free\",\"id\":1}\n"
+    );
+    let _ = std::fs::remove_file(&path);
+}
+
+#[test]
+fn an_unwritable_record_path_is_refused_when_the_pool_is_made() {
+    let bad = std::env::temp_dir()
+        .join("ascend-pool-no-such-directory")
+        .join("trace.jsonl");
+    let err = Pool::new(
+        Arc::new(SimSource::default()),
+        PoolConfig::default().with_record(bad),
+    )
+    .unwrap_err();
+    assert!(matches!(err, ascend_pool::Error::Config(_)), "{err:?}");
+}
+
+#[test]
+fn without_record_nothing_is_written_and_flush_is_a_no_op() {
+    let pool = Pool::new(Arc::new(SimSource::default()), PoolConfig::default()).unwrap();
+    drop(pool.alloc_device(100).unwrap());
+    pool.flush_record().unwrap();
+}
