@@ -1135,6 +1135,31 @@ pub struct PoolSegment(crate::pool::RawSegment);
 struct PoolSession {
     pool: crate::pool::Pool,
     sim: std::sync::Arc<crate::source::sim::SimSource>,
+    /// The virtual-memory source between pool and simulator, in [`ReplaySource::Vmm`].
+    vmm: Option<std::sync::Arc<crate::source::vmm::VmmSource<crate::source::sim::SimSource>>>,
+}
+
+/// Where a [`PoolFactory`]'s pool takes its blocks from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ReplaySource {
+    /// Device memory from virtual memory on the simulator
+    /// ([`VmmSource`](crate::source::vmm::VmmSource)): a chunk grows in place, granule by
+    /// granule, so one range per kind serves the whole trace. DVPP and host memory, which
+    /// the runtime cannot map, come straight from the simulator.
+    #[default]
+    Vmm,
+    /// Every block from the simulator's `aclrtMalloc*` calls: fixed chunks.
+    Sim,
+}
+
+impl ReplaySource {
+    /// `"vmm"` or `"sim"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Vmm => "vmm",
+            Self::Sim => "sim",
+        }
+    }
 }
 
 /// One memory kind of a [`PoolFactory`]'s pool behind [`RangeReplayer`].
@@ -1199,10 +1224,30 @@ impl RangeReplayer for PoolRange {
         }
         self.session.pool.validate().map_err(|e| e.to_string())?;
         let pool_calls = self.source_alloc_calls();
-        let sim_calls = self.session.sim.stats().alloc_calls(self.kind);
-        if pool_calls != sim_calls {
+        let Some(vmm) = &self.session.vmm else {
+            let sim_calls = self.session.sim.stats().alloc_calls(self.kind);
+            if pool_calls != sim_calls {
+                return Err(format!(
+                    "the pool counted {pool_calls} source allocations, the simulator {sim_calls}"
+                ));
+            }
+            return Ok(());
+        };
+        vmm.validate().map_err(|e| e.to_string())?;
+        // Device kinds are mapped by the virtual-memory source: what the pool holds of them
+        // is exactly what is mapped (chunks are whole granules).
+        let held: u64 = self
+            .session
+            .pool
+            .all_stats()
+            .iter()
+            .filter(|s| crate::source::vmm::is_virtual(s.kind))
+            .map(|s| s.reserved_bytes)
+            .sum();
+        let mapped = vmm.stats().mapped_bytes;
+        if held != mapped {
             return Err(format!(
-                "the pool counted {pool_calls} source allocations, the simulator {sim_calls}"
+                "the pool holds {held} bytes of device memory, the virtual-memory source maps {mapped}"
             ));
         }
         Ok(())
@@ -1218,6 +1263,7 @@ impl RangeReplayer for PoolRange {
 pub struct PoolFactory {
     pool_config: crate::pool::PoolConfig,
     sim_config: crate::source::sim::SimConfig,
+    source: ReplaySource,
     session: std::cell::RefCell<Option<std::rc::Rc<PoolSession>>>,
 }
 
@@ -1237,8 +1283,20 @@ impl PoolFactory {
         Ok(Self {
             pool_config,
             sim_config,
+            source: ReplaySource::default(),
             session: std::cell::RefCell::new(None),
         })
+    }
+
+    /// Takes blocks from `source` (default [`ReplaySource::Vmm`]).
+    pub fn with_source(mut self, source: ReplaySource) -> Self {
+        self.source = source;
+        self
+    }
+
+    /// Where the pool takes its blocks from.
+    pub fn source(&self) -> ReplaySource {
+        self.source
     }
 
     /// The pool configuration every replay uses.
@@ -1262,9 +1320,20 @@ impl ReplayerFactory for PoolFactory {
         let session = crate::source::sim::SimSource::new(self.sim_config.clone())
             .map(std::sync::Arc::new)
             .and_then(|sim| {
-                let source: std::sync::Arc<dyn crate::source::BlockSource> = sim.clone();
+                let (source, vmm): (std::sync::Arc<dyn crate::source::BlockSource>, _) =
+                    match self.source {
+                        ReplaySource::Sim => (sim.clone(), None),
+                        ReplaySource::Vmm => {
+                            let vmm = std::sync::Arc::new(crate::source::vmm::VmmSource::new(
+                                sim.clone(),
+                                self.pool_config.device,
+                                crate::source::vmm::VmmConfig::default(),
+                            )?);
+                            (vmm.clone(), Some(vmm))
+                        }
+                    };
                 let pool = crate::pool::Pool::new(source, self.pool_config.clone())?;
-                Ok(PoolSession { pool, sim })
+                Ok(PoolSession { pool, sim, vmm })
             });
         *self.session.borrow_mut() = session.ok().map(std::rc::Rc::new);
     }

@@ -300,10 +300,12 @@ fn blocks_grow_in_place_and_give_their_tail_back() {
     write(&vmm, a.addr + 8 * MIB as usize - 8, b"new tail");
     assert_eq!(used(&sim), 4 * G);
     // Growth within the mapped granules maps nothing.
+    // A new block goes half-way into the free addresses after `a`, so both can grow.
     let b = vmm.alloc_block(0, MemKind::DEVICE, G).unwrap();
-    assert_eq!(b.addr, base + 8 * MIB as usize);
-    // The neighbour takes the addresses after `a`: it cannot grow there any more.
-    assert!(vmm.extend_block(a, G).unwrap().is_none());
+    let room = (b.addr - (base + 8 * MIB as usize)) as u64;
+    assert_eq!(room, (reserved - 8 * MIB - G) / 2 / G * G);
+    // `a` grows up to its neighbour, never past it.
+    assert!(vmm.extend_block(a, room + G).unwrap().is_none());
     vmm.validate().unwrap();
 
     // Shrinking gives back the extent the growth mapped, not the first one.
@@ -536,4 +538,31 @@ fn the_pool_grows_a_chunk_in_place_and_trims_its_tail() {
     regions.push(pool.alloc_device(10 * MIB).unwrap());
     assert_eq!(pool.stats(MemKind::DEVICE).chunks, 1);
     pool.validate().unwrap();
+}
+
+#[test]
+fn blocks_taken_one_after_another_can_all_grow_in_place() {
+    let _g = serial();
+    let (_sim, vmm) = vmm(64 * MIB);
+    // Pools of three kinds, each growing its one chunk as it goes (as the pool does under
+    // virtual memory): every block keeps free addresses after it.
+    let mut blocks: Vec<_> = (0..3)
+        .map(|_| vmm.alloc_block(0, MemKind::DEVICE, G).unwrap())
+        .collect();
+    for _ in 0..4 {
+        for b in &mut blocks {
+            let addr = b.addr;
+            *b = vmm
+                .extend_block(*b, G)
+                .unwrap()
+                .expect("room after every block");
+            assert_eq!(b.addr, addr);
+        }
+    }
+    vmm.validate().unwrap();
+    for b in blocks {
+        assert_eq!(b.size, 5 * G);
+        vmm.free_block(b).unwrap();
+    }
+    assert_eq!(vmm.stats(), Default::default());
 }

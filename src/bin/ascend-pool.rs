@@ -31,8 +31,8 @@ use ascend_pool::engine::{EngineConfig, RangeTier};
 use ascend_pool::peers::{BuddyFactory, OffsetAllocatorFactory, RlsfFactory};
 use ascend_pool::pool::PoolConfig;
 use ascend_pool::trace::{
-    fullest_op, replay, EngineFactory, PoolFactory, ReplayReport, ReplayerFactory, TraceConfig,
-    DEFAULT_DEVICE_SIZE,
+    fullest_op, replay, EngineFactory, PoolFactory, ReplayReport, ReplaySource, ReplayerFactory,
+    TraceConfig, DEFAULT_DEVICE_SIZE,
 };
 
 #[derive(Debug, Parser)]
@@ -74,6 +74,10 @@ struct ReplayArgs {
     /// environment variable is not read, and `record` is ignored.
     #[arg(long, default_value = "")]
     pool_conf: String,
+    /// Where the pool takes device memory from: `vmm` maps granules into one reserved range
+    /// (chunks grow in place), `sim` allocates fixed chunks with `aclrtMalloc`.
+    #[arg(long, value_enum, default_value_t = PoolSource::Vmm)]
+    source: PoolSource,
     /// Write an SVG of the pool's chunks at the trace's fullest moment (one trace, pool only).
     #[arg(long, value_name = "FILE")]
     svg_state: Option<PathBuf>,
@@ -90,6 +94,24 @@ struct ReplayArgs {
     /// Device size in bytes: larger allocations are rejected, and each range gets this capacity.
     #[arg(long, default_value_t = DEFAULT_DEVICE_SIZE)]
     device_size: u64,
+}
+
+/// `--source` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum PoolSource {
+    /// Virtual memory on the simulator.
+    Vmm,
+    /// Plain `aclrtMalloc*` blocks from the simulator.
+    Sim,
+}
+
+impl From<PoolSource> for ReplaySource {
+    fn from(s: PoolSource) -> Self {
+        match s {
+            PoolSource::Vmm => ReplaySource::Vmm,
+            PoolSource::Sim => ReplaySource::Sim,
+        }
+    }
 }
 
 /// Every allocator the tool can replay through.
@@ -150,6 +172,7 @@ fn replay_one(
     passes: u32,
     bar: &ProgressBar,
     pool_config: &PoolConfig,
+    pool_source: ReplaySource,
 ) -> std::io::Result<ReplayReport> {
     fn go<F: ReplayerFactory>(
         path: &Path,
@@ -180,7 +203,8 @@ fn replay_one(
     match backend {
         Backend::Pool => {
             let factory = PoolFactory::new(pool_config.clone(), config.device_size)
-                .map_err(std::io::Error::other)?;
+                .map_err(std::io::Error::other)?
+                .with_source(pool_source);
             go(path, config, &factory, passes, bar)
         }
         Backend::Carve => go(path, config, &engine(RangeTier::Tlsf), passes, bar),
@@ -270,7 +294,7 @@ fn run_replay(args: &ReplayArgs) -> ExitCode {
         let mut failure = None;
         for &b in &backends {
             let c = if b == lead { lead_config } else { config };
-            match replay_one(path, b, c, passes, &bar, &pool_config) {
+            match replay_one(path, b, c, passes, &bar, &pool_config, args.source.into()) {
                 Ok(r) => reports.push(r),
                 Err(e) => {
                     failure = Some(e);

@@ -504,6 +504,12 @@ impl CarveEngine {
         removed
     }
 
+    /// Bytes of free space at the end of the range (not counting cached empty slab pages
+    /// there): what a request no free range fits can reuse when the range grows in place.
+    pub fn free_tail(&self) -> u64 {
+        self.range.free_tail()
+    }
+
     /// Highest offset ever in use: what a block under this engine must have reserved.
     pub fn high_water(&self) -> u64 {
         self.range.high_water()

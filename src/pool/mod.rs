@@ -665,6 +665,21 @@ impl PoolInner {
                     return Ok(x);
                 }
             }
+            // A source that can grow a block in place (virtual memory) extends a chunk
+            // first, by just what the request needs past the chunk's free tail.
+            match self.grow_in_place(k, len, rule, footprint) {
+                Ok(Some(x)) => return Ok(x),
+                Ok(None) => {}
+                Err(e @ Error::LimitExceeded { .. }) => {
+                    last_err = Some(e);
+                    continue;
+                }
+                Err(Error::Runtime { code, .. }) if code.is_out_of_memory() => {
+                    last_err = Some(code.into_oom(k, len));
+                    continue;
+                }
+                Err(e) => return Err(e),
+            }
             for (i, &size) in sizes.iter().enumerate() {
                 if i > 0 && size == sizes[0] {
                     break;
@@ -677,16 +692,6 @@ impl PoolInner {
                         reserved: k.stats.reserved_bytes,
                     });
                     continue;
-                }
-                // A source that can grow a block in place (virtual memory) extends a chunk first.
-                match self.grow_in_place(k, len, rule, size, dedicated) {
-                    Ok(Some(x)) => return Ok(x),
-                    Ok(None) => {}
-                    Err(Error::Runtime { code, .. }) if code.is_out_of_memory() => {
-                        last_err = Some(code.into_oom(k, len));
-                        continue;
-                    }
-                    Err(e) => return Err(e),
                 }
                 match self.new_chunk(k, size, rule.align(), dedicated) {
                     Ok(id) => {
@@ -763,29 +768,41 @@ impl PoolInner {
         Ok(id)
     }
 
-    /// Grows a shared chunk in place by `additional` bytes, when the source can, and carves
-    /// from it. `Ok(None)` when no chunk could grow or none then fits the request.
+    /// Grows a chunk in place so that `len` under `rule` fits at its end, where the source
+    /// can (virtual memory): the newest chunk first, since only the block mapped last has
+    /// free addresses after it. Large requests too: a grown range has no chunk boundary to
+    /// strand bytes at. `Ok(None)` when no chunk could grow; `LimitExceeded` past the limit.
     fn grow_in_place(
         &self,
         k: &mut KindPool,
         len: u64,
         rule: CarveRule,
-        additional: u64,
-        dedicated: bool,
+        footprint: u64,
     ) -> Result<Option<(usize, Allocation)>> {
-        if dedicated {
-            return Ok(None);
-        }
-        // Newest first: under virtual memory only the block at the end of the reservation
-        // can grow, and that is the one mapped last.
+        let granule = config::CHUNK_GRANULE;
         let ids: Vec<usize> = k
             .chunks
             .iter()
             .rev()
-            .filter(|(_, c)| !c.dedicated && c.base % rule.align() as usize == 0)
+            .filter(|(_, c)| c.base % rule.align() as usize == 0)
             .map(|(id, _)| id)
             .collect();
         for id in ids {
+            // The tail may start unaligned: one alignment's worth covers that.
+            let need = footprint
+                .saturating_add(rule.align())
+                .saturating_sub(k.chunks[id].engine.free_tail());
+            let Some(additional) = crate::align::align_up(need.max(1), granule) else {
+                continue;
+            };
+            if self.config.limit != 0 && k.stats.reserved_bytes + additional > self.config.limit {
+                return Err(Error::LimitExceeded {
+                    kind: k.kind,
+                    requested: len,
+                    limit: self.config.limit,
+                    reserved: k.stats.reserved_bytes,
+                });
+            }
             let old = k.chunks[id].block;
             let Some(block) = self.source.extend_block(old, additional)? else {
                 continue;

@@ -243,7 +243,7 @@ fn runtime_error(func: &'static str, code: AclError) -> Error {
 }
 
 /// Whether blocks of `kind` come from the reservation (device memory) or from the runtime.
-fn is_virtual(kind: MemKind) -> bool {
+pub fn is_virtual(kind: MemKind) -> bool {
     matches!(
         kind,
         MemKind::Device(_) | MemKind::DeviceAlign32(_) | MemKind::Cached(_)
@@ -362,17 +362,31 @@ impl<R: VmmRuntime> VmmSource<R> {
         Ok(())
     }
 
-    /// First free range of `len` bytes of addresses, if any.
+    /// Where a block of `len` bytes of addresses goes, if anywhere: in the largest free
+    /// range that holds it. A range right after a block is split in the middle, so the block
+    /// before it and the new one can both grow in place (pools of several kinds grow side
+    /// by side); the start of the reservation is taken as it is.
     fn find_gap(&self, s: &VmmState, len: u64) -> Option<usize> {
+        let end = self.base + self.reserved as usize;
         let mut cursor = self.base;
-        for (&addr, b) in &s.blocks {
-            if (addr - cursor) as u64 >= len {
-                return Some(cursor);
+        let mut best: Option<(usize, u64)> = None;
+        let mut consider = |start: usize, stop: usize| {
+            let room = (stop - start) as u64;
+            if room >= len && best.is_none_or(|(_, r)| room > r) {
+                best = Some((start, room));
             }
+        };
+        for (&addr, b) in &s.blocks {
+            consider(cursor, addr);
             cursor = addr + b.mapped as usize;
         }
-        let end = self.base + self.reserved as usize;
-        ((end - cursor) as u64 >= len).then_some(cursor)
+        consider(cursor, end);
+        let (start, room) = best?;
+        if start == self.base {
+            return Some(start);
+        }
+        let slack = (room - len) / 2 / self.granule * self.granule;
+        Some(start + slack as usize)
     }
 
     /// Allocates `len` bytes of physical memory and maps it at `va`, granule by granule.
