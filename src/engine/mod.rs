@@ -231,14 +231,14 @@ enum Range {
 }
 
 impl Range {
-    #[inline]
+    #[inline(always)]
     fn alloc(&mut self, size: u64, align: u64, tag: u32) -> Option<(u64, u32)> {
         match self {
             Self::Tlsf(t) => t.alloc(size, align, tag),
             Self::Buddy(b) => b.alloc(size, align, u64::from(tag)).map(|o| (o, NIL)),
         }
     }
-    #[inline]
+    #[inline(always)]
     fn free(&mut self, key: u32, offset: u64, tag: u32) -> Result<(), EngineError> {
         match self {
             Self::Tlsf(t) => t.free(key, offset, tag),
@@ -287,6 +287,12 @@ impl Range {
             Self::Buddy(b) => b.free_tail(),
         }
     }
+    fn unpark(&mut self) {
+        match self {
+            Self::Tlsf(t) => t.unpark_all(),
+            Self::Buddy(_) => {}
+        }
+    }
     fn shrink(&mut self, bytes: u64) {
         match self {
             Self::Tlsf(t) => t.shrink(bytes),
@@ -314,7 +320,8 @@ pub struct CarveEngine {
     counters: EngineCounters,
     /// Footprints of live allocations served by the range tier.
     range_live_bytes: u64,
-    /// Bumped per allocation (wrapping, never 0); tags handles so stale ones are caught.
+    /// Bumped per allocation (wrapping, never 0 nor `tlsf::PARKED`); tags handles so stale
+    /// ones are caught.
     next_tag: u32,
 }
 
@@ -348,7 +355,7 @@ impl CarveEngine {
         };
         let align = rule.align();
         let tag = self.next_tag;
-        self.next_tag = self.next_tag.checked_add(1).unwrap_or(1);
+        self.next_tag = if tag >= tlsf::PARKED - 1 { 1 } else { tag + 1 };
         let place;
         let offset;
         if self.slabs.serves(footprint, align) {
@@ -425,13 +432,15 @@ impl CarveEngine {
         Ok(())
     }
 
-    /// Gives cached empty slab pages back to the range tier.
+    /// Gives cached empty slab pages back to the range tier and merges the blocks the range
+    /// tier keeps parked for reuse, so the free space is whole again.
     pub fn trim(&mut self) {
         for rel in self.slabs.trim() {
             self.range
                 .free(rel.range_key, rel.base, rel.range_tag)
                 .expect("slab pages are live range allocations");
         }
+        self.range.unpark();
     }
 
     /// This engine's id, carried by its handles.

@@ -89,7 +89,8 @@ impl SlabAllocator {
     /// Whether a footprint at this start alignment is served by slabs.
     #[inline]
     pub fn serves(&self, footprint: u64, align: u64) -> bool {
-        footprint <= self.max_footprint && align <= 128 && footprint % align == 0
+        // `align` is a power of two: a mask, not a division, on the hot path.
+        footprint <= self.max_footprint && align <= 128 && footprint & (align - 1) == 0
     }
 
     /// Page geometry for a footprint: (bytes, objects, alignment).
