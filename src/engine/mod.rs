@@ -177,24 +177,30 @@ pub struct EngineStats {
     pub internal_waste: u64,
 }
 
-/// Where an allocation lives inside the engine.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum Place {
-    Range { key: u32, tag: u32 },
-    Slab { page: u32, slot: u32, tag: u32 },
-}
+/// Bit of [`Allocation`]'s `place` that marks a slab object.
+const SLAB_PLACE: u32 = 1 << 31;
 
 /// A segment handed out by a [`CarveEngine`]: offset, footprint and requested length.
 ///
 /// Only an engine creates these, so a handle names a segment of the engine whose id it carries.
+/// It is 32 bytes, and so is an `Option` of it: callers keep one per live segment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Allocation {
     offset: u64,
     footprint: u64,
-    len: u64,
-    engine: u32,
-    place: Place,
+    /// `footprint - len`; fits since padding is at most 1 MiB and alignment at most 1 GiB.
+    slack: u32,
+    /// Range tier: the tier's key (bit 31 clear). Slab: `SLAB_PLACE | page << SLOT_BITS | slot`.
+    place: u32,
+    /// The tag the engine gave the segment, so a stale handle is caught.
+    tag: u32,
+    engine: std::num::NonZeroU32,
 }
+
+static_assertions::const_assert!(std::mem::size_of::<Option<Allocation>>() == 32);
+static_assertions::const_assert!(
+    crate::align::MAX_ALIGN + (1 << 20) + crate::align::LEN_GRANULE <= u32::MAX as u64
+);
 
 impl Allocation {
     /// Offset of the segment's start in the engine's range (aligned as its rule asked).
@@ -207,19 +213,19 @@ impl Allocation {
     }
     /// Bytes the caller asked for.
     pub fn len(&self) -> u64 {
-        self.len
+        self.footprint - u64::from(self.slack)
     }
     /// Never true: zero-length segments are refused.
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.len() == 0
     }
     /// Id of the engine that handed it out.
     pub fn engine_id(&self) -> u32 {
-        self.engine
+        self.engine.get()
     }
     /// Whether the segment came from a slab.
     pub fn is_slab(&self) -> bool {
-        matches!(self.place, Place::Slab { .. })
+        self.place & SLAB_PLACE != 0
     }
 }
 
@@ -231,14 +237,15 @@ enum Range {
 }
 
 impl Range {
-    #[inline]
+    #[inline(always)]
     fn alloc(&mut self, size: u64, align: u64, tag: u32) -> Option<(u64, u32)> {
         match self {
             Self::Tlsf(t) => t.alloc(size, align, tag),
-            Self::Buddy(b) => b.alloc(size, align, u64::from(tag)).map(|o| (o, NIL)),
+            // The buddy finds blocks by offset: no key.
+            Self::Buddy(b) => b.alloc(size, align, u64::from(tag)).map(|o| (o, 0)),
         }
     }
-    #[inline]
+    #[inline(always)]
     fn free(&mut self, key: u32, offset: u64, tag: u32) -> Result<(), EngineError> {
         match self {
             Self::Tlsf(t) => t.free(key, offset, tag),
@@ -287,6 +294,12 @@ impl Range {
             Self::Buddy(b) => b.free_tail(),
         }
     }
+    fn unpark(&mut self) {
+        match self {
+            Self::Tlsf(t) => t.unpark_all(),
+            Self::Buddy(_) => {}
+        }
+    }
     fn shrink(&mut self, bytes: u64) {
         match self {
             Self::Tlsf(t) => t.shrink(bytes),
@@ -307,14 +320,15 @@ static NEXT_ENGINE_ID: AtomicU32 = AtomicU32::new(1);
 #[derive(Debug)]
 pub struct CarveEngine {
     /// Unique per engine, so handles from another engine are refused.
-    id: u32,
+    id: std::num::NonZeroU32,
     capacity: u64,
     range: Range,
     slabs: slab::SlabAllocator,
     counters: EngineCounters,
     /// Footprints of live allocations served by the range tier.
     range_live_bytes: u64,
-    /// Bumped per allocation (wrapping, never 0); tags handles so stale ones are caught.
+    /// Bumped per allocation (wrapping, never 0 nor `tlsf::PARKED`); tags handles so stale
+    /// ones are caught.
     next_tag: u32,
 }
 
@@ -327,7 +341,9 @@ impl CarveEngine {
             RangeTier::Buddy => Range::Buddy(buddy::BuddyRange::new(capacity, UNIT)?),
         };
         Ok(Self {
-            id: NEXT_ENGINE_ID.fetch_add(1, Ordering::Relaxed),
+            // Ids start at 1; after 4 billion engines they wrap (0 skipped).
+            id: std::num::NonZeroU32::new(NEXT_ENGINE_ID.fetch_add(1, Ordering::Relaxed))
+                .unwrap_or(std::num::NonZeroU32::MIN),
             capacity,
             range,
             slabs: slab::SlabAllocator::new(config.slab_max),
@@ -348,7 +364,7 @@ impl CarveEngine {
         };
         let align = rule.align();
         let tag = self.next_tag;
-        self.next_tag = self.next_tag.checked_add(1).unwrap_or(1);
+        self.next_tag = if tag >= tlsf::PARKED - 1 { 1 } else { tag + 1 };
         let place;
         let offset;
         if self.slabs.serves(footprint, align) {
@@ -370,18 +386,15 @@ impl CarveEngine {
                 return Err(self.out_of_space(footprint));
             };
             offset = off;
-            place = Place::Slab {
-                page,
-                slot,
-                tag: stag,
-            };
+            place = SLAB_PLACE | page << slab::SLOT_BITS | slot;
         } else {
             let Some((off, key)) = self.range.alloc(footprint, align, tag) else {
                 return Err(self.out_of_space(footprint));
             };
+            debug_assert!(key & SLAB_PLACE == 0, "range keys stay below 2^31");
             self.range_live_bytes += footprint;
             offset = off;
-            place = Place::Range { key, tag };
+            place = key;
         }
         let c = &mut self.counters;
         c.live += 1;
@@ -393,9 +406,11 @@ impl CarveEngine {
         Ok(Allocation {
             offset,
             footprint,
-            len,
-            engine: self.id,
+            // The carve rule adds at most 31 + padding + align - 1 bytes (asserted above).
+            slack: (footprint - len) as u32,
             place,
+            tag,
+            engine: self.id,
         })
     }
 
@@ -404,39 +419,40 @@ impl CarveEngine {
         if a.engine != self.id {
             return Err(EngineError::ForeignAllocation);
         }
-        match a.place {
-            Place::Slab { page, slot, tag } => {
-                if let Some(rel) = self.slabs.free(a.offset, page, slot, tag)? {
-                    self.range
-                        .free(rel.range_key, rel.base, rel.range_tag)
-                        .expect("slab pages are live range allocations");
-                }
+        if a.place & SLAB_PLACE != 0 {
+            let page = (a.place & !SLAB_PLACE) >> slab::SLOT_BITS;
+            let slot = a.place & ((1 << slab::SLOT_BITS) - 1);
+            if let Some(rel) = self.slabs.free(a.offset, page, slot, a.tag)? {
+                self.range
+                    .free(rel.range_key, rel.base, rel.range_tag)
+                    .expect("slab pages are live range allocations");
             }
-            Place::Range { key, tag } => {
-                self.range.free(key, a.offset, tag)?;
-                self.range_live_bytes -= a.footprint;
-            }
+        } else {
+            self.range.free(a.place, a.offset, a.tag)?;
+            self.range_live_bytes -= a.footprint;
         }
         let c = &mut self.counters;
         c.live -= 1;
         c.frees += 1;
-        c.requested_bytes -= a.len;
+        c.requested_bytes -= a.len();
         c.footprint_bytes -= a.footprint;
         Ok(())
     }
 
-    /// Gives cached empty slab pages back to the range tier.
+    /// Gives cached empty slab pages back to the range tier and merges the blocks the range
+    /// tier keeps parked for reuse, so the free space is whole again.
     pub fn trim(&mut self) {
         for rel in self.slabs.trim() {
             self.range
                 .free(rel.range_key, rel.base, rel.range_tag)
                 .expect("slab pages are live range allocations");
         }
+        self.range.unpark();
     }
 
     /// This engine's id, carried by its handles.
     pub fn id(&self) -> u32 {
-        self.id
+        self.id.get()
     }
 
     /// Bytes the engine spans now (changed by [`grow`](Self::grow) and

@@ -11,6 +11,10 @@ use smallvec::SmallVec;
 
 /// The granule of footprints: classes are `64, 128, 192, ...`.
 pub const CLASS_GRANULE: u64 = 64;
+/// Bits of an object's slot in a handle: a page holds at most 64 objects (see `page_shape`).
+pub const SLOT_BITS: u32 = 6;
+/// Pages the layer may hold at once, so a page index and a slot fit in 31 bits.
+pub const MAX_PAGES: usize = 1 << (31 - SLOT_BITS);
 
 /// One page of objects of a single footprint.
 #[derive(Debug)]
@@ -86,15 +90,22 @@ impl SlabAllocator {
         }
     }
 
-    /// Whether a footprint at this start alignment is served by slabs.
+    /// Whether a footprint at this start alignment is served by slabs (never once
+    /// [`MAX_PAGES`] pages are held, so page indices stay below it).
     #[inline]
     pub fn serves(&self, footprint: u64, align: u64) -> bool {
-        footprint <= self.max_footprint && align <= 128 && footprint % align == 0
+        // `align` is a power of two: a mask, not a division, on the hot path.
+        footprint <= self.max_footprint
+            && align <= 128
+            && footprint & (align - 1) == 0
+            && self.pages.len() < MAX_PAGES
     }
 
-    /// Page geometry for a footprint: (bytes, objects, alignment).
+    /// Page geometry for a footprint: (bytes, objects, alignment). At most 64 objects:
+    /// 4 KiB of 64-byte objects, else 32 objects up to 64 KiB.
     pub fn page_shape(footprint: u64) -> (u64, u32, u64) {
         let objects = (footprint * 32).clamp(4096, 65536) / footprint;
+        debug_assert!(objects <= 1 << SLOT_BITS);
         let align = if footprint % 128 == 0 { 128 } else { 64 };
         (objects * footprint, objects as u32, align)
     }

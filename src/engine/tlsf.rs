@@ -9,6 +9,12 @@
 //! Nodes live in one flat `Vec` addressed by `u32` index; the slots of merged-away nodes
 //! form an intrusive chain through `next_phys` and are reused first. Units are a power of
 //! two, so every byte/unit conversion is a shift.
+//!
+//! Recurring sizes (video frames, KV-cache blocks, slab pages) take a shortcut: a freed
+//! block is *parked* unmerged in a small table of exact-length lists, and the next request
+//! of that length takes it back in a few instructions. Parked blocks are merged (unparked)
+//! before a request would otherwise go to the wilderness, so the high-water mark never
+//! rises while merging could have served the request from below `top`.
 
 use super::{EngineError, RangeStats, NIL};
 
@@ -19,6 +25,27 @@ const SL_COUNT: usize = 1 << SL_SHIFT;
 const FL_COUNT: usize = 61;
 /// How many entries of a bin are tried, lowest address winning, before settling.
 const BIN_PROBES: usize = 8;
+/// Slots of the parked-block table (direct-mapped by exact length).
+const PARK_SLOTS: usize = 64;
+/// Tag of a parked node; never an allocation's tag.
+pub const PARKED: u32 = u32::MAX;
+
+/// Slot of the parked-block table for blocks of `len` units.
+#[inline]
+fn park_slot(len: u64) -> usize {
+    (len.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - PARK_SLOTS.trailing_zeros())) as usize
+}
+
+/// Freed blocks of one exact length, not merged yet; linked through `next_free`.
+#[derive(Debug, Clone, Copy)]
+struct ParkedList {
+    /// Length of every block in the list, in units; meaningless while `count == 0`.
+    len: u64,
+    /// First block (`NIL` when empty).
+    head: u32,
+    /// Blocks in the list.
+    count: u32,
+}
 
 /// One block of the range (free or used), or a vacant slot of the node table.
 #[derive(Debug, Clone, Copy)]
@@ -35,8 +62,8 @@ struct Node {
     /// Free-list links; meaningful only while free.
     prev_free: u32,
     next_free: u32,
-    /// The allocation's tag while used (never 0); 0 while free or vacant, so a stale
-    /// handle to a reused slot is caught.
+    /// The allocation's tag while used (never 0 nor [`PARKED`]); [`PARKED`] while parked;
+    /// 0 while free or vacant. A stale handle to a reused slot is caught by it.
     tag: u32,
 }
 
@@ -51,12 +78,16 @@ impl Node {
 ///
 /// Invariants (checked by [`TlsfRange::validate`]):
 /// - the nodes tile `[0, top)` in address order through `next_phys`/`prev_phys`;
-/// - no two free nodes are adjacent (free neighbours are always merged, and a free node
-///   never ends at `top`: it is folded into the wilderness instead);
+/// - no two free (binned) nodes are adjacent (free neighbours are always merged, and a free
+///   node never ends at `top`: it is folded into the wilderness instead); parked nodes
+///   count as used here, they are merged when unparked;
 /// - bit `fl` of `fl_bitmap` is set iff `sl_bitmap[fl] != 0`, and bit `sl` of
 ///   `sl_bitmap[fl]` is set iff `heads[fl][sl] != NIL`;
 /// - each free node is linked in exactly the bin `mapping_insert(len)` names;
-/// - every slot of `nodes` is either reachable from `last` or on the vacant chain.
+/// - every slot of `nodes` is either reachable from `last` or on the vacant chain;
+/// - each parked node is in exactly the parked list `park_slot(len)` names, whose `len` is
+///   its own; `parked_units`/`parked_nodes` are their sums, and bit `s` of `parked_slots`
+///   is set iff list `s` is not empty.
 #[derive(Debug)]
 pub struct TlsfRange {
     /// log2 of the bytes per unit: every offset and length is a multiple of the unit.
@@ -81,6 +112,13 @@ pub struct TlsfRange {
     binned_units: u64,
     /// Number of free nodes in bins.
     free_nodes: u64,
+    parked: [ParkedList; PARK_SLOTS],
+    /// Units in parked nodes.
+    parked_units: u64,
+    /// Number of parked nodes.
+    parked_nodes: u64,
+    /// Bit `s` set iff parked list `s` is not empty.
+    parked_slots: u64,
 }
 
 /// Bin of a free block of `len` units.
@@ -134,6 +172,14 @@ impl TlsfRange {
             heads: [[NIL; SL_COUNT]; FL_COUNT],
             binned_units: 0,
             free_nodes: 0,
+            parked: [ParkedList {
+                len: 0,
+                head: NIL,
+                count: 0,
+            }; PARK_SLOTS],
+            parked_units: 0,
+            parked_nodes: 0,
+            parked_slots: 0,
         })
     }
 
@@ -143,13 +189,39 @@ impl TlsfRange {
     }
 
     /// Allocates `size` bytes (a non-zero multiple of the unit) at an `align`-aligned offset
-    /// (`align` a power of two), marking it with `tag` (non-zero). Returns the offset and the
-    /// key [`TlsfRange::free`] needs.
-    #[inline]
+    /// (`align` a power of two), marking it with `tag` (neither 0 nor [`PARKED`]). Returns the
+    /// offset and the key [`TlsfRange::free`] needs.
+    #[inline(always)]
     pub fn alloc(&mut self, size: u64, align: u64, tag: u32) -> Option<(u64, u32)> {
-        debug_assert!(size % self.unit() == 0 && size > 0 && align.is_power_of_two() && tag != 0);
+        debug_assert!(size % self.unit() == 0 && size > 0 && align.is_power_of_two());
+        debug_assert!(tag != 0 && tag != PARKED);
         let len = size >> self.unit_shift;
         let align_units = (align >> self.unit_shift).max(1);
+        // A parked block of exactly this length, if it is aligned enough.
+        let list = &mut self.parked[park_slot(len)];
+        if list.count != 0 && list.len == len {
+            let idx = list.head;
+            let n = &mut self.nodes[idx as usize];
+            if n.start & (align_units - 1) == 0 {
+                list.head = n.next_free;
+                list.count -= 1;
+                if list.count == 0 {
+                    self.parked_slots &= !(1 << park_slot(len));
+                }
+                n.tag = tag;
+                self.parked_units -= len;
+                self.parked_nodes -= 1;
+                return Some((n.start << self.unit_shift, idx));
+            }
+        }
+        self.alloc_search(len, align_units, tag)
+    }
+
+    /// The request found no parked block: search the bins, then the wilderness.
+    #[inline(never)]
+    fn alloc_search(&mut self, len: u64, align_units: u64, tag: u32) -> Option<(u64, u32)> {
+        // Any such request sees the free space exactly as eager merging would leave it.
+        self.unpark_all();
         let (idx, start) = match self.find_free(len, align_units) {
             Some(node) => self.carve(node, len, align_units, tag),
             None => self.carve_wilderness(len, align_units, tag)?,
@@ -158,14 +230,60 @@ impl TlsfRange {
     }
 
     /// Frees the block `key` names, checking it is the live block at `offset` with `tag`.
-    #[inline]
+    /// The block is parked when its length's list has room, merged otherwise.
+    #[inline(always)]
     pub fn free(&mut self, key: u32, offset: u64, tag: u32) -> Result<(), EngineError> {
-        match self.nodes.get(key as usize) {
-            Some(n) if tag != 0 && n.tag == tag && n.start << self.unit_shift == offset => {}
-            _ => return Err(EngineError::AlreadyFreed { offset }),
+        let shift = self.unit_shift;
+        let Some(n) = self.nodes.get_mut(key as usize) else {
+            return Err(EngineError::AlreadyFreed { offset });
+        };
+        if tag == 0 || tag == PARKED || n.tag != tag || n.start << shift != offset {
+            return Err(EngineError::AlreadyFreed { offset });
         }
-        self.release(key);
+        let len = n.len;
+        let list = &mut self.parked[park_slot(len)];
+        if list.count == 0 || list.len == len {
+            n.tag = PARKED;
+            n.next_free = list.head;
+            list.head = key;
+            list.len = len;
+            list.count += 1;
+            self.parked_slots |= 1 << park_slot(len);
+            self.parked_units += len;
+            self.parked_nodes += 1;
+        } else {
+            self.release(key);
+        }
         Ok(())
+    }
+
+    /// Merges every parked block back into the bins (or the wilderness).
+    #[inline]
+    pub fn unpark_all(&mut self) {
+        if self.parked_slots != 0 {
+            self.unpark_slots();
+        }
+    }
+
+    #[inline(never)]
+    fn unpark_slots(&mut self) {
+        while self.parked_slots != 0 {
+            let slot = self.parked_slots.trailing_zeros() as usize;
+            self.parked_slots &= self.parked_slots - 1;
+            let mut i = self.parked[slot].head;
+            self.parked[slot] = ParkedList {
+                len: 0,
+                head: NIL,
+                count: 0,
+            };
+            while i != NIL {
+                let next = self.nodes[i as usize].next_free;
+                self.release(i);
+                i = next;
+            }
+        }
+        self.parked_units = 0;
+        self.parked_nodes = 0;
     }
 
     /// Highest offset (bytes) ever in use.
@@ -197,7 +315,8 @@ impl TlsfRange {
     }
 
     /// Bytes of free space at the end of the range: the wilderness (a free node never
-    /// touches it, so nothing below `top` is part of the free tail).
+    /// touches it, so nothing below `top` is part of the free tail; a parked one may:
+    /// [`TlsfRange::unpark_all`] first).
     pub fn free_tail(&self) -> u64 {
         (self.capacity - self.top) << self.unit_shift
     }
@@ -210,17 +329,21 @@ impl TlsfRange {
 
     /// Free and fragmentation figures.
     pub fn stats(&self) -> RangeStats {
+        // Parked blocks are free space too, each counted on its own (not merged yet).
         let mut largest = self.capacity - self.top;
         for n in &self.nodes {
-            if n.is_free() {
+            if n.is_free() || n.tag == PARKED {
                 largest = largest.max(n.len);
             }
         }
+        let free = self.binned_units + self.parked_units + self.capacity - self.top;
         RangeStats {
             capacity: self.capacity(),
-            free_bytes: (self.binned_units + self.capacity - self.top) << self.unit_shift,
+            free_bytes: free << self.unit_shift,
             largest_free: largest << self.unit_shift,
-            free_fragments: self.free_nodes + u64::from(self.top < self.capacity),
+            free_fragments: self.free_nodes
+                + self.parked_nodes
+                + u64::from(self.top < self.capacity),
             high_water: self.high_water(),
             top: self.top << self.unit_shift,
         }
@@ -239,6 +362,8 @@ impl TlsfRange {
         let mut seen = 0usize;
         let mut binned = 0u64;
         let mut free_nodes = 0u64;
+        let mut parked_units = 0u64;
+        let mut parked_nodes = 0u64;
         while idx != NIL {
             let Some(n) = self.nodes.get(idx as usize) else {
                 return fail(format!("dangling node {idx}"));
@@ -255,6 +380,12 @@ impl TlsfRange {
                 let (fl, sl) = mapping_insert(n.len);
                 if !self.bin_contains(fl, sl, idx) {
                     return fail(format!("free node {idx} is not in bin ({fl},{sl})"));
+                }
+            } else if n.tag == PARKED {
+                parked_units += n.len;
+                parked_nodes += 1;
+                if !self.parked_contains(idx, n.len) {
+                    return fail(format!("parked node {idx} is not in its list"));
                 }
             }
             cursor += n.len;
@@ -292,6 +423,46 @@ impl TlsfRange {
         if binned != self.binned_units || free_nodes != self.free_nodes {
             return fail("free counters disagree with the nodes".into());
         }
+        if parked_units != self.parked_units || parked_nodes != self.parked_nodes {
+            return fail("parked counters disagree with the nodes".into());
+        }
+        // Every listed node is parked with the list's length, so with the counts equal and
+        // each parked node found in its list, the lists hold exactly the parked nodes.
+        let mut listed = 0u64;
+        for (slot, list) in self.parked.iter().enumerate() {
+            let mut i = list.head;
+            let mut count = 0u32;
+            while i != NIL {
+                match self.nodes.get(i as usize) {
+                    Some(n)
+                        if n.tag == PARKED
+                            && n.len == list.len
+                            && park_slot(n.len) == slot
+                            && count < list.count =>
+                    {
+                        i = n.next_free;
+                        count += 1;
+                    }
+                    _ => return fail(format!("parked list {slot} holds a wrong node {i}")),
+                }
+            }
+            if count != list.count {
+                return fail(format!(
+                    "parked list {slot} counts {} of {count}",
+                    list.count
+                ));
+            }
+            if (self.parked_slots >> slot & 1 == 1) != (count != 0) {
+                return fail(format!("parked slot bit {slot} is stale"));
+            }
+            listed += u64::from(count);
+        }
+        if listed != self.parked_nodes {
+            return fail(format!(
+                "{listed} parked nodes listed of {}",
+                self.parked_nodes
+            ));
+        }
         for fl in 0..FL_COUNT {
             if (self.fl_bitmap >> fl & 1 == 1) != (self.sl_bitmap[fl] != 0) {
                 return fail(format!("fl bitmap bit {fl} is stale"));
@@ -325,12 +496,26 @@ impl TlsfRange {
 
     /// Whether nothing is allocated.
     pub fn is_empty(&self) -> bool {
-        self.top == 0
+        self.top == self.parked_units + self.binned_units
     }
 
-    /// Used bytes, padding gaps included.
+    /// Used bytes, padding gaps included (parked blocks are free).
     pub fn used_bytes(&self) -> u64 {
-        (self.top - self.binned_units) << self.unit_shift
+        (self.top - self.binned_units - self.parked_units) << self.unit_shift
+    }
+
+    fn parked_contains(&self, idx: u32, len: u64) -> bool {
+        let list = &self.parked[park_slot(len)];
+        let mut i = list.head;
+        let mut steps = 0;
+        while i != NIL && steps <= list.count {
+            if i == idx {
+                return list.len == len;
+            }
+            i = self.nodes[i as usize].next_free;
+            steps += 1;
+        }
+        false
     }
 
     fn first_node(&self) -> u32 {
@@ -680,11 +865,67 @@ mod tests {
     }
 
     #[test]
+    fn parked_blocks_are_reused_exactly_and_merged_before_other_requests() {
+        let mut t = TlsfRange::new(1 << 20, 64).unwrap();
+        let (a, ka, ta) = alloc(&mut t, 4096, 64).unwrap();
+        let (b, kb, tb) = alloc(&mut t, 4096, 64).unwrap();
+        let (c, kc, tc) = alloc(&mut t, 64, 64).unwrap();
+        t.free(kb, b, tb).unwrap();
+        t.free(ka, a, ta).unwrap();
+        t.validate().unwrap();
+        // Both are parked, unmerged: free space, but not in use.
+        assert_eq!(t.used_bytes(), 64);
+        assert_eq!(t.stats().free_fragments, 3);
+        // A stale or repeated free of a parked block is refused.
+        assert!(t.free(kb, b, tb).is_err());
+        assert!(t.free(ka, a, PARKED).is_err());
+        // The same length comes back at once, last freed first, with a fresh tag.
+        let (d, kd, td) = alloc(&mut t, 4096, 64).unwrap();
+        assert_eq!((d, kd), (a, ka));
+        assert!(t.free(ka, a, ta).is_err());
+        t.validate().unwrap();
+        // An exact block that is not aligned enough (`b`, at 4096) is not taken.
+        let (e, ke, te) = alloc(&mut t, 4096, 8192).unwrap();
+        assert_eq!(e, 16384);
+        // That request merged what was parked: `b` is in a bin and serves the next one.
+        let (f, kf, tf) = alloc(&mut t, 128, 64).unwrap();
+        assert_eq!(f, b);
+        t.validate().unwrap();
+        for (o, k, tag) in [(c, kc, tc), (d, kd, td), (e, ke, te), (f, kf, tf)] {
+            t.free(k, o, tag).unwrap();
+        }
+        assert!(t.used_bytes() == 0 && t.is_empty());
+        t.unpark_all();
+        t.validate().unwrap();
+        assert_eq!(t.stats().top, 0);
+        assert_eq!(t.free_tail(), 1 << 20);
+    }
+
+    #[test]
+    fn parking_never_raises_the_high_water_mark() {
+        // Blocks of one length are parked; a request of another length that fits only
+        // once they merge must not go to the wilderness.
+        let mut t = TlsfRange::new(1 << 20, 64).unwrap();
+        let blocks: Vec<_> = (0..4).map(|_| alloc(&mut t, 1024, 64).unwrap()).collect();
+        let (g, kg, tg) = alloc(&mut t, 64, 64).unwrap();
+        for &(o, k, tag) in &blocks {
+            t.free(k, o, tag).unwrap();
+        }
+        let high = t.high_water();
+        let (h, _, _) = alloc(&mut t, 4096, 64).unwrap();
+        assert_eq!(h, 0);
+        assert_eq!(t.high_water(), high);
+        t.free(kg, g, tg).unwrap();
+        t.validate().unwrap();
+    }
+
+    #[test]
     fn grow_extends_the_wilderness_and_shrink_cuts_it() {
         let mut t = TlsfRange::new(4096, 64).unwrap();
         let (a, ka, ta) = alloc(&mut t, 2048, 64).unwrap();
         let (b, kb, tb) = alloc(&mut t, 1024, 64).unwrap();
         t.free(kb, b, tb).unwrap();
+        t.unpark_all();
         // The freed node folded into the wilderness: the tail is all of [2048, 4096).
         assert_eq!(t.free_tail(), 2048);
         assert!(alloc(&mut t, 4096, 64).is_none());
@@ -696,11 +937,13 @@ mod tests {
         t.validate().unwrap();
         assert_eq!(t.free_tail(), 0);
         t.free(kc, c, tc).unwrap();
+        t.unpark_all();
         t.shrink(4096);
         assert_eq!((t.capacity(), t.free_tail()), (4096, 2048));
         t.validate().unwrap();
         assert!(alloc(&mut t, 4096, 64).is_none());
         t.free(ka, a, ta).unwrap();
+        t.unpark_all();
         t.shrink(4096);
         assert_eq!(t.capacity(), 0);
         assert!(alloc(&mut t, 64, 64).is_none());
