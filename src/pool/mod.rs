@@ -7,10 +7,25 @@
 //! the release threshold, and honours a memory limit. When the source runs out it reclaims
 //! deferred frees, trims, waits for streams, and retries before failing with an error
 //! that says what was requested, reserved, in use and the largest free range.
+//!
+//! In front of the kind pools, each thread keeps a small cache of segments it freed
+//! (see [`cache`]): a thread's next allocation of the same length and alignment takes one
+//! back without taking the kind's lock, so threads allocating at once scale with the cores.
 
+mod cache;
 pub mod config;
 
 pub use config::PoolConfig;
+
+use cache::{CacheItem, CacheRegistry, Put, ThreadCache};
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Weak;
+
+/// The primitives [`cache`] is built on; the loom models put loom's in their place.
+pub(crate) mod sync {
+    pub(crate) use std::sync::{Arc, Mutex, MutexGuard};
+}
 
 use crate::align::CarveRule;
 use crate::engine::{Allocation, CarveEngine, EngineError, EngineStats};
@@ -60,6 +75,11 @@ pub struct KindStats {
     pub source_free_calls: u64,
     /// Allocations that failed for lack of memory (after retrying).
     pub ooms: u64,
+    /// Footprint bytes of free segments held in per-thread caches (not in `allocated_bytes`;
+    /// `allocated_bytes + cached_bytes` is what the chunks' engines have carved out).
+    pub cached_bytes: u64,
+    /// Free segments held in per-thread caches (not in `live_regions`).
+    pub cached_regions: u64,
 }
 
 impl KindStats {
@@ -80,6 +100,8 @@ impl KindStats {
             source_alloc_calls: 0,
             source_free_calls: 0,
             ooms: 0,
+            cached_bytes: 0,
+            cached_regions: 0,
         }
     }
 }
@@ -99,6 +121,8 @@ pub struct SegmentInfo {
     pub footprint: u64,
     /// Whether its free waits for a stream.
     pub pending: bool,
+    /// Whether it is free, held in a thread cache for reuse (never in a leak report).
+    pub cached: bool,
 }
 
 /// One chunk in a snapshot.
@@ -155,7 +179,7 @@ struct LiveEntry {
 }
 
 impl LiveEntry {
-    fn info(&self, kind: MemKind) -> SegmentInfo {
+    fn info(&self, kind: MemKind, cached: bool) -> SegmentInfo {
         SegmentInfo {
             kind,
             addr: self.addr,
@@ -163,6 +187,7 @@ impl LiveEntry {
             len: self.alloc.len(),
             footprint: self.alloc.footprint(),
             pending: self.pending,
+            cached,
         }
     }
 }
@@ -178,8 +203,10 @@ struct PendingFree {
 /// Invariants (checked by [`Pool::validate`]):
 /// - every entry of `live` names a chunk in `chunks` and an allocation live in its engine;
 /// - `stats.reserved_bytes` is the sum of chunk block sizes, `stats.chunks` their number;
-/// - `stats.allocated_bytes` / `requested_bytes` are the sums over `live`;
-/// - every pending free names a `live` entry marked pending, and no other entry is.
+/// - `stats.allocated_bytes` / `requested_bytes` are the sums over `live` (segments held
+///   in thread caches included: [`Pool::stats`] takes them out);
+/// - every pending free names a `live` entry marked pending, and no other entry is;
+/// - every segment held in a thread cache names a `live` entry that is not pending.
 #[derive(Debug)]
 struct KindPool {
     kind: MemKind,
@@ -200,10 +227,42 @@ pub(crate) struct PoolInner {
     idle_events: Mutex<Vec<EventHandle>>,
     /// Overruns found when regions were dropped (drop cannot return them).
     corruption: Mutex<Vec<Error>>,
+    /// Per-thread caches of free segments; `None` when `config.thread_cache` is 0.
+    caches: Option<CacheRegistry<RawSegment>>,
+    /// Tells this pool's thread caches apart from other pools' in a thread's slots.
+    id: u64,
+    /// This pool, for the thread slots (which must not keep it alive).
+    me: Weak<PoolInner>,
+    /// Set when the [`Pool`] handle drops: no allocation can come any more, so frees
+    /// bypass the thread caches and chunks can go back.
+    closed: AtomicBool,
 }
 
-/// A handle on a live segment: what a region holds.
-#[derive(Debug)]
+/// Ids for [`PoolInner::id`].
+static NEXT_POOL_ID: AtomicU64 = AtomicU64::new(0);
+
+/// One thread's cache for one pool; dropped (flushed back) when the thread exits.
+struct CacheSlot {
+    pool_id: u64,
+    pool: Weak<PoolInner>,
+    cache: Arc<ThreadCache<RawSegment>>,
+}
+
+impl Drop for CacheSlot {
+    fn drop(&mut self) {
+        if let Some(pool) = self.pool.upgrade() {
+            pool.retire_cache(&self.cache);
+        }
+    }
+}
+
+thread_local! {
+    /// This thread's caches, one per pool it has freed into.
+    static THREAD_CACHES: RefCell<Vec<CacheSlot>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A handle on a live segment: what a region holds, and what a thread cache keeps.
+#[derive(Debug, Clone, Copy)]
 pub(crate) struct RawSegment {
     pub(crate) kind: MemKind,
     pub(crate) addr: usize,
@@ -211,6 +270,18 @@ pub(crate) struct RawSegment {
     pub(crate) align: u64,
     key: usize,
     alloc: Allocation,
+}
+
+impl CacheItem for RawSegment {
+    fn class(&self) -> usize {
+        self.kind.index()
+    }
+    fn shape(&self) -> (u64, u64) {
+        (self.len, self.align)
+    }
+    fn bytes(&self) -> u64 {
+        self.alloc.footprint()
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -268,12 +339,16 @@ impl Pool {
             })
         });
         Ok(Self {
-            inner: Arc::new(PoolInner {
+            inner: Arc::new_cyclic(|me| PoolInner {
                 source,
-                config,
                 kinds,
                 idle_events: Mutex::new(Vec::new()),
                 corruption: Mutex::new(Vec::new()),
+                caches: (config.thread_cache > 0).then(|| CacheRegistry::new(config.thread_cache)),
+                id: NEXT_POOL_ID.fetch_add(1, Ordering::Relaxed),
+                closed: AtomicBool::new(false),
+                me: Weak::clone(me),
+                config,
             }),
         })
     }
@@ -294,10 +369,13 @@ impl Pool {
     }
 
     /// Counters of one kind.
+    ///
+    /// Segments held free in thread caches count in `cached_bytes` / `cached_regions`, not
+    /// as allocated or live; allocations served from a cache and frees into one count as
+    /// allocations and frees. The peaks are those of `allocated_bytes + cached_bytes`.
     pub fn stats(&self, kind: MemKind) -> KindStats {
-        let mut k = lock(&self.inner.kinds[kind.index()]);
-        k.stats.pending_frees = k.pending.len() as u64;
-        k.stats
+        let k = lock(&self.inner.kinds[kind.index()]);
+        self.inner.kind_stats(&k)
     }
 
     /// Counters of every kind, summed where summing makes sense (peaks are sums of peaks).
@@ -307,10 +385,12 @@ impl Pool {
 
     /// Gives every empty chunk back to the source (after reclaiming completed deferred frees).
     /// Returns the bytes released.
+    /// Thread caches are flushed first.
     pub fn trim(&self) -> u64 {
         let mut released = 0;
         for m in &self.inner.kinds {
             let mut k = lock(m);
+            self.inner.flush_kind(&mut k);
             self.inner.reclaim(&mut k, false);
             released += self.inner.trim_kind(&mut k, 0);
         }
@@ -326,22 +406,64 @@ impl Pool {
         Ok(())
     }
 
-    /// Checks every invariant of every kind's pool and chunk engine.
+    /// Gives every segment held in any thread's cache back to its kind pool (each thread
+    /// keeps using its cache afterwards). Returns the footprint bytes given back.
+    ///
+    /// Caches are also flushed when their thread exits, by [`trim`](Self::trim), and when
+    /// an allocation would otherwise grow or fail.
+    pub fn flush_thread_caches(&self) -> u64 {
+        let mut flushed = 0;
+        for m in &self.inner.kinds {
+            let mut k = lock(m);
+            flushed += self.inner.flush_kind(&mut k);
+        }
+        flushed
+    }
+
+    /// Checks every invariant of every kind's pool and chunk engine, and of the thread
+    /// caches: each cached segment is live, not pending, held once, and counted right.
     pub fn validate(&self) -> Result<()> {
         for m in &self.inner.kinds {
             let k = lock(m);
             k.validate()?;
+            let Some(reg) = &self.inner.caches else {
+                continue;
+            };
+            let class = k.kind.index();
+            let mut seen = std::collections::HashSet::new();
+            let mut problem = None;
+            reg.for_each(|c| {
+                if let Err(e) = c.check() {
+                    problem.get_or_insert(e);
+                }
+                c.for_each_held(class, |seg| match k.live.get(seg.key) {
+                    Some(e) if e.alloc == seg.alloc && !e.pending && seen.insert(seg.key) => {}
+                    _ => {
+                        problem.get_or_insert(format!(
+                            "cached segment at {:#x} is not a live, unique, settled segment",
+                            seg.addr
+                        ));
+                    }
+                });
+            });
+            if let Some(p) = problem {
+                return Err(Error::Invalid(format!("{} thread caches: {p}", k.kind)));
+            }
         }
         Ok(())
     }
 
-    /// Live segments (including those whose free waits for a stream).
+    /// Live segments (including those whose free waits for a stream; not those held free
+    /// in thread caches).
     pub fn leak_report(&self) -> Vec<SegmentInfo> {
         let mut out = Vec::new();
         for m in &self.inner.kinds {
             let k = lock(m);
-            for (_, e) in k.live.iter() {
-                out.push(e.info(k.kind));
+            let cached = self.inner.cached_keys(&k);
+            for (key, e) in k.live.iter() {
+                if !cached.contains(&key) {
+                    out.push(e.info(k.kind, false));
+                }
             }
         }
         out.sort_by_key(|s| s.addr);
@@ -357,11 +479,12 @@ impl Pool {
     pub fn snapshot(&self) -> PoolSnapshot {
         let mut kinds = Vec::new();
         for m in &self.inner.kinds {
-            let mut k = lock(m);
+            let k = lock(m);
             if k.stats.allocations == 0 && k.chunks.is_empty() {
                 continue;
             }
-            k.stats.pending_frees = k.pending.len() as u64;
+            let stats = self.inner.kind_stats(&k);
+            let cached = self.inner.cached_keys(&k);
             let mut chunks: Vec<(usize, ChunkInfo)> = k
                 .chunks
                 .iter()
@@ -378,9 +501,9 @@ impl Pool {
                     )
                 })
                 .collect();
-            for (_, e) in k.live.iter() {
+            for (key, e) in k.live.iter() {
                 if let Some((_, info)) = chunks.iter_mut().find(|(id, _)| *id == e.chunk) {
-                    info.segments.push(e.info(k.kind));
+                    info.segments.push(e.info(k.kind, cached.contains(&key)));
                 }
             }
             let mut chunks: Vec<ChunkInfo> = chunks.into_iter().map(|(_, c)| c).collect();
@@ -388,10 +511,7 @@ impl Pool {
             for c in &mut chunks {
                 c.segments.sort_by_key(|s| s.offset);
             }
-            kinds.push(KindSnapshot {
-                stats: k.stats,
-                chunks,
-            });
+            kinds.push(KindSnapshot { stats, chunks });
         }
         PoolSnapshot {
             source: self.inner.source.name().to_string(),
@@ -408,6 +528,9 @@ impl Pool {
 
 impl Drop for Pool {
     fn drop(&mut self) {
+        // No allocation can come any more: what the caches hold is free memory.
+        self.inner.closed.store(true, Ordering::Release);
+        self.flush_thread_caches();
         let leaks = self.leak_report();
         if !leaks.is_empty() {
             eprintln!(
@@ -499,6 +622,23 @@ impl PoolInner {
     fn allocate(&self, kind: MemKind, len: u64, align: u64) -> Result<RawSegment> {
         let rule = self.rule(kind, align)?;
         let footprint = rule.footprint(len)?;
+        if self.cacheable(footprint) {
+            if let Some(seg) = self.take_cached(kind, len, align)? {
+                return Ok(seg);
+            }
+        }
+        self.allocate_from_kind(kind, len, align, rule, footprint)
+    }
+
+    /// The kind pool's allocation path: carve (reclaiming or growing if need be), register.
+    fn allocate_from_kind(
+        &self,
+        kind: MemKind,
+        len: u64,
+        align: u64,
+        rule: CarveRule,
+        footprint: u64,
+    ) -> Result<RawSegment> {
         let mut k = lock(&self.kinds[kind.index()]);
         let kind = k.kind;
         let found = match Self::carve_existing(&mut k, len, rule) {
@@ -597,6 +737,7 @@ impl PoolInner {
         let mut last_err = None;
         for attempt in 0..3 {
             if attempt == 1 {
+                self.flush_kind(k);
                 self.reclaim(k, false);
                 self.trim_kind(k, 0);
             } else if attempt == 2 {
@@ -745,7 +886,7 @@ impl PoolInner {
                 for ev in p.events {
                     self.put_event(ev);
                 }
-                self.finish_free(k, p.key);
+                self.finish_free(k, p.key, true);
                 done += 1;
             } else {
                 i += 1;
@@ -773,14 +914,24 @@ impl PoolInner {
 
     /// Frees a segment; with `streams`, only once work queued on them so far has run.
     pub(crate) fn release(&self, seg: &RawSegment, streams: &[StreamHandle]) -> Result<()> {
+        // No stream uses it: this thread's cache may keep it. (A region releases its
+        // segment exactly once, so the registry check below is not needed to get here.)
+        if streams.is_empty() && self.cacheable(seg.alloc.footprint()) {
+            if self.config.debug {
+                self.check_canary(seg)?;
+            }
+            if self.put_cached(seg) {
+                return Ok(());
+            }
+        }
         let mut k = lock(&self.kinds[seg.kind.index()]);
         match k.live.get(seg.key) {
             Some(e) if e.alloc == seg.alloc && !e.pending => {}
             Some(e) if e.alloc == seg.alloc => return Err(Error::AlreadyFreed),
             _ => return Err(Error::AlreadyFreed),
         }
-        if self.config.debug {
-            self.check_canary(&k, seg)?;
+        if self.config.debug && !(streams.is_empty() && self.cacheable(seg.alloc.footprint())) {
+            self.check_canary(seg)?;
         }
         if !streams.is_empty() {
             let mut events = SmallVec::new();
@@ -803,27 +954,16 @@ impl PoolInner {
             }
             return Ok(());
         }
-        self.finish_free(&mut k, seg.key);
+        self.finish_free(&mut k, seg.key, true);
         Ok(())
     }
 
-    fn finish_free(&self, k: &mut KindPool, key: usize) {
-        let e = k.live.remove(key);
-        let chunk = &mut k.chunks[e.chunk];
-        chunk
-            .engine
-            .free(e.alloc)
-            .expect("registry and engine agree on live segments");
-        let now_empty = chunk.engine.is_empty();
-        let s = &mut k.stats;
-        s.allocated_bytes -= e.alloc.footprint();
-        s.requested_bytes -= e.alloc.len();
-        s.live_regions -= 1;
-        s.frees += 1;
-        if now_empty {
+    /// Gives a segment back to its chunk's engine; `user_free` counts it as a free (not
+    /// when a thread cache gives back what its user had freed already).
+    fn finish_free(&self, k: &mut KindPool, key: usize, user_free: bool) {
+        if let Some(dedicated) = Self::settle(k, key, user_free) {
             // Past the release threshold, empty chunks go back to the source; a dedicated
             // chunk fits one request, so holding it rarely pays.
-            let dedicated = chunk.dedicated;
             let empty: u64 = k
                 .chunks
                 .iter()
@@ -843,12 +983,31 @@ impl PoolInner {
         }
     }
 
-    fn check_canary(&self, k: &KindPool, seg: &RawSegment) -> Result<()> {
+    /// The part of a free that never calls the source (so it is safe while a thread
+    /// exits): engine and counters. Returns whether the chunk is now empty, and if so
+    /// whether it is dedicated.
+    fn settle(k: &mut KindPool, key: usize, user_free: bool) -> Option<bool> {
+        let e = k.live.remove(key);
+        let chunk = &mut k.chunks[e.chunk];
+        chunk
+            .engine
+            .free(e.alloc)
+            .expect("registry and engine agree on live segments");
+        let empty = chunk.engine.is_empty().then_some(chunk.dedicated);
+        let s = &mut k.stats;
+        s.allocated_bytes -= e.alloc.footprint();
+        s.requested_bytes -= e.alloc.len();
+        s.live_regions -= 1;
+        s.frees += u64::from(user_free);
+        empty
+    }
+
+    fn check_canary(&self, seg: &RawSegment) -> Result<()> {
         let pad_start =
             crate::align::align_up(seg.len, crate::align::LEN_GRANULE).unwrap_or(seg.len);
         let pad = (seg.alloc.footprint() - pad_start) as usize;
         let mut buf = vec![0u8; pad];
-        let kind = if k.kind.is_device() {
+        let kind = if seg.kind.is_device() {
             MemcpyKind::DeviceToHost
         } else {
             MemcpyKind::HostToHost
@@ -865,7 +1024,7 @@ impl PoolInner {
         }
         if let Some(i) = buf.iter().position(|&b| b != CANARY) {
             let err = Error::Corruption {
-                kind: k.kind,
+                kind: seg.kind,
                 offset: seg.alloc.offset(),
                 len: seg.len,
                 first_bad: pad_start + i as u64,
@@ -875,6 +1034,160 @@ impl PoolInner {
             return Err(err);
         }
         Ok(())
+    }
+}
+
+/// The thread-cache layer: the fast paths, flushes, and the figures they change.
+impl PoolInner {
+    /// Whether segments of `footprint` bytes go through thread caches.
+    fn cacheable(&self, footprint: u64) -> bool {
+        self.caches.is_some() && footprint <= self.config.thread_cache_max
+    }
+
+    /// Runs `f` on this thread's cache for this pool (made on first use). `None` when
+    /// caches are off or the thread is exiting.
+    fn with_thread_cache<R>(
+        &self,
+        f: impl FnOnce(&Arc<ThreadCache<RawSegment>>) -> R,
+    ) -> Option<R> {
+        let reg = self.caches.as_ref()?;
+        THREAD_CACHES
+            .try_with(|slots| {
+                let mut slots = slots.try_borrow_mut().ok()?;
+                let at = match slots.iter().position(|s| s.pool_id == self.id) {
+                    Some(i) => i,
+                    None => {
+                        // Slots of pools gone: drop them now rather than at thread exit.
+                        slots.retain(|s| s.pool.strong_count() > 0);
+                        slots.push(CacheSlot {
+                            pool_id: self.id,
+                            pool: Weak::clone(&self.me),
+                            cache: reg.register(),
+                        });
+                        slots.len() - 1
+                    }
+                };
+                Some(f(&slots[at].cache))
+            })
+            .ok()
+            .flatten()
+    }
+
+    /// A segment of `len` and `align` from this thread's cache, if it holds one.
+    fn take_cached(&self, kind: MemKind, len: u64, align: u64) -> Result<Option<RawSegment>> {
+        let Some(Some(seg)) = self.with_thread_cache(|c| c.take(kind.index(), (len, align))) else {
+            return Ok(None);
+        };
+        if self.config.debug {
+            // A write into the padding while the segment sat in the cache is a
+            // use-after-free: report it, then re-arm the canary for the new owner.
+            let _ = self.check_canary(&seg);
+            let pad_start = crate::align::align_up(len, crate::align::LEN_GRANULE).unwrap_or(len);
+            let pad = seg.alloc.footprint() - pad_start;
+            // SAFETY: the padding lies inside a live segment that only this call holds.
+            unsafe {
+                self.source
+                    .memset(seg.addr + pad_start as usize, pad, CANARY, pad)?;
+            }
+        }
+        Ok(Some(seg))
+    }
+
+    /// Keeps `seg` in this thread's cache; false when it must go to the kind pool.
+    fn put_cached(&self, seg: &RawSegment) -> bool {
+        if self.closed.load(Ordering::Acquire) {
+            return false;
+        }
+        let full = match self.with_thread_cache(|c| match c.put(*seg) {
+            Put::Kept => None,
+            Put::Full(_) => Some(Arc::clone(c)),
+        }) {
+            None => return false,
+            Some(None) => return true,
+            Some(Some(cache)) => cache,
+        };
+        // Full: give the whole cache back (one lock per kind for many segments) and keep
+        // this one in the emptied cache.
+        self.flush_cache(&full);
+        matches!(full.put(*seg), Put::Kept)
+    }
+
+    /// Gives every segment of `cache` back to the kind pools.
+    fn flush_cache(&self, cache: &ThreadCache<RawSegment>) {
+        for (class, held) in cache.classes_held().into_iter().enumerate() {
+            if held {
+                let mut k = lock(&self.kinds[class]);
+                for seg in cache.drain_class(class) {
+                    self.finish_free(&mut k, seg.key, false);
+                }
+            }
+        }
+    }
+
+    /// Gives back what every thread cache holds of `k`'s kind; returns the bytes.
+    fn flush_kind(&self, k: &mut KindPool) -> u64 {
+        let Some(reg) = &self.caches else {
+            return 0;
+        };
+        let mut bytes = 0;
+        for seg in reg.drain_all(k.kind.index()) {
+            bytes += seg.alloc.footprint();
+            self.finish_free(k, seg.key, false);
+        }
+        bytes
+    }
+
+    /// A thread is exiting: give its cache back and keep its running totals.
+    ///
+    /// Runs among thread-local destructors, where a source may no longer reach its own
+    /// thread-locals: so it only settles segments in their engines, never calls the
+    /// source; chunks it leaves empty go back on the next trim or release past the threshold.
+    fn retire_cache(&self, cache: &ThreadCache<RawSegment>) {
+        let Some(reg) = &self.caches else {
+            return;
+        };
+        for (class, held) in cache.classes_held().into_iter().enumerate() {
+            if held {
+                let mut k = lock(&self.kinds[class]);
+                for seg in cache.drain_class(class) {
+                    Self::settle(&mut k, seg.key, false);
+                }
+            }
+        }
+        for seg in reg.unregister(cache) {
+            let mut k = lock(&self.kinds[seg.kind.index()]);
+            Self::settle(&mut k, seg.key, false);
+        }
+    }
+
+    /// Registry keys of `k`'s segments held in thread caches.
+    fn cached_keys(&self, k: &KindPool) -> std::collections::HashSet<usize> {
+        let mut keys = std::collections::HashSet::new();
+        if let Some(reg) = &self.caches {
+            reg.for_each(|c| {
+                c.for_each_held(k.kind.index(), |seg| {
+                    keys.insert(seg.key);
+                })
+            });
+        }
+        keys
+    }
+
+    /// `k`'s counters as users see them: thread-cached segments are free, not live.
+    fn kind_stats(&self, k: &KindPool) -> KindStats {
+        let mut s = k.stats;
+        s.pending_frees = k.pending.len() as u64;
+        if let Some(reg) = &self.caches {
+            let t = reg.totals(k.kind.index());
+            s.allocated_bytes -= t.bytes;
+            s.requested_bytes -= t.requested;
+            s.live_regions -= t.items;
+            s.allocations += t.hits;
+            s.frees += t.puts;
+            s.cached_bytes = t.bytes;
+            s.cached_regions = t.items;
+        }
+        s
     }
 }
 

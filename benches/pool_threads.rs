@@ -1,0 +1,133 @@
+//! Allocate/free throughput of the whole pool from 1, 2 and 4 threads at once, small and
+//! medium sizes, on the simulator.
+//!
+//! Each thread repeatedly allocates a batch of device regions of one size and drops them
+//! all; throughput counts allocations plus frees across all threads. Variants, in the same
+//! run:
+//! - `pool`: the pool as configured by default (per-thread caches in front of the
+//!   per-kind pools);
+//! - `uncached`: thread caches off, so every call takes its kind's lock;
+//! - `mutex_pool`: thread caches off and every call behind one global mutex, the way a
+//!   single-threaded allocator is usually shared.
+
+use ascend_pool::pool::{Pool, PoolConfig};
+use ascend_pool::source::sim::SimSource;
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use std::hint::black_box;
+use std::sync::{Arc, Barrier, Mutex};
+use std::time::{Duration, Instant};
+
+/// Regions held at once by each thread.
+const BATCH: usize = 16;
+
+struct Variant {
+    name: &'static str,
+    pool: Arc<Pool>,
+    /// Held around every call when set.
+    global: Option<Arc<Mutex<()>>>,
+}
+
+fn variants() -> Vec<Variant> {
+    let pool =
+        |config: PoolConfig| Arc::new(Pool::new(Arc::new(SimSource::default()), config).unwrap());
+    let uncached = || PoolConfig::parse("thread_cache:off").unwrap();
+    vec![
+        Variant {
+            name: "pool",
+            pool: pool(PoolConfig::default()),
+            global: None,
+        },
+        Variant {
+            name: "uncached",
+            pool: pool(uncached()),
+            global: None,
+        },
+        Variant {
+            name: "mutex_pool",
+            pool: pool(uncached()),
+            global: Some(Arc::new(Mutex::new(()))),
+        },
+    ]
+}
+
+/// One thread's work: `rounds` batches of `BATCH` allocations, each batch then dropped.
+fn work(v: &Variant, len: u64, rounds: u64) {
+    let mut held = Vec::with_capacity(BATCH);
+    for _ in 0..rounds {
+        for _ in 0..BATCH {
+            let r = match &v.global {
+                Some(m) => {
+                    let _g = m.lock().unwrap();
+                    v.pool.alloc_device(len).unwrap()
+                }
+                None => v.pool.alloc_device(len).unwrap(),
+            };
+            held.push(r);
+        }
+        match &v.global {
+            Some(m) => {
+                for r in held.drain(..) {
+                    let _g = m.lock().unwrap();
+                    drop(black_box(r));
+                }
+            }
+            None => held.clear(),
+        }
+    }
+}
+
+/// Wall time for `threads` threads each doing `rounds` rounds, started together.
+fn run(v: &Arc<Variant>, threads: usize, len: u64, rounds: u64) -> Duration {
+    if threads == 1 {
+        let t = Instant::now();
+        work(v, len, rounds);
+        return t.elapsed();
+    }
+    let barrier = Arc::new(Barrier::new(threads + 1));
+    let handles: Vec<_> = (0..threads)
+        .map(|_| {
+            let (v, barrier) = (Arc::clone(v), Arc::clone(&barrier));
+            std::thread::spawn(move || {
+                work(&v, len, 1); // warm this thread's cache outside the timing
+                barrier.wait();
+                work(&v, len, rounds);
+                barrier.wait();
+            })
+        })
+        .collect();
+    barrier.wait();
+    let t = Instant::now();
+    barrier.wait();
+    let elapsed = t.elapsed();
+    for h in handles {
+        h.join().unwrap();
+    }
+    elapsed
+}
+
+fn pool_threads(c: &mut Criterion) {
+    let variants: Vec<Arc<Variant>> = variants().into_iter().map(Arc::new).collect();
+    for (size_name, len) in [("small", 256u64), ("medium", 64 << 10)] {
+        let mut g = c.benchmark_group(format!("pool_threads/{size_name}"));
+        g.sample_size(20)
+            .warm_up_time(Duration::from_millis(500))
+            .measurement_time(Duration::from_secs(2));
+        for threads in [1usize, 2, 4] {
+            // Allocations plus frees per iteration, over all threads.
+            g.throughput(Throughput::Elements((threads * BATCH * 2) as u64));
+            for v in &variants {
+                g.bench_with_input(
+                    BenchmarkId::new(v.name, threads),
+                    &threads,
+                    |b, &threads| {
+                        b.iter_custom(|iters| run(v, threads, len, iters));
+                    },
+                );
+            }
+        }
+        g.finish();
+    }
+}
+
+criterion_group!(benches, pool_threads);
+criterion_main!(benches);
