@@ -933,16 +933,23 @@ impl PoolInner {
         if self.config.debug && !(streams.is_empty() && self.cacheable(seg.alloc.footprint())) {
             self.check_canary(seg)?;
         }
-        if !streams.is_empty() {
-            let mut events = SmallVec::new();
-            for &s in streams {
-                let ev = self.take_event()?;
-                if let Err(e) = self.source.record_event(ev, s) {
-                    self.put_event(ev);
-                    return Err(e);
-                }
-                events.push(ev);
+        let mut events = SmallVec::new();
+        for &s in streams {
+            // Without an event, or on a stream that refuses one (a dropped `Stream` is
+            // destroyed after its work has run), wait here for what the stream still has:
+            // failing would lose the segment, since a dropped region cannot free again.
+            let Ok(ev) = self.take_event() else {
+                let _ = self.source.synchronize_stream(s);
+                continue;
+            };
+            if self.source.record_event(ev, s).is_err() {
+                self.put_event(ev);
+                let _ = self.source.synchronize_stream(s);
+                continue;
             }
+            events.push(ev);
+        }
+        if !events.is_empty() {
             k.live[seg.key].pending = true;
             k.pending.push(PendingFree {
                 key: seg.key,
