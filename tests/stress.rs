@@ -145,7 +145,7 @@ fn worker(
     to_next: mpsc::Sender<Any>,
     from_prev: mpsc::Receiver<Any>,
 ) {
-    let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (t as u64 + 1) * 0x1234_5678_9abc);
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ ((t as u64 + 1) * 0x1234_5678_9abc));
     let stream = pool.create_stream().unwrap();
     let mut live: Vec<(Any, Vec<u8>)> = Vec::new();
     let alloc_tracked = |pool: &Pool, rng: &mut Rng| {
