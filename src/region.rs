@@ -81,21 +81,26 @@ impl AlignMarker for Align128 {
 /// A live segment of a pool, shared by the typed regions.
 #[derive(Debug)]
 pub struct Segment {
-    pool: Arc<PoolInner>,
+    /// The pool, until the segment is freed: the free hands this handle on (a thread
+    /// cache keeps it for the next region of the same shape). `None` only once freed.
+    pool: Option<Arc<PoolInner>>,
     raw: RawSegment,
     /// Streams that have queued work on this segment (`record_stream`).
     streams: Mutex<SmallVec<[StreamHandle; 2]>>,
-    freed: bool,
 }
 
 impl Segment {
-    fn new(pool: &Pool, raw: RawSegment) -> Self {
+    fn new(pool: Arc<PoolInner>, raw: RawSegment) -> Self {
         Self {
-            pool: Arc::clone(&pool.inner),
+            pool: Some(pool),
             raw,
             streams: Mutex::new(SmallVec::new()),
-            freed: false,
         }
+    }
+
+    fn pool(&self) -> &Arc<PoolInner> {
+        // Only `free` takes the handle, and nothing uses a segment after it.
+        self.pool.as_ref().expect("a live segment has its pool")
     }
 
     /// Marks the segment as used by work queued on `stream`: its memory is reused only
@@ -108,22 +113,21 @@ impl Segment {
     }
 
     fn source(&self) -> &Arc<dyn BlockSource> {
-        &self.pool.source
+        &self.pool().source
     }
 
     fn free(&mut self) -> Result<()> {
-        if self.freed {
+        let Some(pool) = self.pool.take() else {
             return Err(Error::AlreadyFreed);
-        }
-        self.freed = true;
+        };
         let streams = std::mem::take(&mut *self.streams.lock().unwrap_or_else(|p| p.into_inner()));
-        self.pool.release(&self.raw, &streams)
+        PoolInner::release(pool, &self.raw, &streams)
     }
 }
 
 impl Drop for Segment {
     fn drop(&mut self) {
-        if !self.freed {
+        if self.pool.is_some() {
             // Errors (a padding overrun in debug mode) are kept in the pool's report.
             let _ = self.free();
         }
@@ -240,8 +244,8 @@ impl Pool {
         align: u64,
         wrap: impl FnOnce(Segment) -> T,
     ) -> Result<T> {
-        let raw = self.alloc_raw(kind, len, align)?;
-        Ok(wrap(Segment::new(self, raw)))
+        let (raw, pool) = self.alloc_raw(kind, len, align)?;
+        Ok(wrap(Segment::new(pool, raw)))
     }
 
     /// Device memory (`aclrtMalloc` with the pool's policy), 64-aligned.
@@ -298,7 +302,7 @@ impl Pool {
     }
 
     fn same_source(&self, r: &impl Region) -> Result<()> {
-        if Arc::ptr_eq(&r.segment().pool, &self.inner)
+        if Arc::ptr_eq(r.segment().pool(), &self.inner)
             || Arc::ptr_eq(r.segment().source(), self.source())
         {
             Ok(())

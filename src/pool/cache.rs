@@ -87,8 +87,10 @@ pub(crate) enum Put<T> {
     Full(T),
 }
 
-/// One thread's cache for one pool.
+/// One thread's cache for one pool. Aligned so that two threads' caches never share a
+/// cache line.
 #[derive(Debug)]
+#[repr(align(128))]
 pub(crate) struct ThreadCache<T> {
     /// Registry key.
     id: u64,

@@ -228,7 +228,7 @@ pub(crate) struct PoolInner {
     /// Overruns found when regions were dropped (drop cannot return them).
     corruption: Mutex<Vec<Error>>,
     /// Per-thread caches of free segments; `None` when `config.thread_cache` is 0.
-    caches: Option<CacheRegistry<RawSegment>>,
+    caches: Option<CacheRegistry<CachedSegment>>,
     /// Tells this pool's thread caches apart from other pools' in a thread's slots.
     id: u64,
     /// This pool, for the thread slots (which must not keep it alive).
@@ -245,7 +245,7 @@ static NEXT_POOL_ID: AtomicU64 = AtomicU64::new(0);
 struct CacheSlot {
     pool_id: u64,
     pool: Weak<PoolInner>,
-    cache: Arc<ThreadCache<RawSegment>>,
+    cache: Arc<ThreadCache<CachedSegment>>,
 }
 
 impl Drop for CacheSlot {
@@ -272,15 +272,27 @@ pub(crate) struct RawSegment {
     alloc: Allocation,
 }
 
-impl CacheItem for RawSegment {
+/// A free segment in a thread cache, with the pool handle its region held: the next region
+/// made from it takes that handle over, so neither the free nor the allocation touches the
+/// pool's shared reference count (one cache line every thread would fight over).
+///
+/// The handles make a cycle (pool → caches → pool) that every flush breaks; the pool is
+/// flushed when its [`Pool`] handle drops and stops caching then.
+#[derive(Debug)]
+pub(crate) struct CachedSegment {
+    raw: RawSegment,
+    owner: Arc<PoolInner>,
+}
+
+impl CacheItem for CachedSegment {
     fn class(&self) -> usize {
-        self.kind.index()
+        self.raw.kind.index()
     }
     fn shape(&self) -> (u64, u64) {
-        (self.len, self.align)
+        (self.raw.len, self.raw.align)
     }
     fn bytes(&self) -> u64 {
-        self.alloc.footprint()
+        self.raw.alloc.footprint()
     }
 }
 
@@ -436,12 +448,12 @@ impl Pool {
                 if let Err(e) = c.check() {
                     problem.get_or_insert(e);
                 }
-                c.for_each_held(class, |seg| match k.live.get(seg.key) {
-                    Some(e) if e.alloc == seg.alloc && !e.pending && seen.insert(seg.key) => {}
+                c.for_each_held(class, |c| match k.live.get(c.raw.key) {
+                    Some(e) if e.alloc == c.raw.alloc && !e.pending && seen.insert(c.raw.key) => {}
                     _ => {
                         problem.get_or_insert(format!(
                             "cached segment at {:#x} is not a live, unique, settled segment",
-                            seg.addr
+                            c.raw.addr
                         ));
                     }
                 });
@@ -520,8 +532,14 @@ impl Pool {
         }
     }
 
-    /// Allocates a raw segment (used by the typed constructors).
-    pub(crate) fn alloc_raw(&self, kind: MemKind, len: u64, align: u64) -> Result<RawSegment> {
+    /// Allocates a raw segment and the pool handle its region keeps (used by the typed
+    /// constructors).
+    pub(crate) fn alloc_raw(
+        &self,
+        kind: MemKind,
+        len: u64,
+        align: u64,
+    ) -> Result<(RawSegment, Arc<PoolInner>)> {
         self.inner.allocate(kind, len, align)
     }
 }
@@ -619,15 +637,21 @@ impl PoolInner {
         Ok(CarveRule::new(padding, align)?)
     }
 
-    fn allocate(&self, kind: MemKind, len: u64, align: u64) -> Result<RawSegment> {
+    fn allocate(
+        self: &Arc<Self>,
+        kind: MemKind,
+        len: u64,
+        align: u64,
+    ) -> Result<(RawSegment, Arc<PoolInner>)> {
         let rule = self.rule(kind, align)?;
         let footprint = rule.footprint(len)?;
         if self.cacheable(footprint) {
-            if let Some(seg) = self.take_cached(kind, len, align)? {
-                return Ok(seg);
+            if let Some(c) = self.take_cached(kind, len, align)? {
+                return Ok((c.raw, c.owner));
             }
         }
-        self.allocate_from_kind(kind, len, align, rule, footprint)
+        let raw = self.allocate_from_kind(kind, len, align, rule, footprint)?;
+        Ok((raw, Arc::clone(self)))
     }
 
     /// The kind pool's allocation path: carve (reclaiming or growing if need be), register.
@@ -913,17 +937,35 @@ impl PoolInner {
     }
 
     /// Frees a segment; with `streams`, only once work queued on them so far has run.
-    pub(crate) fn release(&self, seg: &RawSegment, streams: &[StreamHandle]) -> Result<()> {
+    /// `owner` is the pool handle the segment's region held.
+    pub(crate) fn release(
+        owner: Arc<PoolInner>,
+        seg: &RawSegment,
+        streams: &[StreamHandle],
+    ) -> Result<()> {
         // No stream uses it: this thread's cache may keep it. (A region releases its
         // segment exactly once, so the registry check below is not needed to get here.)
-        if streams.is_empty() && self.cacheable(seg.alloc.footprint()) {
-            if self.config.debug {
-                self.check_canary(seg)?;
+        if streams.is_empty() && owner.cacheable(seg.alloc.footprint()) {
+            if owner.config.debug {
+                owner.check_canary(seg)?;
             }
-            if self.put_cached(seg) {
-                return Ok(());
+            let pool = Arc::clone(&owner);
+            match pool.put_cached(CachedSegment { raw: *seg, owner }) {
+                None => return Ok(()),
+                Some(back) => return pool.release_to_kind(seg, streams, back.owner),
             }
         }
+        let pool = Arc::clone(&owner);
+        pool.release_to_kind(seg, streams, owner)
+    }
+
+    /// The kind pool's free path. `_owner` is dropped last, after the kind lock.
+    fn release_to_kind(
+        &self,
+        seg: &RawSegment,
+        streams: &[StreamHandle],
+        _owner: Arc<PoolInner>,
+    ) -> Result<()> {
         let mut k = lock(&self.kinds[seg.kind.index()]);
         match k.live.get(seg.key) {
             Some(e) if e.alloc == seg.alloc && !e.pending => {}
@@ -1055,7 +1097,7 @@ impl PoolInner {
     /// caches are off or the thread is exiting.
     fn with_thread_cache<R>(
         &self,
-        f: impl FnOnce(&Arc<ThreadCache<RawSegment>>) -> R,
+        f: impl FnOnce(&Arc<ThreadCache<CachedSegment>>) -> R,
     ) -> Option<R> {
         let reg = self.caches.as_ref()?;
         THREAD_CACHES
@@ -1081,65 +1123,84 @@ impl PoolInner {
     }
 
     /// A segment of `len` and `align` from this thread's cache, if it holds one.
-    fn take_cached(&self, kind: MemKind, len: u64, align: u64) -> Result<Option<RawSegment>> {
-        let Some(Some(seg)) = self.with_thread_cache(|c| c.take(kind.index(), (len, align))) else {
+    fn take_cached(&self, kind: MemKind, len: u64, align: u64) -> Result<Option<CachedSegment>> {
+        let Some(Some(c)) = self.with_thread_cache(|c| c.take(kind.index(), (len, align))) else {
             return Ok(None);
         };
         if self.config.debug {
             // A write into the padding while the segment sat in the cache is a
             // use-after-free: report it, then re-arm the canary for the new owner.
-            let _ = self.check_canary(&seg);
+            let _ = self.check_canary(&c.raw);
             let pad_start = crate::align::align_up(len, crate::align::LEN_GRANULE).unwrap_or(len);
-            let pad = seg.alloc.footprint() - pad_start;
+            let pad = c.raw.alloc.footprint() - pad_start;
             // SAFETY: the padding lies inside a live segment that only this call holds.
-            unsafe {
+            let armed = unsafe {
                 self.source
-                    .memset(seg.addr + pad_start as usize, pad, CANARY, pad)?;
+                    .memset(c.raw.addr + pad_start as usize, pad, CANARY, pad)
+            };
+            if armed.is_err() {
+                // Without a canary the next free would report a false overrun: give the
+                // segment back and carve a fresh one.
+                let mut k = lock(&self.kinds[kind.index()]);
+                self.finish_free(&mut k, c.raw.key, false);
+                drop(k);
+                return Ok(None);
             }
         }
-        Ok(Some(seg))
+        Ok(Some(c))
     }
 
-    /// Keeps `seg` in this thread's cache; false when it must go to the kind pool.
-    fn put_cached(&self, seg: &RawSegment) -> bool {
+    /// Keeps `seg` in this thread's cache, or hands it back when it must go to the kind pool.
+    fn put_cached(&self, seg: CachedSegment) -> Option<CachedSegment> {
         if self.closed.load(Ordering::Acquire) {
-            return false;
+            return Some(seg);
         }
-        let full = match self.with_thread_cache(|c| match c.put(*seg) {
+        let mut seg = Some(seg);
+        let full = match self.with_thread_cache(|c| match c.put(seg.take().expect("put once")) {
             Put::Kept => None,
-            Put::Full(_) => Some(Arc::clone(c)),
+            Put::Full(back) => Some((Arc::clone(c), back)),
         }) {
-            None => return false,
-            Some(None) => return true,
-            Some(Some(cache)) => cache,
+            None => return seg,
+            Some(None) => return None,
+            Some(Some(full)) => full,
         };
         // Full: give the whole cache back (one lock per kind for many segments) and keep
         // this one in the emptied cache.
-        self.flush_cache(&full);
-        matches!(full.put(*seg), Put::Kept)
+        let (cache, back) = full;
+        self.flush_cache(&cache);
+        match cache.put(back) {
+            Put::Kept => None,
+            Put::Full(back) => Some(back),
+        }
     }
 
     /// Gives every segment of `cache` back to the kind pools.
-    fn flush_cache(&self, cache: &ThreadCache<RawSegment>) {
+    fn flush_cache(&self, cache: &ThreadCache<CachedSegment>) {
         for (class, held) in cache.classes_held().into_iter().enumerate() {
             if held {
                 let mut k = lock(&self.kinds[class]);
-                for seg in cache.drain_class(class) {
-                    self.finish_free(&mut k, seg.key, false);
+                let drained = cache.drain_class(class);
+                for c in &drained {
+                    self.finish_free(&mut k, c.raw.key, false);
                 }
+                drop(k);
+                drop(drained); // their pool handles, after the lock
             }
         }
     }
 
     /// Gives back what every thread cache holds of `k`'s kind; returns the bytes.
+    ///
+    /// The drained pool handles drop here, under the kind lock: the caller's own handle
+    /// keeps the pool alive meanwhile.
     fn flush_kind(&self, k: &mut KindPool) -> u64 {
         let Some(reg) = &self.caches else {
             return 0;
         };
         let mut bytes = 0;
-        for seg in reg.drain_all(k.kind.index()) {
-            bytes += seg.alloc.footprint();
-            self.finish_free(k, seg.key, false);
+        for c in reg.drain_all(k.kind.index()) {
+            bytes += c.raw.alloc.footprint();
+            self.finish_free(k, c.raw.key, false);
         }
         bytes
     }
@@ -1149,22 +1210,27 @@ impl PoolInner {
     /// Runs among thread-local destructors, where a source may no longer reach its own
     /// thread-locals: so it only settles segments in their engines, never calls the
     /// source; chunks it leaves empty go back on the next trim or release past the threshold.
-    fn retire_cache(&self, cache: &ThreadCache<RawSegment>) {
+    fn retire_cache(&self, cache: &ThreadCache<CachedSegment>) {
         let Some(reg) = &self.caches else {
             return;
         };
+        let mut drained = Vec::new();
         for (class, held) in cache.classes_held().into_iter().enumerate() {
             if held {
                 let mut k = lock(&self.kinds[class]);
-                for seg in cache.drain_class(class) {
-                    Self::settle(&mut k, seg.key, false);
+                for c in cache.drain_class(class) {
+                    Self::settle(&mut k, c.raw.key, false);
+                    drained.push(c);
                 }
             }
         }
-        for seg in reg.unregister(cache) {
-            let mut k = lock(&self.kinds[seg.kind.index()]);
-            Self::settle(&mut k, seg.key, false);
+        for c in reg.unregister(cache) {
+            let mut k = lock(&self.kinds[c.raw.kind.index()]);
+            Self::settle(&mut k, c.raw.key, false);
+            drained.push(c);
         }
+        // The caller holds a handle too, so these are never the last.
+        drop(drained);
     }
 
     /// Registry keys of `k`'s segments held in thread caches.
@@ -1172,8 +1238,8 @@ impl PoolInner {
         let mut keys = std::collections::HashSet::new();
         if let Some(reg) = &self.caches {
             reg.for_each(|c| {
-                c.for_each_held(k.kind.index(), |seg| {
-                    keys.insert(seg.key);
+                c.for_each_held(k.kind.index(), |c| {
+                    keys.insert(c.raw.key);
                 })
             });
         }
