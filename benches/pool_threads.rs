@@ -9,10 +9,15 @@
 //! - `uncached`: thread caches off, so every call takes its kind's lock;
 //! - `mutex_pool`: thread caches off and every call behind one global mutex, the way a
 //!   single-threaded allocator is usually shared.
+//!
+//! For instruction counts, `POOL_THREADS_ROUNDS=n` skips criterion and runs `n` rounds on
+//! one thread (variant `POOL_THREADS_VARIANT`, default `pool`; length `POOL_THREADS_LEN`,
+//! default 256): run it under `valgrind --tool=callgrind` with two values of `n` and divide
+//! the difference by `32 * Δn` operations.
 
 use ascend_pool::pool::{Pool, PoolConfig};
 use ascend_pool::source::sim::SimSource;
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use criterion::{criterion_group, BenchmarkId, Criterion, Throughput};
 use std::hint::black_box;
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
@@ -51,6 +56,7 @@ fn variants() -> Vec<Variant> {
 }
 
 /// One thread's work: `rounds` batches of `BATCH` allocations, each batch then dropped.
+#[inline(never)]
 fn work(v: &Variant, len: u64, rounds: u64) {
     let mut held = Vec::with_capacity(BATCH);
     for _ in 0..rounds {
@@ -130,4 +136,20 @@ fn pool_threads(c: &mut Criterion) {
 }
 
 criterion_group!(benches, pool_threads);
-criterion_main!(benches);
+
+fn main() {
+    if let Ok(rounds) = std::env::var("POOL_THREADS_ROUNDS") {
+        let rounds: u64 = rounds.parse().expect("POOL_THREADS_ROUNDS is a number");
+        let name = std::env::var("POOL_THREADS_VARIANT").unwrap_or_else(|_| "pool".into());
+        let len = std::env::var("POOL_THREADS_LEN").map_or(256, |l| l.parse().expect("a length"));
+        let v = variants()
+            .into_iter()
+            .find(|v| v.name == name)
+            .expect("a variant name");
+        work(&v, len, 1);
+        work(&v, len, rounds);
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}
