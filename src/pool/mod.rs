@@ -195,7 +195,11 @@ impl LiveEntry {
 #[derive(Debug)]
 struct PendingFree {
     key: usize,
+    /// One per stream that used the segment, recorded at free time.
     events: SmallVec<[EventHandle; 2]>,
+    /// The stream, when exactly one used the segment: an allocation on that stream may
+    /// take the segment at once, since stream order puts its work after the old work.
+    only_on: Option<StreamHandle>,
 }
 
 /// One memory kind's pool.
@@ -654,6 +658,48 @@ impl PoolInner {
         Ok((raw, Arc::clone(self)))
     }
 
+    /// Allocates for work ordered on `stream`. A segment whose free waits only for
+    /// `stream` and has this exact shape is taken over at once, without querying or
+    /// waiting for its event: work the new owner queues on `stream` runs after the old
+    /// work. The event comes back with it, for the new region to order any other use
+    /// (host-side access, other streams) after the old work.
+    pub(crate) fn allocate_on(
+        self: &Arc<Self>,
+        kind: MemKind,
+        len: u64,
+        align: u64,
+        stream: StreamHandle,
+    ) -> Result<(RawSegment, Arc<PoolInner>, Option<EventHandle>)> {
+        let rule = self.rule(kind, align)?;
+        rule.footprint(len)?;
+        let mut k = lock(&self.kinds[kind.index()]);
+        let found = k.pending.iter().position(|p| {
+            let e = &k.live[p.key];
+            p.only_on == Some(stream) && e.alloc.len() == len && e.addr % align as usize == 0
+        });
+        if let Some(i) = found {
+            let p = k.pending.swap_remove(i);
+            let kind = k.kind;
+            let e = &mut k.live[p.key];
+            e.pending = false;
+            let raw = RawSegment {
+                kind,
+                addr: e.addr,
+                len,
+                align,
+                key: p.key,
+                alloc: e.alloc,
+            };
+            // The old region's free completes and a new allocation begins.
+            k.stats.frees += 1;
+            k.stats.allocations += 1;
+            return Ok((raw, Arc::clone(self), p.events.first().copied()));
+        }
+        drop(k);
+        let (raw, owner) = self.allocate(kind, len, align)?;
+        Ok((raw, owner, None))
+    }
+
     /// The kind pool's allocation path: carve (reclaiming or growing if need be), register.
     fn allocate_from_kind(
         &self,
@@ -926,7 +972,7 @@ impl PoolInner {
         self.source.create_event(self.config.device)
     }
 
-    fn put_event(&self, ev: EventHandle) {
+    pub(crate) fn put_event(&self, ev: EventHandle) {
         let mut idle = lock(&self.idle_events);
         if idle.len() < EVENT_POOL_MAX {
             idle.push(ev);
@@ -993,9 +1039,11 @@ impl PoolInner {
         }
         if !events.is_empty() {
             k.live[seg.key].pending = true;
+            let only_on = (streams.len() == 1 && events.len() == 1).then_some(streams[0]);
             k.pending.push(PendingFree {
                 key: seg.key,
                 events,
+                only_on,
             });
             // Keep the list bounded without querying events on every call.
             if k.pending.len() % PENDING_RECLAIM_BATCH == 0 {
