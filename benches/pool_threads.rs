@@ -13,7 +13,10 @@
 //! For instruction counts, `POOL_THREADS_ROUNDS=n` skips criterion and runs `n` rounds on
 //! one thread (variant `POOL_THREADS_VARIANT`, default `pool`; length `POOL_THREADS_LEN`,
 //! default 256): run it under `valgrind --tool=callgrind` with two values of `n` and divide
-//! the difference by `32 * Δn` operations.
+//! the difference by `32 * Δn` operations. With `POOL_THREADS_THREADS=t` it runs `t` threads
+//! of `n` rounds each and prints wall and CPU time per operation: on a machine shared with
+//! other work, CPU time per operation that stays flat from 1 to 2 threads shows the threads
+//! do not slow each other down, whatever the wall clock says.
 
 use ascend_pool::pool::{Pool, PoolConfig};
 use ascend_pool::source::sim::SimSource;
@@ -137,17 +140,45 @@ fn pool_threads(c: &mut Criterion) {
 
 criterion_group!(benches, pool_threads);
 
+/// User plus system CPU time of this process so far.
+fn cpu_seconds() -> f64 {
+    let mut ru = std::mem::MaybeUninit::<libc::rusage>::uninit();
+    // SAFETY: getrusage fills the struct it is given; RUSAGE_SELF is always valid.
+    let ru = unsafe {
+        libc::getrusage(libc::RUSAGE_SELF, ru.as_mut_ptr());
+        ru.assume_init()
+    };
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    secs(ru.ru_utime) + secs(ru.ru_stime)
+}
+
 fn main() {
     if let Ok(rounds) = std::env::var("POOL_THREADS_ROUNDS") {
         let rounds: u64 = rounds.parse().expect("POOL_THREADS_ROUNDS is a number");
         let name = std::env::var("POOL_THREADS_VARIANT").unwrap_or_else(|_| "pool".into());
         let len = std::env::var("POOL_THREADS_LEN").map_or(256, |l| l.parse().expect("a length"));
+        let threads: usize =
+            std::env::var("POOL_THREADS_THREADS").map_or(0, |t| t.parse().expect("a count"));
         let v = variants()
             .into_iter()
             .find(|v| v.name == name)
             .expect("a variant name");
-        work(&v, len, 1);
-        work(&v, len, rounds);
+        if threads == 0 {
+            work(&v, len, 1);
+            work(&v, len, rounds);
+            return;
+        }
+        let v = Arc::new(v);
+        let cpu0 = cpu_seconds();
+        let wall = run(&v, threads, len, rounds);
+        let cpu = cpu_seconds() - cpu0;
+        let ops = (threads as u64 * rounds * BATCH as u64 * 2) as f64;
+        println!(
+            "{name} len {len} threads {threads}: {:.1} ns wall/op, {:.1} ns cpu/op, {:.2} Mops/s",
+            wall.as_secs_f64() * 1e9 / ops,
+            cpu * 1e9 / ops,
+            ops / wall.as_secs_f64() / 1e6
+        );
         return;
     }
     benches();
