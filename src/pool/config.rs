@@ -114,6 +114,7 @@ impl PoolConfig {
     pub fn parse(s: &str) -> Result<Self> {
         let mut c = Self::default();
         let mut large_set = false;
+        let mut cache_max_set = false;
         for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
             let (k, v) = item
                 .split_once(':')
@@ -137,7 +138,10 @@ impl PoolConfig {
                         _ => size()?,
                     }
                 }
-                "thread_cache_max" => c.thread_cache_max = size()?,
+                "thread_cache_max" => {
+                    c.thread_cache_max = size()?;
+                    cache_max_set = true;
+                }
                 "debug" => {
                     c.debug = match v.trim() {
                         "1" | "true" | "on" => true,
@@ -172,6 +176,10 @@ impl PoolConfig {
         }
         if !large_set {
             c.large_threshold = c.chunk_size / 2;
+        }
+        if !cache_max_set && c.thread_cache > 0 {
+            // A small cache keeps segments up to its own size by default.
+            c.thread_cache_max = c.thread_cache_max.min(c.thread_cache);
         }
         c.validate()?;
         Ok(c)
@@ -225,9 +233,13 @@ impl PoolConfig {
         self.debug = on;
         self
     }
-    /// Builder: bytes each thread cache may hold (0 = no thread caches).
+    /// Builder: bytes each thread cache may hold (0 = no thread caches); the largest
+    /// footprint kept shrinks to fit.
     pub fn with_thread_cache(mut self, bytes: u64) -> Self {
         self.thread_cache = bytes;
+        if bytes > 0 {
+            self.thread_cache_max = self.thread_cache_max.min(bytes);
+        }
         self
     }
     /// Builder: largest footprint a thread cache keeps.
@@ -275,6 +287,11 @@ mod tests {
         assert_eq!(c.policy, MallocPolicy::Huge1gOnly);
         assert_eq!(c.device, 3);
         assert_eq!((c.thread_cache, c.thread_cache_max), (1 << 20, 64 << 10));
+        let small = PoolConfig::parse("thread_cache:64k").unwrap();
+        assert_eq!(
+            (small.thread_cache, small.thread_cache_max),
+            (64 << 10, 64 << 10)
+        );
         assert_eq!(
             PoolConfig::parse("thread_cache:off").unwrap().thread_cache,
             0
@@ -293,7 +310,7 @@ mod tests {
             "limit:99999999999999999999g",
             "range:first_fit",
             "thread_cache:lots",
-            "thread_cache:64k",
+            "thread_cache:64k,thread_cache_max:128k",
             "thread_cache_max:32m",
         ] {
             assert!(PoolConfig::parse(bad).is_err(), "{bad} was accepted");
