@@ -995,23 +995,18 @@ impl PoolInner {
             if owner.config.debug {
                 owner.check_canary(seg)?;
             }
-            let pool = Arc::clone(&owner);
-            match pool.put_cached(CachedSegment { raw: *seg, owner }) {
-                None => return Ok(()),
-                Some(back) => return pool.release_to_kind(seg, streams, back.owner),
-            }
+            // The handle moves into the cache with the segment: no reference-count traffic.
+            let Some(back) = Self::put_cached(CachedSegment { raw: *seg, owner }) else {
+                return Ok(());
+            };
+            return back.owner.release_to_kind(seg, streams);
         }
-        let pool = Arc::clone(&owner);
-        pool.release_to_kind(seg, streams, owner)
+        owner.release_to_kind(seg, streams)
+        // `owner` drops here, after the kind lock.
     }
 
-    /// The kind pool's free path. `_owner` is dropped last, after the kind lock.
-    fn release_to_kind(
-        &self,
-        seg: &RawSegment,
-        streams: &[StreamHandle],
-        _owner: Arc<PoolInner>,
-    ) -> Result<()> {
+    /// The kind pool's free path.
+    fn release_to_kind(&self, seg: &RawSegment, streams: &[StreamHandle]) -> Result<()> {
         let mut k = lock(&self.kinds[seg.kind.index()]);
         match k.live.get(seg.key) {
             Some(e) if e.alloc == seg.alloc && !e.pending => {}
@@ -1198,28 +1193,58 @@ impl PoolInner {
         Ok(Some(c))
     }
 
-    /// Keeps `seg` in this thread's cache, or hands it back when it must go to the kind pool.
-    fn put_cached(&self, seg: CachedSegment) -> Option<CachedSegment> {
-        if self.closed.load(Ordering::Acquire) {
+    /// Keeps `seg` in this thread's cache for its pool, or hands it back when it must go
+    /// to the kind pool.
+    fn put_cached(seg: CachedSegment) -> Option<CachedSegment> {
+        let pool = &seg.owner;
+        if pool.closed.load(Ordering::Acquire) {
             return Some(seg);
         }
+        let id = pool.id;
         let mut seg = Some(seg);
-        let full = match self.with_thread_cache(|c| match c.put(seg.take().expect("put once")) {
+        let mut outcome = Self::in_thread_cache(id, |c| match c.put(seg.take().expect("once")) {
             Put::Kept => None,
             Put::Full(back) => Some((Arc::clone(c), back)),
-        }) {
+        });
+        if outcome.is_none() {
+            // First free into this pool on this thread: make the cache, then try again.
+            let pool = &seg.as_ref().expect("not moved without a cache").owner;
+            if pool.with_thread_cache(|_| ()).is_none() {
+                return seg;
+            }
+            outcome = Self::in_thread_cache(id, |c| match c.put(seg.take().expect("once")) {
+                Put::Kept => None,
+                Put::Full(back) => Some((Arc::clone(c), back)),
+            });
+        }
+        let (cache, back) = match outcome {
             None => return seg,
             Some(None) => return None,
             Some(Some(full)) => full,
         };
         // Full: give the whole cache back (one lock per kind for many segments) and keep
         // this one in the emptied cache.
-        let (cache, back) = full;
-        self.flush_cache(&cache);
+        back.owner.flush_cache(&cache);
         match cache.put(back) {
             Put::Kept => None,
             Put::Full(back) => Some(back),
         }
+    }
+
+    /// Runs `f` on this thread's existing cache for pool `id`; `None` if there is none
+    /// (or the thread is exiting).
+    fn in_thread_cache<R>(
+        id: u64,
+        f: impl FnOnce(&Arc<ThreadCache<CachedSegment>>) -> R,
+    ) -> Option<R> {
+        THREAD_CACHES
+            .try_with(|slots| {
+                let slots = slots.try_borrow().ok()?;
+                let slot = slots.iter().find(|s| s.pool_id == id)?;
+                Some(f(&slot.cache))
+            })
+            .ok()
+            .flatten()
     }
 
     /// Gives every segment of `cache` back to the kind pools.
