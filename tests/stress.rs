@@ -8,7 +8,8 @@
 //! stream drained) one thread runs `validate()` and checks that the statistics add up:
 //! live regions minus pending frees equal the regions the threads hold, and cached bytes
 //! are never counted as in use. At the end: no corruption report, no leak, every counter
-//! back to zero, every chunk returned by `trim`.
+//! back to zero, every chunk returned by `trim`. A last test checks the exact figures and the
+//! debug canary of one segment held in a thread cache.
 
 use ascend_pool::region::{AsyncCopySafe, DeviceRegion, DvppRegion, HostRegion, Region};
 use ascend_pool::source::sim::{SimConfig, SimSource};
@@ -337,4 +338,66 @@ fn many_threads_without_thread_caches() {
     run(PoolConfig::default()
         .with_chunk_size(8 << 20)
         .with_thread_cache(0));
+}
+
+#[test]
+fn cached_segments_keep_exact_stats_and_their_canaries() {
+    use ascend_pool::source::MemcpyKind;
+    let pool = Pool::new(
+        Arc::new(SimSource::default()),
+        PoolConfig::default().with_debug(true),
+    )
+    .unwrap();
+    let a = pool.alloc_device(100).unwrap();
+    let addr = a.addr();
+    let fresh = pool.stats(MemKind::DEVICE);
+    drop(a); // kept in this thread's cache
+    let s = pool.stats(MemKind::DEVICE);
+    assert_eq!(
+        (s.live_regions, s.allocated_bytes, s.requested_bytes),
+        (0, 0, 0)
+    );
+    assert_eq!((s.cached_regions, s.cached_bytes), (1, 192));
+    assert_eq!((s.allocations, s.frees), (1, 1));
+    assert_eq!(s.reserved_bytes, fresh.reserved_bytes);
+    assert!(
+        pool.leak_report().is_empty(),
+        "a cached segment is not a leak"
+    );
+    let snap = serde_json::to_value(pool.snapshot()).unwrap();
+    assert_eq!(snap["kinds"][0]["chunks"][0]["segments"][0]["cached"], true);
+    pool.validate().unwrap();
+
+    // A write into its padding while it sits in the cache (a use after free) is reported
+    // when the segment is handed out again, and the new owner gets a fresh canary.
+    let junk = [0x55u8; 4];
+    // SAFETY: bytes 130..134 lie in the cached segment's padding (128..192), still carved.
+    unsafe {
+        pool.source()
+            .memcpy(
+                addr + 130,
+                4,
+                junk.as_ptr() as usize,
+                4,
+                MemcpyKind::HostToDevice,
+            )
+            .unwrap();
+    }
+    let b = pool.alloc_device(100).unwrap();
+    assert_eq!(b.addr(), addr, "served from the cache");
+    assert_eq!(pool.take_corruption_reports().len(), 1);
+    let s = pool.stats(MemKind::DEVICE);
+    assert_eq!((s.live_regions, s.cached_regions, s.allocations), (1, 0, 2));
+    b.free().unwrap();
+    assert!(pool.take_corruption_reports().is_empty());
+
+    // Flushing gives it back to the kind pool; the counters do not move.
+    assert_eq!(pool.flush_thread_caches(), 192);
+    let s = pool.stats(MemKind::DEVICE);
+    assert_eq!(
+        (s.cached_regions, s.cached_bytes, s.live_regions),
+        (0, 0, 0)
+    );
+    assert_eq!((s.allocations, s.frees), (2, 2));
+    pool.validate().unwrap();
 }
