@@ -27,7 +27,7 @@
 use crate::error::{Error, Result};
 use crate::kind::MemKind;
 use crate::pool::{Pool, PoolInner, RawSegment};
-use crate::source::{BlockSource, MemcpyKind, StreamHandle};
+use crate::source::{BlockSource, EventHandle, MemcpyKind, StreamHandle};
 use smallvec::SmallVec;
 use std::marker::PhantomData;
 use std::sync::{Arc, Mutex};
@@ -81,21 +81,52 @@ impl AlignMarker for Align128 {
 /// A live segment of a pool, shared by the typed regions.
 #[derive(Debug)]
 pub struct Segment {
-    pool: Arc<PoolInner>,
+    /// The pool, until the segment is freed: the free hands this handle on (a thread
+    /// cache keeps it for the next region of the same shape). `None` only once freed.
+    pool: Option<Arc<PoolInner>>,
     raw: RawSegment,
     /// Streams that have queued work on this segment (`record_stream`).
     streams: Mutex<SmallVec<[StreamHandle; 2]>>,
-    freed: bool,
+    /// Set when the memory was taken over from a region freed on this stream while its
+    /// work was still queued (see [`Pool::alloc_device_on`]): the event marks the end of
+    /// that work. Work on the same stream needs nothing; host-side access waits for the
+    /// event first (and clears it), work on other streams is queued after it.
+    after: Mutex<Option<(StreamHandle, EventHandle)>>,
 }
 
 impl Segment {
-    fn new(pool: &Pool, raw: RawSegment) -> Self {
+    fn new(pool: Arc<PoolInner>, raw: RawSegment) -> Self {
         Self {
-            pool: Arc::clone(&pool.inner),
+            pool: Some(pool),
             raw,
             streams: Mutex::new(SmallVec::new()),
-            freed: false,
+            after: Mutex::new(None),
         }
+    }
+
+    /// Before host-side access: waits until work left by the memory's previous owner has run.
+    fn settle_for_host(&self) -> Result<()> {
+        let mut after = self.after.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, ev)) = *after {
+            self.source().synchronize_event(ev)?;
+            *after = None;
+            self.pool().put_event(ev);
+        }
+        Ok(())
+    }
+
+    /// Before queuing work on `stream`: orders it after the previous owner's work.
+    fn settle_for_stream(&self, stream: StreamHandle) -> Result<()> {
+        let after = self.after.lock().unwrap_or_else(|p| p.into_inner());
+        match *after {
+            Some((origin, ev)) if origin != stream => self.source().stream_wait_event(stream, ev),
+            _ => Ok(()),
+        }
+    }
+
+    fn pool(&self) -> &Arc<PoolInner> {
+        // Only `free` takes the handle, and nothing uses a segment after it.
+        self.pool.as_ref().expect("a live segment has its pool")
     }
 
     /// Marks the segment as used by work queued on `stream`: its memory is reused only
@@ -108,22 +139,30 @@ impl Segment {
     }
 
     fn source(&self) -> &Arc<dyn BlockSource> {
-        &self.pool.source
+        &self.pool().source
     }
 
     fn free(&mut self) -> Result<()> {
-        if self.freed {
+        let Some(pool) = self.pool.take() else {
             return Err(Error::AlreadyFreed);
+        };
+        if let Some((_, ev)) = self
+            .after
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            // Any wait on it was captured when queued, so the event may be recorded again.
+            pool.put_event(ev);
         }
-        self.freed = true;
         let streams = std::mem::take(&mut *self.streams.lock().unwrap_or_else(|p| p.into_inner()));
-        self.pool.release(&self.raw, &streams)
+        PoolInner::release(pool, &self.raw, &streams)
     }
 }
 
 impl Drop for Segment {
     fn drop(&mut self) {
-        if !self.freed {
+        if self.pool.is_some() {
             // Errors (a padding overrun in debug mode) are kept in the pool's report.
             let _ = self.free();
         }
@@ -240,8 +279,8 @@ impl Pool {
         align: u64,
         wrap: impl FnOnce(Segment) -> T,
     ) -> Result<T> {
-        let raw = self.alloc_raw(kind, len, align)?;
-        Ok(wrap(Segment::new(self, raw)))
+        let (raw, pool) = self.alloc_raw(kind, len, align)?;
+        Ok(wrap(Segment::new(pool, raw)))
     }
 
     /// Device memory (`aclrtMalloc` with the pool's policy), 64-aligned.
@@ -288,6 +327,52 @@ impl Pool {
         self.typed(MemKind::Host, len, 64, |seg| HostRegion { seg })
     }
 
+    /// Device memory for work ordered on `stream`, 64-aligned, recorded on `stream`.
+    ///
+    /// Memory freed while work queued on this one stream still used it is reused at once
+    /// (no event is queried or waited for): work queued on `stream` runs after that work.
+    /// Host-side access to the region (the synchronous copies, [`Pool::memset`]) first waits
+    /// for that work, and work queued on other streams is ordered after it, so the region
+    /// is safe to use every way.
+    ///
+    /// ```
+    /// use ascend_pool::{Pool, PoolConfig, SimSource, region::Region};
+    /// use std::sync::Arc;
+    /// let pool = Pool::new(Arc::new(SimSource::default()), PoolConfig::default()).unwrap();
+    /// let stream = pool.create_stream().unwrap();
+    /// let (mut a, src) = (pool.alloc_device_on(1 << 20, &stream).unwrap(), pool.alloc_device(1 << 20).unwrap());
+    /// pool.copy_async(&mut a, 0, &src, 0, 1 << 20, &stream).unwrap();
+    /// let addr = a.addr();
+    /// drop(a); // the copy may still be queued
+    /// let b = pool.alloc_device_on(1 << 20, &stream).unwrap();
+    /// assert_eq!(b.addr(), addr); // same stream: reused at once
+    /// ```
+    pub fn alloc_device_on(&self, len: u64, stream: &Stream) -> Result<DeviceRegion> {
+        let kind = MemKind::Device(self.config().policy);
+        let seg = self.segment_on(kind, len, 64, stream)?;
+        Ok(DeviceRegion {
+            seg,
+            _align: PhantomData,
+        })
+    }
+
+    /// DVPP memory for work ordered on `stream` (see [`alloc_device_on`](Self::alloc_device_on)).
+    pub fn alloc_dvpp_on(&self, len: u64, stream: &Stream) -> Result<DvppRegion> {
+        let seg = self.segment_on(MemKind::Dvpp, len, 128, stream)?;
+        Ok(DvppRegion { seg })
+    }
+
+    fn segment_on(&self, kind: MemKind, len: u64, align: u64, stream: &Stream) -> Result<Segment> {
+        if !Arc::ptr_eq(&stream.source, self.source()) {
+            return Err(Error::ForeignHandle);
+        }
+        let (raw, pool, after) = self.inner.allocate_on(kind, len, align, stream.handle)?;
+        let seg = Segment::new(pool, raw);
+        *seg.after.lock().unwrap_or_else(|p| p.into_inner()) = after.map(|ev| (stream.handle, ev));
+        seg.record_stream(stream);
+        Ok(seg)
+    }
+
     /// A new stream on the pool's device.
     pub fn create_stream(&self) -> Result<Stream> {
         let handle = self.source().create_stream(self.config().device)?;
@@ -298,7 +383,7 @@ impl Pool {
     }
 
     fn same_source(&self, r: &impl Region) -> Result<()> {
-        if Arc::ptr_eq(&r.segment().pool, &self.inner)
+        if Arc::ptr_eq(r.segment().pool(), &self.inner)
             || Arc::ptr_eq(r.segment().source(), self.source())
         {
             Ok(())
@@ -311,6 +396,7 @@ impl Pool {
     pub fn copy_from_host(&self, dst: &mut impl Region, offset: u64, src: &[u8]) -> Result<()> {
         self.same_source(dst)?;
         check_bounds(offset, src.len() as u64, dst.len())?;
+        dst.segment().settle_for_host()?;
         let kind = copy_kind(dst.kind(), MemKind::Host);
         // SAFETY: bounds checked above; `dst` is a live region of this source, exclusively
         // borrowed; `src` is a live host slice of `src.len()` bytes.
@@ -329,6 +415,7 @@ impl Pool {
     pub fn copy_to_host(&self, src: &impl Region, offset: u64, dst: &mut [u8]) -> Result<()> {
         self.same_source(src)?;
         check_bounds(offset, dst.len() as u64, src.len())?;
+        src.segment().settle_for_host()?;
         let kind = copy_kind(MemKind::Host, src.kind());
         // SAFETY: bounds checked; `src` is a live region of this source; `dst` a live slice.
         unsafe {
@@ -355,6 +442,8 @@ impl Pool {
         self.same_source(src)?;
         check_bounds(dst_offset, len, dst.len())?;
         check_bounds(src_off, len, src.len())?;
+        dst.segment().settle_for_host()?;
+        src.segment().settle_for_host()?;
         // SAFETY: both ranges checked against live regions of this source; `dst` is
         // exclusively borrowed, so the two do not alias.
         unsafe {
@@ -395,6 +484,8 @@ impl Pool {
                 });
             }
         }
+        dst.segment().settle_for_stream(stream.handle)?;
+        src.segment().settle_for_stream(stream.handle)?;
         dst.segment().record_stream(stream);
         src.segment().record_stream(stream);
         // SAFETY: ranges checked against live regions; both are recorded on the stream, so
@@ -415,6 +506,7 @@ impl Pool {
     pub fn memset(&self, dst: &mut impl Region, offset: u64, value: u8, len: u64) -> Result<()> {
         self.same_source(dst)?;
         check_bounds(offset, len, dst.len())?;
+        dst.segment().settle_for_host()?;
         // SAFETY: range checked against a live, exclusively borrowed region of this source.
         unsafe {
             self.source()
@@ -433,6 +525,7 @@ impl Pool {
     ) -> Result<()> {
         self.same_source(dst)?;
         check_bounds(offset, len, dst.len())?;
+        dst.segment().settle_for_stream(stream.handle)?;
         dst.segment().record_stream(stream);
         // SAFETY: range checked; the region is recorded on the stream so it outlives the fill.
         unsafe {

@@ -71,7 +71,8 @@ fn chunk_columns(chunk: &ChunkInfo, columns: usize) -> Vec<[f64; 3]> {
             }
         }
     };
-    for seg in &chunk.segments {
+    // A segment parked in a thread cache is free memory as far as users go.
+    for seg in chunk.segments.iter().filter(|g| !g.cached) {
         add(seg.offset, seg.offset + seg.len, 0);
         add(seg.offset + seg.len, seg.offset + seg.footprint, 1);
     }
@@ -134,8 +135,9 @@ pub fn pool_state(snap: &PoolSnapshot, title: &str) -> String {
         );
         y += ROW_H;
         for chunk in &kind.chunks {
-            let used: u64 = chunk.segments.iter().map(|g| g.len).sum();
-            let pad: u64 = chunk.segments.iter().map(|g| g.footprint - g.len).sum();
+            let live = || chunk.segments.iter().filter(|g| !g.cached);
+            let used: u64 = live().map(|g| g.len).sum();
+            let pad: u64 = live().map(|g| g.footprint - g.len).sum();
             let pct = |b: u64| 100.0 * b as f64 / chunk.size.max(1) as f64;
             let _ = writeln!(
                 out,
@@ -348,6 +350,7 @@ mod tests {
                     len,
                     footprint,
                     pending: false,
+                    cached: false,
                 })
                 .collect(),
         }

@@ -1128,7 +1128,10 @@ impl ReplayerFactory for EngineFactory {
 
 /// A segment the pool carved during a replay: an opaque handle for [`PoolRange::free`].
 #[derive(Debug, Clone)]
-pub struct PoolSegment(crate::pool::RawSegment);
+pub struct PoolSegment(
+    crate::pool::RawSegment,
+    std::sync::Arc<crate::pool::PoolInner>,
+);
 
 /// One replay's pool and the simulator under it.
 #[derive(Debug)]
@@ -1185,11 +1188,11 @@ impl RangeReplayer for PoolRange {
             .pool
             .alloc_raw(self.kind, len, rule.align())
             .ok()?;
-        Some((seg.addr as u64, PoolSegment(seg)))
+        Some((seg.0.addr as u64, PoolSegment(seg.0, seg.1)))
     }
 
     fn free(&mut self, token: PoolSegment) {
-        if self.session.pool.inner.release(&token.0, &[]).is_err() {
+        if crate::pool::PoolInner::release(token.1, &token.0, &[]).is_err() {
             self.refused_frees += 1;
         }
     }

@@ -19,6 +19,8 @@ pub const CONF_ENV: &str = "ASCEND_POOL_CONF";
 /// | `limit` | [`limit`](Self::limit): most bytes one memory kind may reserve (`0` = none) | `0` |
 /// | `release_threshold` | [`release_threshold`](Self::release_threshold): empty chunks beyond this many bytes go back at once | `128m` |
 /// | `debug` | [`debug`](Self::debug): canaries in the padding, checked on free | `0` |
+/// | `thread_cache` | [`thread_cache`](Self::thread_cache): bytes of free segments each thread may keep (`off` or `0` = no caches) | `2m` |
+/// | `thread_cache_max` | [`thread_cache_max`](Self::thread_cache_max): largest footprint a thread cache keeps | `256k` |
 /// | `slab_max` | largest footprint served by slabs | `1024` |
 /// | `range` | `tlsf` or `buddy` | `tlsf` |
 /// | `policy` | `huge_first`, `huge_only`, `normal_only`, `huge1g_only` | `huge_first` |
@@ -29,9 +31,10 @@ pub const CONF_ENV: &str = "ASCEND_POOL_CONF";
 ///
 /// ```
 /// use ascend_pool::pool::PoolConfig;
-/// let c = PoolConfig::parse("chunk_size:64m,padding:32,debug:1").unwrap();
+/// let c = PoolConfig::parse("chunk_size:64m,padding:32,debug:1,thread_cache:off").unwrap();
 /// assert_eq!(c.chunk_size, 64 << 20);
 /// assert!(c.debug);
+/// assert_eq!(c.thread_cache, 0);
 /// assert!(PoolConfig::parse("chunk_size:lots").is_err());
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,6 +54,12 @@ pub struct PoolConfig {
     pub release_threshold: u64,
     /// Fill each segment's padding with a canary and check it on free.
     pub debug: bool,
+    /// Footprint bytes of free segments each thread may keep per pool for reuse without
+    /// locking; 0 turns thread caches off.
+    pub thread_cache: u64,
+    /// Largest footprint kept in a thread cache (at most `thread_cache`, below
+    /// `large_threshold`).
+    pub thread_cache_max: u64,
     /// Carving engine settings for each chunk.
     pub engine: EngineConfig,
     /// Malloc policy for device kinds.
@@ -72,6 +81,8 @@ impl Default for PoolConfig {
             limit: 0,
             release_threshold: 128 << 20,
             debug: false,
+            thread_cache: 2 << 20,
+            thread_cache_max: 256 << 10,
             engine: EngineConfig::default(),
             policy: MallocPolicy::HugeFirst,
             device: 0,
@@ -112,6 +123,7 @@ impl PoolConfig {
     pub fn parse(s: &str) -> Result<Self> {
         let mut c = Self::default();
         let mut large_set = false;
+        let mut cache_max_set = false;
         for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
             let (k, v) = item
                 .split_once(':')
@@ -129,6 +141,16 @@ impl PoolConfig {
                 "limit" => c.limit = size()?,
                 "release_threshold" => c.release_threshold = size()?,
                 "slab_max" => c.engine.slab_max = size()?,
+                "thread_cache" => {
+                    c.thread_cache = match v.trim() {
+                        "off" | "false" => 0,
+                        _ => size()?,
+                    }
+                }
+                "thread_cache_max" => {
+                    c.thread_cache_max = size()?;
+                    cache_max_set = true;
+                }
                 "debug" => {
                     c.debug = match v.trim() {
                         "1" | "true" | "on" => true,
@@ -171,6 +193,10 @@ impl PoolConfig {
         if !large_set {
             c.large_threshold = c.chunk_size / 2;
         }
+        if !cache_max_set && c.thread_cache > 0 {
+            // A small cache keeps segments up to its own size by default.
+            c.thread_cache_max = c.thread_cache_max.min(c.thread_cache);
+        }
         c.validate()?;
         Ok(c)
     }
@@ -184,6 +210,15 @@ impl PoolConfig {
             )));
         }
         crate::align::CarveRule::new(self.padding, 64)?;
+        if self.thread_cache > 0
+            && (self.thread_cache_max > self.thread_cache
+                || self.thread_cache_max >= self.large_threshold)
+        {
+            return Err(Error::Config(format!(
+                "thread_cache_max {} must fit in thread_cache {} and stay below large_threshold {}",
+                self.thread_cache_max, self.thread_cache, self.large_threshold
+            )));
+        }
         if self.engine.slab_max % 64 != 0 || self.engine.slab_max > self.chunk_size / 64 {
             return Err(Error::Config(format!(
                 "slab_max {} is not a multiple of 64 well below chunk_size",
@@ -212,6 +247,20 @@ impl PoolConfig {
     /// Builder: canaries in padding.
     pub fn with_debug(mut self, on: bool) -> Self {
         self.debug = on;
+        self
+    }
+    /// Builder: bytes each thread cache may hold (0 = no thread caches); the largest
+    /// footprint kept shrinks to fit.
+    pub fn with_thread_cache(mut self, bytes: u64) -> Self {
+        self.thread_cache = bytes;
+        if bytes > 0 {
+            self.thread_cache_max = self.thread_cache_max.min(bytes);
+        }
+        self
+    }
+    /// Builder: largest footprint a thread cache keeps.
+    pub fn with_thread_cache_max(mut self, bytes: u64) -> Self {
+        self.thread_cache_max = bytes;
         self
     }
     /// Builder: empty-chunk bytes kept cached.
@@ -244,7 +293,8 @@ mod tests {
     fn parses_every_key() {
         let c = PoolConfig::parse(
             "chunk_size:64m, padding:0, limit:8g, release_threshold:128m, debug:on, \
-             slab_max:2k, range:buddy, policy:huge1g_only, device:3, record:/tmp/a:b.jsonl",
+             slab_max:2k, range:buddy, policy:huge1g_only, device:3, thread_cache:1m, \
+             thread_cache_max:64k, record:/tmp/a:b.jsonl",
         )
         .unwrap();
         assert_eq!(c.chunk_size, 64 << 20);
@@ -261,6 +311,16 @@ mod tests {
             c.record.as_deref(),
             Some(std::path::Path::new("/tmp/a:b.jsonl"))
         );
+        assert_eq!((c.thread_cache, c.thread_cache_max), (1 << 20, 64 << 10));
+        let small = PoolConfig::parse("thread_cache:64k").unwrap();
+        assert_eq!(
+            (small.thread_cache, small.thread_cache_max),
+            (64 << 10, 64 << 10)
+        );
+        assert_eq!(
+            PoolConfig::parse("thread_cache:off").unwrap().thread_cache,
+            0
+        );
     }
 
     #[test]
@@ -275,6 +335,9 @@ mod tests {
             "limit:99999999999999999999g",
             "range:first_fit",
             "record:",
+            "thread_cache:lots",
+            "thread_cache:64k,thread_cache_max:128k",
+            "thread_cache_max:32m",
         ] {
             assert!(PoolConfig::parse(bad).is_err(), "{bad} was accepted");
         }

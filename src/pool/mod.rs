@@ -7,11 +7,26 @@
 //! the release threshold, and honours a memory limit. When the source runs out it reclaims
 //! deferred frees, trims, waits for streams, and retries before failing with an error
 //! that says what was requested, reserved, in use and the largest free range.
+//!
+//! In front of the kind pools, each thread keeps a small cache of segments it freed
+//! (see [`cache`]): a thread's next allocation of the same length and alignment takes one
+//! back without taking the kind's lock, so threads allocating at once scale with the cores.
 
+mod cache;
 pub mod config;
 pub mod record;
 
 pub use config::PoolConfig;
+
+use cache::{CacheItem, CacheRegistry, Put, ThreadCache};
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Weak;
+
+/// The primitives [`cache`] is built on; the loom models put loom's in their place.
+pub(crate) mod sync {
+    pub(crate) use std::sync::{Arc, Mutex, MutexGuard};
+}
 
 use crate::align::CarveRule;
 use crate::engine::{Allocation, CarveEngine, EngineError, EngineStats};
@@ -61,6 +76,11 @@ pub struct KindStats {
     pub source_free_calls: u64,
     /// Allocations that failed for lack of memory (after retrying).
     pub ooms: u64,
+    /// Footprint bytes of free segments held in per-thread caches (not in `allocated_bytes`;
+    /// `allocated_bytes + cached_bytes` is what the chunks' engines have carved out).
+    pub cached_bytes: u64,
+    /// Free segments held in per-thread caches (not in `live_regions`).
+    pub cached_regions: u64,
 }
 
 impl KindStats {
@@ -81,6 +101,8 @@ impl KindStats {
             source_alloc_calls: 0,
             source_free_calls: 0,
             ooms: 0,
+            cached_bytes: 0,
+            cached_regions: 0,
         }
     }
 }
@@ -100,6 +122,8 @@ pub struct SegmentInfo {
     pub footprint: u64,
     /// Whether its free waits for a stream.
     pub pending: bool,
+    /// Whether it is free, held in a thread cache for reuse (never in a leak report).
+    pub cached: bool,
 }
 
 /// One chunk in a snapshot.
@@ -163,7 +187,7 @@ struct LiveEntry {
 }
 
 impl LiveEntry {
-    fn info(&self, kind: MemKind) -> SegmentInfo {
+    fn info(&self, kind: MemKind, cached: bool) -> SegmentInfo {
         SegmentInfo {
             kind,
             addr: self.addr,
@@ -171,6 +195,7 @@ impl LiveEntry {
             len: self.alloc.len(),
             footprint: self.alloc.footprint(),
             pending: self.pending,
+            cached,
         }
     }
 }
@@ -178,7 +203,11 @@ impl LiveEntry {
 #[derive(Debug)]
 struct PendingFree {
     key: usize,
+    /// One per stream that used the segment, recorded at free time.
     events: SmallVec<[EventHandle; 2]>,
+    /// The stream, when exactly one used the segment: an allocation on that stream may
+    /// take the segment at once, since stream order puts its work after the old work.
+    only_on: Option<StreamHandle>,
 }
 
 /// One memory kind's pool.
@@ -186,8 +215,10 @@ struct PendingFree {
 /// Invariants (checked by [`Pool::validate`]):
 /// - every entry of `live` names a chunk in `chunks` and an allocation live in its engine;
 /// - `stats.reserved_bytes` is the sum of chunk block sizes, `stats.chunks` their number;
-/// - `stats.allocated_bytes` / `requested_bytes` are the sums over `live`;
-/// - every pending free names a `live` entry marked pending, and no other entry is.
+/// - `stats.allocated_bytes` / `requested_bytes` are the sums over `live` (segments held
+///   in thread caches included: [`Pool::stats`] takes them out);
+/// - every pending free names a `live` entry marked pending, and no other entry is;
+/// - every segment held in a thread cache names a `live` entry that is not pending.
 #[derive(Debug)]
 struct KindPool {
     kind: MemKind,
@@ -210,11 +241,43 @@ pub(crate) struct PoolInner {
     corruption: Mutex<Vec<Error>>,
     /// Trace writer when [`PoolConfig::record`] is set.
     recorder: Option<record::Recorder>,
+    /// Per-thread caches of free segments; `None` when `config.thread_cache` is 0.
+    caches: Option<CacheRegistry<CachedSegment>>,
+    /// Tells this pool's thread caches apart from other pools' in a thread's slots.
+    id: u64,
+    /// This pool, for the thread slots (which must not keep it alive).
+    me: Weak<PoolInner>,
+    /// Set when the [`Pool`] handle drops: no allocation can come any more, so frees
+    /// bypass the thread caches and chunks can go back.
+    closed: AtomicBool,
 }
 
-/// A handle on a live segment: what a region holds. Cloneable for the replay driver's
-/// token maps; a second release of a clone is refused as `AlreadyFreed`.
-#[derive(Debug, Clone)]
+/// Ids for [`PoolInner::id`].
+static NEXT_POOL_ID: AtomicU64 = AtomicU64::new(0);
+
+/// One thread's cache for one pool; dropped (flushed back) when the thread exits.
+struct CacheSlot {
+    pool_id: u64,
+    pool: Weak<PoolInner>,
+    cache: Arc<ThreadCache<CachedSegment>>,
+}
+
+impl Drop for CacheSlot {
+    fn drop(&mut self) {
+        if let Some(pool) = self.pool.upgrade() {
+            pool.retire_cache(&self.cache);
+        }
+    }
+}
+
+thread_local! {
+    /// This thread's caches, one per pool it has freed into.
+    static THREAD_CACHES: RefCell<Vec<CacheSlot>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A handle on a live segment: what a region holds, and what a thread cache keeps.
+/// A second release of a copy is refused as `AlreadyFreed` (the replay driver keeps copies).
+#[derive(Debug, Clone, Copy)]
 pub(crate) struct RawSegment {
     pub(crate) kind: MemKind,
     pub(crate) addr: usize,
@@ -222,6 +285,30 @@ pub(crate) struct RawSegment {
     pub(crate) align: u64,
     key: usize,
     alloc: Allocation,
+}
+
+/// A free segment in a thread cache, with the pool handle its region held: the next region
+/// made from it takes that handle over, so neither the free nor the allocation touches the
+/// pool's shared reference count (one cache line every thread would fight over).
+///
+/// The handles make a cycle (pool → caches → pool) that every flush breaks; the pool is
+/// flushed when its [`Pool`] handle drops and stops caching then.
+#[derive(Debug)]
+pub(crate) struct CachedSegment {
+    raw: RawSegment,
+    owner: Arc<PoolInner>,
+}
+
+impl CacheItem for CachedSegment {
+    fn class(&self) -> usize {
+        self.raw.kind.index()
+    }
+    fn shape(&self) -> (u64, u64) {
+        (self.raw.len, self.raw.align)
+    }
+    fn bytes(&self) -> u64 {
+        self.raw.alloc.footprint()
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -283,13 +370,17 @@ impl Pool {
             })
         });
         Ok(Self {
-            inner: Arc::new(PoolInner {
+            inner: Arc::new_cyclic(|me| PoolInner {
                 source,
-                config,
                 kinds,
                 idle_events: Mutex::new(Vec::new()),
                 corruption: Mutex::new(Vec::new()),
                 recorder,
+                caches: (config.thread_cache > 0).then(|| CacheRegistry::new(config.thread_cache)),
+                id: NEXT_POOL_ID.fetch_add(1, Ordering::Relaxed),
+                closed: AtomicBool::new(false),
+                me: Weak::clone(me),
+                config,
             }),
         })
     }
@@ -310,10 +401,13 @@ impl Pool {
     }
 
     /// Counters of one kind.
+    ///
+    /// Segments held free in thread caches count in `cached_bytes` / `cached_regions`, not
+    /// as allocated or live; allocations served from a cache and frees into one count as
+    /// allocations and frees. The peaks are those of `allocated_bytes + cached_bytes`.
     pub fn stats(&self, kind: MemKind) -> KindStats {
-        let mut k = lock(&self.inner.kinds[kind.index()]);
-        k.stats.pending_frees = k.pending.len() as u64;
-        k.stats
+        let k = lock(&self.inner.kinds[kind.index()]);
+        self.inner.kind_stats(&k)
     }
 
     /// Counters of every kind, summed where summing makes sense (peaks are sums of peaks).
@@ -323,10 +417,12 @@ impl Pool {
 
     /// Gives every empty chunk back to the source (after reclaiming completed deferred frees).
     /// Returns the bytes released.
+    /// Thread caches are flushed first.
     pub fn trim(&self) -> u64 {
         let mut released = 0;
         for m in &self.inner.kinds {
             let mut k = lock(m);
+            self.inner.flush_kind(&mut k);
             self.inner.reclaim(&mut k, false);
             released += self.inner.trim_kind(&mut k, 0);
             released += self.inner.shrink_tails(&mut k);
@@ -343,22 +439,64 @@ impl Pool {
         Ok(())
     }
 
-    /// Checks every invariant of every kind's pool and chunk engine.
+    /// Gives every segment held in any thread's cache back to its kind pool (each thread
+    /// keeps using its cache afterwards). Returns the footprint bytes given back.
+    ///
+    /// Caches are also flushed when their thread exits, by [`trim`](Self::trim), and when
+    /// an allocation would otherwise grow or fail.
+    pub fn flush_thread_caches(&self) -> u64 {
+        let mut flushed = 0;
+        for m in &self.inner.kinds {
+            let mut k = lock(m);
+            flushed += self.inner.flush_kind(&mut k);
+        }
+        flushed
+    }
+
+    /// Checks every invariant of every kind's pool and chunk engine, and of the thread
+    /// caches: each cached segment is live, not pending, held once, and counted right.
     pub fn validate(&self) -> Result<()> {
         for m in &self.inner.kinds {
             let k = lock(m);
             k.validate()?;
+            let Some(reg) = &self.inner.caches else {
+                continue;
+            };
+            let class = k.kind.index();
+            let mut seen = std::collections::HashSet::new();
+            let mut problem = None;
+            reg.for_each(|c| {
+                if let Err(e) = c.check() {
+                    problem.get_or_insert(e);
+                }
+                c.for_each_held(class, |c| match k.live.get(c.raw.key) {
+                    Some(e) if e.alloc == c.raw.alloc && !e.pending && seen.insert(c.raw.key) => {}
+                    _ => {
+                        problem.get_or_insert(format!(
+                            "cached segment at {:#x} is not a live, unique, settled segment",
+                            c.raw.addr
+                        ));
+                    }
+                });
+            });
+            if let Some(p) = problem {
+                return Err(Error::Invalid(format!("{} thread caches: {p}", k.kind)));
+            }
         }
         Ok(())
     }
 
-    /// Live segments (including those whose free waits for a stream).
+    /// Live segments (including those whose free waits for a stream; not those held free
+    /// in thread caches).
     pub fn leak_report(&self) -> Vec<SegmentInfo> {
         let mut out = Vec::new();
         for m in &self.inner.kinds {
             let k = lock(m);
-            for (_, e) in k.live.iter() {
-                out.push(e.info(k.kind));
+            let cached = self.inner.cached_keys(&k);
+            for (key, e) in k.live.iter() {
+                if !cached.contains(&key) {
+                    out.push(e.info(k.kind, false));
+                }
             }
         }
         out.sort_by_key(|s| s.addr);
@@ -380,11 +518,12 @@ impl Pool {
     pub fn snapshot(&self) -> PoolSnapshot {
         let mut kinds = Vec::new();
         for m in &self.inner.kinds {
-            let mut k = lock(m);
+            let k = lock(m);
             if k.stats.allocations == 0 && k.chunks.is_empty() {
                 continue;
             }
-            k.stats.pending_frees = k.pending.len() as u64;
+            let stats = self.inner.kind_stats(&k);
+            let cached = self.inner.cached_keys(&k);
             let mut chunks: Vec<(usize, ChunkInfo)> = k
                 .chunks
                 .iter()
@@ -401,9 +540,9 @@ impl Pool {
                     )
                 })
                 .collect();
-            for (_, e) in k.live.iter() {
+            for (key, e) in k.live.iter() {
                 if let Some((_, info)) = chunks.iter_mut().find(|(id, _)| *id == e.chunk) {
-                    info.segments.push(e.info(k.kind));
+                    info.segments.push(e.info(k.kind, cached.contains(&key)));
                 }
             }
             let mut chunks: Vec<ChunkInfo> = chunks.into_iter().map(|(_, c)| c).collect();
@@ -411,10 +550,7 @@ impl Pool {
             for c in &mut chunks {
                 c.segments.sort_by_key(|s| s.offset);
             }
-            kinds.push(KindSnapshot {
-                stats: k.stats,
-                chunks,
-            });
+            kinds.push(KindSnapshot { stats, chunks });
         }
         PoolSnapshot {
             source: self.inner.source.name().to_string(),
@@ -423,14 +559,23 @@ impl Pool {
         }
     }
 
-    /// Allocates a raw segment (used by the typed constructors).
-    pub(crate) fn alloc_raw(&self, kind: MemKind, len: u64, align: u64) -> Result<RawSegment> {
+    /// Allocates a raw segment and the pool handle its region keeps (used by the typed
+    /// constructors).
+    pub(crate) fn alloc_raw(
+        &self,
+        kind: MemKind,
+        len: u64,
+        align: u64,
+    ) -> Result<(RawSegment, Arc<PoolInner>)> {
         self.inner.allocate(kind, len, align)
     }
 }
 
 impl Drop for Pool {
     fn drop(&mut self) {
+        // No allocation can come any more: what the caches hold is free memory.
+        self.inner.closed.store(true, Ordering::Release);
+        self.flush_thread_caches();
         let leaks = self.leak_report();
         if !leaks.is_empty() {
             eprintln!(
@@ -519,9 +664,81 @@ impl PoolInner {
         Ok(CarveRule::new(padding, align)?)
     }
 
-    fn allocate(&self, kind: MemKind, len: u64, align: u64) -> Result<RawSegment> {
+    fn allocate(
+        self: &Arc<Self>,
+        kind: MemKind,
+        len: u64,
+        align: u64,
+    ) -> Result<(RawSegment, Arc<PoolInner>)> {
         let rule = self.rule(kind, align)?;
         let footprint = rule.footprint(len)?;
+        if self.cacheable(footprint) {
+            if let Some(c) = self.take_cached(kind, len, align)? {
+                if let Some(r) = &self.recorder {
+                    r.alloc(c.raw.kind, c.raw.addr, len, align);
+                }
+                return Ok((c.raw, c.owner));
+            }
+        }
+        let raw = self.allocate_from_kind(kind, len, align, rule, footprint)?;
+        Ok((raw, Arc::clone(self)))
+    }
+
+    /// Allocates for work ordered on `stream`. A segment whose free waits only for
+    /// `stream` and has this exact shape is taken over at once, without querying or
+    /// waiting for its event: work the new owner queues on `stream` runs after the old
+    /// work. The event comes back with it, for the new region to order any other use
+    /// (host-side access, other streams) after the old work.
+    pub(crate) fn allocate_on(
+        self: &Arc<Self>,
+        kind: MemKind,
+        len: u64,
+        align: u64,
+        stream: StreamHandle,
+    ) -> Result<(RawSegment, Arc<PoolInner>, Option<EventHandle>)> {
+        let rule = self.rule(kind, align)?;
+        rule.footprint(len)?;
+        let mut k = lock(&self.kinds[kind.index()]);
+        let found = k.pending.iter().position(|p| {
+            let e = &k.live[p.key];
+            p.only_on == Some(stream) && e.alloc.len() == len && e.addr % align as usize == 0
+        });
+        if let Some(i) = found {
+            let p = k.pending.swap_remove(i);
+            let kind = k.kind;
+            let e = &mut k.live[p.key];
+            e.pending = false;
+            let raw = RawSegment {
+                kind,
+                addr: e.addr,
+                len,
+                align,
+                key: p.key,
+                alloc: e.alloc,
+            };
+            // The old region's free completes and a new allocation begins.
+            k.stats.frees += 1;
+            k.stats.allocations += 1;
+            if let Some(r) = &self.recorder {
+                r.free(raw.addr);
+                r.alloc(kind, raw.addr, len, align);
+            }
+            return Ok((raw, Arc::clone(self), p.events.first().copied()));
+        }
+        drop(k);
+        let (raw, owner) = self.allocate(kind, len, align)?;
+        Ok((raw, owner, None))
+    }
+
+    /// The kind pool's allocation path: carve (reclaiming or growing if need be), register.
+    fn allocate_from_kind(
+        &self,
+        kind: MemKind,
+        len: u64,
+        align: u64,
+        rule: CarveRule,
+        footprint: u64,
+    ) -> Result<RawSegment> {
         let mut k = lock(&self.kinds[kind.index()]);
         let kind = k.kind;
         let found = match Self::carve_existing(&mut k, len, rule) {
@@ -654,6 +871,7 @@ impl PoolInner {
         let mut last_err = None;
         for attempt in 0..3 {
             if attempt == 1 {
+                self.flush_kind(k);
                 self.reclaim(k, false);
                 self.trim_kind(k, 0);
             } else if attempt == 2 {
@@ -909,7 +1127,7 @@ impl PoolInner {
                 for ev in p.events {
                     self.put_event(ev);
                 }
-                self.finish_free(k, p.key);
+                self.finish_free(k, p.key, true);
                 done += 1;
             } else {
                 i += 1;
@@ -925,7 +1143,7 @@ impl PoolInner {
         self.source.create_event(self.config.device)
     }
 
-    fn put_event(&self, ev: EventHandle) {
+    pub(crate) fn put_event(&self, ev: EventHandle) {
         let mut idle = lock(&self.idle_events);
         if idle.len() < EVENT_POOL_MAX {
             idle.push(ev);
@@ -936,30 +1154,66 @@ impl PoolInner {
     }
 
     /// Frees a segment; with `streams`, only once work queued on them so far has run.
-    pub(crate) fn release(&self, seg: &RawSegment, streams: &[StreamHandle]) -> Result<()> {
+    /// `owner` is the pool handle the segment's region held.
+    pub(crate) fn release(
+        owner: Arc<PoolInner>,
+        seg: &RawSegment,
+        streams: &[StreamHandle],
+    ) -> Result<()> {
+        // No stream uses it: this thread's cache may keep it. (A region releases its
+        // segment exactly once, so the registry check below is not needed to get here.)
+        if streams.is_empty() && owner.cacheable(seg.alloc.footprint()) {
+            if owner.config.debug {
+                owner.check_canary(seg)?;
+            }
+            if let Some(r) = &owner.recorder {
+                // Before the cache can hand the address out again.
+                r.free(seg.addr);
+            }
+            // The handle moves into the cache with the segment: no reference-count traffic.
+            let Some(back) = Self::put_cached(CachedSegment { raw: *seg, owner }) else {
+                return Ok(());
+            };
+            return back.owner.release_to_kind(seg, streams);
+        }
+        owner.release_to_kind(seg, streams)
+        // `owner` drops here, after the kind lock.
+    }
+
+    /// The kind pool's free path.
+    fn release_to_kind(&self, seg: &RawSegment, streams: &[StreamHandle]) -> Result<()> {
         let mut k = lock(&self.kinds[seg.kind.index()]);
         match k.live.get(seg.key) {
             Some(e) if e.alloc == seg.alloc && !e.pending => {}
             Some(e) if e.alloc == seg.alloc => return Err(Error::AlreadyFreed),
             _ => return Err(Error::AlreadyFreed),
         }
-        if self.config.debug {
-            self.check_canary(&k, seg)?;
+        if self.config.debug && !(streams.is_empty() && self.cacheable(seg.alloc.footprint())) {
+            self.check_canary(seg)?;
         }
-        if !streams.is_empty() {
-            let mut events = SmallVec::new();
-            for &s in streams {
-                let ev = self.take_event()?;
-                if let Err(e) = self.source.record_event(ev, s) {
-                    self.put_event(ev);
-                    return Err(e);
-                }
-                events.push(ev);
+        let mut events = SmallVec::new();
+        for &s in streams {
+            // Without an event, or on a stream that refuses one (a dropped `Stream` is
+            // destroyed after its work has run), wait here for what the stream still has:
+            // failing would lose the segment, since a dropped region cannot free again.
+            let Ok(ev) = self.take_event() else {
+                let _ = self.source.synchronize_stream(s);
+                continue;
+            };
+            if self.source.record_event(ev, s).is_err() {
+                self.put_event(ev);
+                let _ = self.source.synchronize_stream(s);
+                continue;
             }
+            events.push(ev);
+        }
+        if !events.is_empty() {
             k.live[seg.key].pending = true;
+            let only_on = (streams.len() == 1 && events.len() == 1).then_some(streams[0]);
             k.pending.push(PendingFree {
                 key: seg.key,
                 events,
+                only_on,
             });
             // Keep the list bounded without querying events on every call.
             if k.pending.len() % PENDING_RECLAIM_BATCH == 0 {
@@ -967,40 +1221,22 @@ impl PoolInner {
             }
             return Ok(());
         }
-        self.finish_free(&mut k, seg.key);
+        self.finish_free(&mut k, seg.key, true);
         Ok(())
     }
 
-    fn finish_free(&self, k: &mut KindPool, key: usize) {
-        let e = k.live.remove(key);
-        if let Some(r) = &self.recorder {
-            r.free(e.addr);
+    /// Gives a segment back to its chunk's engine; `user_free` counts it as a free (not
+    /// when a thread cache gives back what its user had freed already).
+    fn finish_free(&self, k: &mut KindPool, key: usize, user_free: bool) {
+        if user_free {
+            if let Some(r) = &self.recorder {
+                // Written when the memory goes back: a deferred free once its streams passed it.
+                r.free(k.live[key].addr);
+            }
         }
-        let chunk = &mut k.chunks[e.chunk];
-        chunk
-            .engine
-            .free(e.alloc)
-            .expect("registry and engine agree on live segments");
-        // The freed bytes may merge with a free neighbour on each side, each smaller than
-        // the refused footprint: requests past that sum still cannot fit.
-        let (refused, align) = chunk.refused;
-        chunk.refused = match refused
-            .checked_mul(2)
-            .and_then(|r| r.checked_add(e.alloc.footprint()))
-        {
-            Some(r) if refused != NOTHING_REFUSED.0 => (r, align),
-            _ => NOTHING_REFUSED,
-        };
-        let now_empty = chunk.engine.is_empty();
-        let s = &mut k.stats;
-        s.allocated_bytes -= e.alloc.footprint();
-        s.requested_bytes -= e.alloc.len();
-        s.live_regions -= 1;
-        s.frees += 1;
-        if now_empty {
+        if let Some(dedicated) = Self::settle(k, key, user_free) {
             // Past the release threshold, empty chunks go back to the source; a dedicated
             // chunk fits one request, so holding it rarely pays.
-            let dedicated = chunk.dedicated;
             let empty: u64 = k
                 .chunks
                 .iter()
@@ -1020,12 +1256,41 @@ impl PoolInner {
         }
     }
 
-    fn check_canary(&self, k: &KindPool, seg: &RawSegment) -> Result<()> {
+    /// The part of a free that never calls the source (so it is safe while a thread
+    /// exits): engine and counters. Returns whether the chunk is now empty, and if so
+    /// whether it is dedicated.
+    fn settle(k: &mut KindPool, key: usize, user_free: bool) -> Option<bool> {
+        let e = k.live.remove(key);
+        let chunk = &mut k.chunks[e.chunk];
+        chunk
+            .engine
+            .free(e.alloc)
+            .expect("registry and engine agree on live segments");
+        // The freed bytes may merge with a free neighbour on each side, each smaller than
+        // the refused footprint: requests past that sum still cannot fit.
+        let (refused, align) = chunk.refused;
+        chunk.refused = match refused
+            .checked_mul(2)
+            .and_then(|r| r.checked_add(e.alloc.footprint()))
+        {
+            Some(r) if refused != NOTHING_REFUSED.0 => (r, align),
+            _ => NOTHING_REFUSED,
+        };
+        let empty = chunk.engine.is_empty().then_some(chunk.dedicated);
+        let s = &mut k.stats;
+        s.allocated_bytes -= e.alloc.footprint();
+        s.requested_bytes -= e.alloc.len();
+        s.live_regions -= 1;
+        s.frees += u64::from(user_free);
+        empty
+    }
+
+    fn check_canary(&self, seg: &RawSegment) -> Result<()> {
         let pad_start =
             crate::align::align_up(seg.len, crate::align::LEN_GRANULE).unwrap_or(seg.len);
         let pad = (seg.alloc.footprint() - pad_start) as usize;
         let mut buf = vec![0u8; pad];
-        let kind = if k.kind.is_device() {
+        let kind = if seg.kind.is_device() {
             MemcpyKind::DeviceToHost
         } else {
             MemcpyKind::HostToHost
@@ -1042,7 +1307,7 @@ impl PoolInner {
         }
         if let Some(i) = buf.iter().position(|&b| b != CANARY) {
             let err = Error::Corruption {
-                kind: k.kind,
+                kind: seg.kind,
                 offset: seg.alloc.offset(),
                 len: seg.len,
                 first_bad: pad_start + i as u64,
@@ -1052,6 +1317,214 @@ impl PoolInner {
             return Err(err);
         }
         Ok(())
+    }
+}
+
+/// The thread-cache layer: the fast paths, flushes, and the figures they change.
+impl PoolInner {
+    /// Whether segments of `footprint` bytes go through thread caches.
+    fn cacheable(&self, footprint: u64) -> bool {
+        self.caches.is_some() && footprint <= self.config.thread_cache_max
+    }
+
+    /// Runs `f` on this thread's cache for this pool (made on first use). `None` when
+    /// caches are off or the thread is exiting.
+    fn with_thread_cache<R>(
+        &self,
+        f: impl FnOnce(&Arc<ThreadCache<CachedSegment>>) -> R,
+    ) -> Option<R> {
+        let reg = self.caches.as_ref()?;
+        THREAD_CACHES
+            .try_with(|slots| {
+                let mut slots = slots.try_borrow_mut().ok()?;
+                let at = match slots.iter().position(|s| s.pool_id == self.id) {
+                    Some(i) => i,
+                    None => {
+                        // Slots of pools gone: drop them now rather than at thread exit.
+                        slots.retain(|s| s.pool.strong_count() > 0);
+                        slots.push(CacheSlot {
+                            pool_id: self.id,
+                            pool: Weak::clone(&self.me),
+                            cache: reg.register(),
+                        });
+                        slots.len() - 1
+                    }
+                };
+                Some(f(&slots[at].cache))
+            })
+            .ok()
+            .flatten()
+    }
+
+    /// A segment of `len` and `align` from this thread's cache, if it holds one.
+    fn take_cached(&self, kind: MemKind, len: u64, align: u64) -> Result<Option<CachedSegment>> {
+        let Some(Some(c)) = self.with_thread_cache(|c| c.take(kind.index(), (len, align))) else {
+            return Ok(None);
+        };
+        if self.config.debug {
+            // A write into the padding while the segment sat in the cache is a
+            // use-after-free: report it, then re-arm the canary for the new owner.
+            let _ = self.check_canary(&c.raw);
+            let pad_start = crate::align::align_up(len, crate::align::LEN_GRANULE).unwrap_or(len);
+            let pad = c.raw.alloc.footprint() - pad_start;
+            // SAFETY: the padding lies inside a live segment that only this call holds.
+            let armed = unsafe {
+                self.source
+                    .memset(c.raw.addr + pad_start as usize, pad, CANARY, pad)
+            };
+            if armed.is_err() {
+                // Without a canary the next free would report a false overrun: give the
+                // segment back and carve a fresh one.
+                let mut k = lock(&self.kinds[kind.index()]);
+                self.finish_free(&mut k, c.raw.key, false);
+                drop(k);
+                return Ok(None);
+            }
+        }
+        Ok(Some(c))
+    }
+
+    /// Keeps `seg` in this thread's cache for its pool, or hands it back when it must go
+    /// to the kind pool.
+    fn put_cached(seg: CachedSegment) -> Option<CachedSegment> {
+        let pool = &seg.owner;
+        if pool.closed.load(Ordering::Acquire) {
+            return Some(seg);
+        }
+        let id = pool.id;
+        let mut seg = Some(seg);
+        let mut outcome = Self::in_thread_cache(id, |c| match c.put(seg.take().expect("once")) {
+            Put::Kept => None,
+            Put::Full(back) => Some((Arc::clone(c), back)),
+        });
+        if outcome.is_none() {
+            // First free into this pool on this thread: make the cache, then try again.
+            let pool = &seg.as_ref().expect("not moved without a cache").owner;
+            if pool.with_thread_cache(|_| ()).is_none() {
+                return seg;
+            }
+            outcome = Self::in_thread_cache(id, |c| match c.put(seg.take().expect("once")) {
+                Put::Kept => None,
+                Put::Full(back) => Some((Arc::clone(c), back)),
+            });
+        }
+        let (cache, back) = match outcome {
+            None => return seg,
+            Some(None) => return None,
+            Some(Some(full)) => full,
+        };
+        // Full: give the whole cache back (one lock per kind for many segments) and keep
+        // this one in the emptied cache.
+        back.owner.flush_cache(&cache);
+        match cache.put(back) {
+            Put::Kept => None,
+            Put::Full(back) => Some(back),
+        }
+    }
+
+    /// Runs `f` on this thread's existing cache for pool `id`; `None` if there is none
+    /// (or the thread is exiting).
+    fn in_thread_cache<R>(
+        id: u64,
+        f: impl FnOnce(&Arc<ThreadCache<CachedSegment>>) -> R,
+    ) -> Option<R> {
+        THREAD_CACHES
+            .try_with(|slots| {
+                let slots = slots.try_borrow().ok()?;
+                let slot = slots.iter().find(|s| s.pool_id == id)?;
+                Some(f(&slot.cache))
+            })
+            .ok()
+            .flatten()
+    }
+
+    /// Gives every segment of `cache` back to the kind pools.
+    fn flush_cache(&self, cache: &ThreadCache<CachedSegment>) {
+        for (class, held) in cache.classes_held().into_iter().enumerate() {
+            if held {
+                let mut k = lock(&self.kinds[class]);
+                let drained = cache.drain_class(class);
+                for c in &drained {
+                    self.finish_free(&mut k, c.raw.key, false);
+                }
+                drop(k);
+                drop(drained); // their pool handles, after the lock
+            }
+        }
+    }
+
+    /// Gives back what every thread cache holds of `k`'s kind; returns the bytes.
+    ///
+    /// The drained pool handles drop here, under the kind lock: the caller's own handle
+    /// keeps the pool alive meanwhile.
+    fn flush_kind(&self, k: &mut KindPool) -> u64 {
+        let Some(reg) = &self.caches else {
+            return 0;
+        };
+        let mut bytes = 0;
+        for c in reg.drain_all(k.kind.index()) {
+            bytes += c.raw.alloc.footprint();
+            self.finish_free(k, c.raw.key, false);
+        }
+        bytes
+    }
+
+    /// A thread is exiting: give its cache back and keep its running totals.
+    ///
+    /// Runs among thread-local destructors, where a source may no longer reach its own
+    /// thread-locals: so it only settles segments in their engines, never calls the
+    /// source; chunks it leaves empty go back on the next trim or release past the threshold.
+    fn retire_cache(&self, cache: &ThreadCache<CachedSegment>) {
+        let Some(reg) = &self.caches else {
+            return;
+        };
+        let mut drained = Vec::new();
+        for (class, held) in cache.classes_held().into_iter().enumerate() {
+            if held {
+                let mut k = lock(&self.kinds[class]);
+                for c in cache.drain_class(class) {
+                    Self::settle(&mut k, c.raw.key, false);
+                    drained.push(c);
+                }
+            }
+        }
+        for c in reg.unregister(cache) {
+            let mut k = lock(&self.kinds[c.raw.kind.index()]);
+            Self::settle(&mut k, c.raw.key, false);
+            drained.push(c);
+        }
+        // The caller holds a handle too, so these are never the last.
+        drop(drained);
+    }
+
+    /// Registry keys of `k`'s segments held in thread caches.
+    fn cached_keys(&self, k: &KindPool) -> std::collections::HashSet<usize> {
+        let mut keys = std::collections::HashSet::new();
+        if let Some(reg) = &self.caches {
+            reg.for_each(|c| {
+                c.for_each_held(k.kind.index(), |c| {
+                    keys.insert(c.raw.key);
+                })
+            });
+        }
+        keys
+    }
+
+    /// `k`'s counters as users see them: thread-cached segments are free, not live.
+    fn kind_stats(&self, k: &KindPool) -> KindStats {
+        let mut s = k.stats;
+        s.pending_frees = k.pending.len() as u64;
+        if let Some(reg) = &self.caches {
+            let t = reg.totals(k.kind.index());
+            s.allocated_bytes -= t.bytes;
+            s.requested_bytes -= t.requested;
+            s.live_regions -= t.items;
+            s.allocations += t.hits;
+            s.frees += t.puts;
+            s.cached_bytes = t.bytes;
+            s.cached_regions = t.items;
+        }
+        s
     }
 }
 

@@ -1,0 +1,331 @@
+//! Per-thread caches of free segments, in front of the kind pools.
+//!
+//! A thread that frees a small or medium segment keeps it in its own [`ThreadCache`]; its
+//! next allocation of the same length and alignment takes it back without touching the
+//! kind pool's lock, the carving engine or the live-segment registry. Two threads that
+//! allocate and free at once so work on two different locks that nobody else takes, and
+//! scale with the cores.
+//!
+//! A cached segment stays live in its kind pool (carved, registered); the cache only knows
+//! that its user has let it go. So the pool's statistics are "kind pool figures minus what
+//! the caches hold", and the caches' counters live under the same lock as their items:
+//! read together under the locks below, the figures are exact.
+//!
+//! Lock order (every path that takes more than one): kind pool → [`CacheRegistry`] →
+//! [`ThreadCache`]. The hot path takes only its own thread's cache lock, which no other
+//! thread takes except to flush, read statistics or validate.
+//!
+//! This module knows nothing of the pool: it holds any [`CacheItem`], so the loom models
+//! in `tests/loom_cache.rs` check this very code with loom's primitives in place of
+//! `std::sync` (through the parent module's `sync` shim).
+
+use super::sync::{Arc, Mutex, MutexGuard};
+
+/// Classes a cache keeps counters for (one per memory kind).
+pub(crate) const CLASSES: usize = 5;
+/// Distinct shapes one cache holds at once; a new shape beyond them reuses an empty bin.
+const MAX_BINS: usize = 16;
+
+/// What a cache holds: a free segment of one class, reusable for one exact shape.
+pub(crate) trait CacheItem {
+    /// Class index, below [`CLASSES`] (the memory kind).
+    fn class(&self) -> usize;
+    /// Requested length and alignment: an allocation takes the item only on an exact match,
+    /// so the kind pool's record of the segment stays true while it is reused.
+    fn shape(&self) -> (u64, u64);
+    /// Bytes the item occupies in its chunk (its footprint).
+    fn bytes(&self) -> u64;
+}
+
+/// One class's figures in one cache.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ClassCounters {
+    /// Free items held now.
+    pub(crate) items: u64,
+    /// Their footprint bytes.
+    pub(crate) bytes: u64,
+    /// Their requested bytes.
+    pub(crate) requested: u64,
+    /// Allocations served from the cache so far.
+    pub(crate) hits: u64,
+    /// Frees kept in the cache so far.
+    pub(crate) puts: u64,
+}
+
+impl ClassCounters {
+    /// Adds the running totals (`hits`, `puts`) of `other`; the held figures are not summed.
+    fn absorb_totals(&mut self, other: &ClassCounters) {
+        self.hits += other.hits;
+        self.puts += other.puts;
+    }
+}
+
+#[derive(Debug)]
+struct Bin<T> {
+    class: usize,
+    shape: (u64, u64),
+    /// Every item has this bin's class and shape.
+    items: Vec<T>,
+}
+
+#[derive(Debug)]
+struct Bins<T> {
+    /// At most [`MAX_BINS`]; no two bins share a class and shape.
+    bins: Vec<Bin<T>>,
+    /// Sum of `bytes()` over every held item; never above the cache's limit.
+    bytes: u64,
+    /// `counters[c].items`, `.bytes`, `.requested` are the sums over held items of class `c`.
+    counters: [ClassCounters; CLASSES],
+}
+
+/// Whether [`ThreadCache::put`] kept the item.
+#[derive(Debug)]
+pub(crate) enum Put<T> {
+    /// The cache holds it now.
+    Kept,
+    /// No room: the caller frees it (or flushes the cache and tries again).
+    Full(T),
+}
+
+/// One thread's cache for one pool. Aligned so that two threads' caches never share a
+/// cache line.
+#[derive(Debug)]
+#[repr(align(128))]
+pub(crate) struct ThreadCache<T> {
+    /// Registry key.
+    id: u64,
+    /// Most bytes held at once.
+    limit: u64,
+    bins: Mutex<Bins<T>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // The cache's state is updated only after every fallible step, so a panic elsewhere
+    // leaves it whole: keep serving rather than poisoning the pool.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl<T: CacheItem> ThreadCache<T> {
+    fn new(id: u64, limit: u64) -> Self {
+        Self {
+            id,
+            limit,
+            bins: Mutex::new(Bins {
+                bins: Vec::new(),
+                bytes: 0,
+                counters: [ClassCounters::default(); CLASSES],
+            }),
+        }
+    }
+
+    /// Takes a held item of `class` and `shape`, if any.
+    pub(crate) fn take(&self, class: usize, shape: (u64, u64)) -> Option<T> {
+        let mut b = lock(&self.bins);
+        let bin = b
+            .bins
+            .iter_mut()
+            .find(|bin| bin.shape == shape && bin.class == class)?;
+        let item = bin.items.pop()?;
+        let bytes = item.bytes();
+        b.bytes -= bytes;
+        let c = &mut b.counters[class];
+        c.items -= 1;
+        c.bytes -= bytes;
+        c.requested -= shape.0;
+        c.hits += 1;
+        Some(item)
+    }
+
+    /// Keeps `item` if there is room.
+    pub(crate) fn put(&self, item: T) -> Put<T> {
+        let (class, shape, bytes) = (item.class(), item.shape(), item.bytes());
+        let mut b = lock(&self.bins);
+        if b.bytes + bytes > self.limit {
+            return Put::Full(item);
+        }
+        let at = match b
+            .bins
+            .iter()
+            .position(|bin| bin.shape == shape && bin.class == class)
+        {
+            Some(i) => i,
+            None if b.bins.len() < MAX_BINS => {
+                b.bins.push(Bin {
+                    class,
+                    shape,
+                    items: Vec::new(),
+                });
+                b.bins.len() - 1
+            }
+            None => match b.bins.iter().position(|bin| bin.items.is_empty()) {
+                Some(i) => {
+                    b.bins[i].class = class;
+                    b.bins[i].shape = shape;
+                    i
+                }
+                None => return Put::Full(item),
+            },
+        };
+        b.bins[at].items.push(item);
+        b.bytes += bytes;
+        let c = &mut b.counters[class];
+        c.items += 1;
+        c.bytes += bytes;
+        c.requested += shape.0;
+        c.puts += 1;
+        Put::Kept
+    }
+
+    /// Removes and returns every held item of `class` (for a flush).
+    pub(crate) fn drain_class(&self, class: usize) -> Vec<T> {
+        let mut b = lock(&self.bins);
+        let mut out = Vec::new();
+        for bin in b.bins.iter_mut().filter(|bin| bin.class == class) {
+            out.append(&mut bin.items);
+        }
+        let held = b.counters[class].bytes;
+        b.bytes -= held;
+        let c = &mut b.counters[class];
+        c.items = 0;
+        c.bytes = 0;
+        c.requested = 0;
+        out
+    }
+
+    /// The figures of `class`.
+    pub(crate) fn counters(&self, class: usize) -> ClassCounters {
+        lock(&self.bins).counters[class]
+    }
+
+    /// Classes that hold items now.
+    pub(crate) fn classes_held(&self) -> [bool; CLASSES] {
+        let b = lock(&self.bins);
+        std::array::from_fn(|c| b.counters[c].items > 0)
+    }
+
+    /// Calls `f` on every held item of `class`.
+    pub(crate) fn for_each_held(&self, class: usize, mut f: impl FnMut(&T)) {
+        let b = lock(&self.bins);
+        for bin in b.bins.iter().filter(|bin| bin.class == class) {
+            bin.items.iter().for_each(&mut f);
+        }
+    }
+
+    /// Checks the invariants written on [`Bins`]' fields.
+    pub(crate) fn check(&self) -> Result<(), String> {
+        let b = lock(&self.bins);
+        let mut sums = [ClassCounters::default(); CLASSES];
+        let mut total = 0;
+        for (i, bin) in b.bins.iter().enumerate() {
+            if b.bins[..i]
+                .iter()
+                .any(|o| o.class == bin.class && o.shape == bin.shape)
+            {
+                return Err(format!(
+                    "two bins for class {} shape {:?}",
+                    bin.class, bin.shape
+                ));
+            }
+            for item in &bin.items {
+                if item.class() != bin.class || item.shape() != bin.shape {
+                    return Err("an item sits in the wrong bin".into());
+                }
+                let s = &mut sums[bin.class];
+                s.items += 1;
+                s.bytes += item.bytes();
+                s.requested += item.shape().0;
+                total += item.bytes();
+            }
+        }
+        if b.bins.len() > MAX_BINS || total != b.bytes || total > self.limit {
+            return Err(format!(
+                "{} bins holding {total} bytes, counter {} limit {}",
+                b.bins.len(),
+                b.bytes,
+                self.limit
+            ));
+        }
+        for (c, s) in sums.iter().enumerate() {
+            let k = &b.counters[c];
+            if (s.items, s.bytes, s.requested) != (k.items, k.bytes, k.requested) {
+                return Err(format!("class {c} counters drifted from the held items"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Every live thread cache of one pool, and the running totals of caches whose threads
+/// have exited.
+#[derive(Debug)]
+pub(crate) struct CacheRegistry<T> {
+    limit: u64,
+    /// Registered caches and the id the next one gets.
+    caches: Mutex<(Vec<Arc<ThreadCache<T>>>, u64)>,
+    /// `hits` and `puts` of unregistered caches (they held nothing when they left).
+    retired: Mutex<[ClassCounters; CLASSES]>,
+}
+
+impl<T: CacheItem> CacheRegistry<T> {
+    /// A registry whose caches hold at most `limit` bytes each.
+    pub(crate) fn new(limit: u64) -> Self {
+        Self {
+            limit,
+            caches: Mutex::new((Vec::new(), 0)),
+            retired: Mutex::new([ClassCounters::default(); CLASSES]),
+        }
+    }
+
+    /// A new empty cache, registered.
+    pub(crate) fn register(&self) -> Arc<ThreadCache<T>> {
+        let mut g = lock(&self.caches);
+        let cache = Arc::new(ThreadCache::new(g.1, self.limit));
+        g.1 += 1;
+        g.0.push(Arc::clone(&cache));
+        cache
+    }
+
+    /// Forgets `cache`, keeping its running totals. Its items must have been drained;
+    /// any left are returned for the caller to free.
+    pub(crate) fn unregister(&self, cache: &ThreadCache<T>) -> Vec<T> {
+        let mut g = lock(&self.caches);
+        g.0.retain(|c| c.id != cache.id);
+        let mut left = Vec::new();
+        let mut retired = lock(&self.retired);
+        for (c, r) in retired.iter_mut().enumerate() {
+            left.append(&mut cache.drain_class(c));
+            r.absorb_totals(&cache.counters(c));
+        }
+        left
+    }
+
+    /// Calls `f` on every registered cache, holding the registry lock (so no cache joins
+    /// or leaves meanwhile).
+    pub(crate) fn for_each(&self, mut f: impl FnMut(&ThreadCache<T>)) {
+        let g = lock(&self.caches);
+        for c in &g.0 {
+            f(c);
+        }
+    }
+
+    /// Sum of `class` figures over every registered cache and the retired totals.
+    pub(crate) fn totals(&self, class: usize) -> ClassCounters {
+        let g = lock(&self.caches);
+        let mut t = lock(&self.retired)[class];
+        for c in &g.0 {
+            let k = c.counters(class);
+            t.items += k.items;
+            t.bytes += k.bytes;
+            t.requested += k.requested;
+            t.absorb_totals(&k);
+        }
+        t
+    }
+
+    /// Drains `class` from every registered cache.
+    pub(crate) fn drain_all(&self, class: usize) -> Vec<T> {
+        let mut out = Vec::new();
+        self.for_each(|c| out.append(&mut c.drain_class(class)));
+        out
+    }
+}

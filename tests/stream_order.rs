@@ -1,0 +1,237 @@
+//! Stream-ordered reuse on the simulator's real asynchronous streams.
+//!
+//! - Memory a stream is still writing is not handed out until the stream has passed it:
+//!   a long async copy into a region, the region dropped, and a new allocation that must
+//!   not land on it (checked by address, and by the data the late copy would clobber).
+//! - Allocation on the same stream reuses such memory at once, without waiting, and the
+//!   region stays safe for host-side access and for other streams.
+//! - When memory runs short, the pool waits for the streams before it fails.
+
+use ascend_pool::region::Region;
+use ascend_pool::source::sim::{SimConfig, SimSource};
+use ascend_pool::source::BlockSource;
+use ascend_pool::{MemKind, Pool, PoolConfig};
+use std::sync::Arc;
+use std::time::Duration;
+
+const LEN: u64 = 1 << 20;
+
+fn sim(bandwidth: u64) -> Arc<SimSource> {
+    Arc::new(
+        SimSource::new(
+            SimConfig::default()
+                .with_device_capacity(512 << 20)
+                .with_copy_bandwidth(bandwidth),
+        )
+        .unwrap(),
+    )
+}
+
+fn pool_over(sim: &Arc<SimSource>) -> Pool {
+    let source: Arc<dyn BlockSource> = Arc::clone(sim) as Arc<dyn BlockSource>;
+    Pool::new(source, PoolConfig::default().with_chunk_size(32 << 20)).unwrap()
+}
+
+fn overlaps(a: usize, b: usize, len: u64) -> bool {
+    a < b + len as usize && b < a + len as usize
+}
+
+fn read(pool: &Pool, r: &impl Region) -> Vec<u8> {
+    let mut out = vec![0u8; r.len() as usize];
+    pool.copy_to_host(r, 0, &mut out).unwrap();
+    out
+}
+
+#[test]
+fn a_long_async_copy_keeps_its_target_from_reuse_until_done() {
+    // A size thread caches keep, and one they do not.
+    for len in [4096, LEN] {
+        long_copy_then_reuse(len);
+    }
+}
+
+fn long_copy_then_reuse(len: u64) {
+    // 64 MiB at 1 GB/s: the copy runs for about 60 ms after it is queued.
+    let sim = sim(1_000_000_000);
+    let pool = pool_over(&sim);
+    let stream = pool.create_stream().unwrap();
+    let big = 64u64 << 20;
+    let src = pool.alloc_device(big).unwrap();
+    let mut staging = pool.alloc_host(len).unwrap();
+    staging.as_mut_slice().fill(0xEE);
+    for round in 0..3 {
+        let mut target = pool.alloc_device(len).unwrap();
+        let target_addr = target.addr();
+        let mut sink = pool.alloc_device(big).unwrap();
+        pool.copy_async(&mut sink, 0, &src, 0, big, &stream)
+            .unwrap();
+        pool.copy_async(&mut target, 0, &staging, 0, len, &stream)
+            .unwrap();
+        drop(target); // the copy into it is still queued behind 64 MiB
+        drop(sink);
+        assert!(
+            sim.pending_ops(stream.handle()).unwrap() > 0,
+            "the stream is still busy"
+        );
+        let mut fresh = pool.alloc_device(len).unwrap();
+        assert!(
+            !overlaps(fresh.addr(), target_addr, len),
+            "round {round}: got memory the stream is still writing"
+        );
+        pool.memset(&mut fresh, 0, 0x11, len).unwrap();
+        stream.synchronize().unwrap();
+        assert!(
+            read(&pool, &fresh).iter().all(|&b| b == 0x11),
+            "round {round}: a late copy clobbered a new region"
+        );
+    }
+    // Once the stream has passed, the memory comes back.
+    pool.synchronize().unwrap();
+    assert_eq!(pool.stats(MemKind::DEVICE).pending_frees, 0);
+    pool.validate().unwrap();
+}
+
+#[test]
+fn a_held_stream_keeps_freed_memory_from_other_allocations() {
+    let sim = sim(0);
+    let pool = pool_over(&sim);
+    let (s, t) = (pool.create_stream().unwrap(), pool.create_stream().unwrap());
+    let staging = pool.alloc_host(LEN).unwrap();
+    let hold = sim.hold_stream(s.handle()).unwrap();
+    let mut target = pool.alloc_device(LEN).unwrap();
+    let target_addr = target.addr();
+    pool.copy_async(&mut target, 0, &staging, 0, LEN, &s)
+        .unwrap();
+    drop(target);
+    // Neither a plain allocation nor one on another stream may land on it.
+    let plain = pool.alloc_device(LEN).unwrap();
+    let on_t = pool.alloc_device_on(LEN, &t).unwrap();
+    assert!(!overlaps(plain.addr(), target_addr, LEN));
+    assert!(!overlaps(on_t.addr(), target_addr, LEN));
+    assert_eq!(pool.stats(MemKind::DEVICE).pending_frees, 1);
+    hold.release();
+    pool.synchronize().unwrap();
+    assert_eq!(pool.stats(MemKind::DEVICE).pending_frees, 0);
+    pool.validate().unwrap();
+}
+
+#[test]
+fn allocation_on_the_same_stream_reuses_at_once_and_stays_ordered() {
+    let sim = sim(0);
+    let pool = pool_over(&sim);
+    let s = pool.create_stream().unwrap();
+    let mut first_data = pool.alloc_host(LEN).unwrap();
+    first_data.as_mut_slice().fill(0xAA);
+    let mut second_data = pool.alloc_host(LEN).unwrap();
+    second_data.as_mut_slice().fill(0xBB);
+
+    let hold = sim.hold_stream(s.handle()).unwrap();
+    let mut a = pool.alloc_device_on(LEN, &s).unwrap();
+    let a_addr = a.addr();
+    pool.copy_async(&mut a, 0, &first_data, 0, LEN, &s).unwrap();
+    drop(a); // its copy is held in the queue
+    let before = pool.stats(MemKind::DEVICE);
+    assert_eq!(before.pending_frees, 1);
+
+    // Same stream, same shape: taken over at once while the stream is still held.
+    let mut b = pool.alloc_device_on(LEN, &s).unwrap();
+    assert_eq!(b.addr(), a_addr, "same-stream allocation reuses at once");
+    let after = pool.stats(MemKind::DEVICE);
+    assert_eq!(after.pending_frees, 0);
+    assert_eq!(after.allocations, before.allocations + 1);
+    assert_eq!(after.frees, before.frees + 1);
+    assert_eq!(after.reserved_bytes, before.reserved_bytes);
+    pool.validate().unwrap();
+
+    // Work queued on the stream runs after the old work: the second copy wins.
+    pool.copy_async(&mut b, 0, &second_data, 0, LEN, &s)
+        .unwrap();
+    hold.release();
+    s.synchronize().unwrap();
+    assert!(read(&pool, &b).iter().all(|&x| x == 0xBB));
+    drop(b);
+
+    // Host-side access to a taken-over region waits for the old work first.
+    let hold = sim.hold_stream(s.handle()).unwrap();
+    let mut c = pool.alloc_device_on(LEN, &s).unwrap();
+    pool.copy_async(&mut c, 0, &first_data, 0, LEN, &s).unwrap();
+    drop(c);
+    let mut d = pool.alloc_device_on(LEN, &s).unwrap();
+    assert_eq!(d.addr(), a_addr);
+    std::thread::scope(|scope| {
+        scope.spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            hold.release();
+        });
+        // Without the wait, this write would land first and the held copy would clobber it.
+        pool.copy_from_host(&mut d, 0, &vec![0xCC; LEN as usize])
+            .unwrap();
+    });
+    s.synchronize().unwrap();
+    assert!(
+        read(&pool, &d).iter().all(|&x| x == 0xCC),
+        "old work clobbered host-side data"
+    );
+    drop(d);
+
+    // Another stream's work on a taken-over region is queued after the old work.
+    let t = pool.create_stream().unwrap();
+    let hold = sim.hold_stream(s.handle()).unwrap();
+    let mut e = pool.alloc_device_on(LEN, &s).unwrap();
+    pool.copy_async(&mut e, 0, &first_data, 0, LEN, &s).unwrap();
+    drop(e);
+    let mut f = pool.alloc_device_on(LEN, &s).unwrap();
+    assert_eq!(f.addr(), a_addr);
+    pool.copy_async(&mut f, 0, &second_data, 0, LEN, &t)
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    assert!(sim.pending_ops(t.handle()).unwrap() > 0, "t waits for s");
+    hold.release();
+    t.synchronize().unwrap();
+    assert!(
+        read(&pool, &f).iter().all(|&x| x == 0xBB),
+        "t's copy ran before s's"
+    );
+    drop(f);
+    pool.synchronize().unwrap();
+    pool.validate().unwrap();
+    assert!(
+        pool.leak_report().len() == 2,
+        "only the two staging buffers live"
+    );
+}
+
+#[test]
+fn running_short_waits_for_streams_before_failing() {
+    // 256 MiB of device memory; each region's free waits behind a slow copy.
+    let sim = Arc::new(
+        SimSource::new(
+            SimConfig::default()
+                .with_device_capacity(256 << 20)
+                .with_copy_bandwidth(4_000_000_000),
+        )
+        .unwrap(),
+    );
+    let pool = pool_over(&sim);
+    let stream = pool.create_stream().unwrap();
+    let staging = pool.alloc_host(8 << 20).unwrap();
+    let mut n = 0;
+    loop {
+        match pool.alloc_device(8 << 20) {
+            Ok(mut r) => {
+                pool.copy_async(&mut r, 0, &staging, 0, 8 << 20, &stream)
+                    .unwrap();
+                n += 1; // dropped with its copy queued
+            }
+            Err(e) => panic!("after {n} regions: {e}"),
+        }
+        if n == 60 {
+            break; // 480 MiB through 256 MiB: the pool had to wait for the stream
+        }
+    }
+    let st = pool.stats(MemKind::DEVICE);
+    assert!(st.reserved_bytes <= 256 << 20);
+    assert_eq!(st.ooms, 0);
+    pool.synchronize().unwrap();
+    pool.validate().unwrap();
+}
