@@ -354,6 +354,7 @@ impl CarveEngine {
     }
 
     /// Carves a segment of `len` bytes under `rule`.
+    #[inline]
     pub fn alloc(&mut self, len: u64, rule: CarveRule) -> Result<Allocation, EngineError> {
         let footprint = match rule.footprint(len) {
             Ok(f) => f,
@@ -415,6 +416,7 @@ impl CarveEngine {
     }
 
     /// Gives a segment back. A handle from another engine, or one already freed, is refused.
+    #[inline]
     pub fn free(&mut self, a: Allocation) -> Result<(), EngineError> {
         if a.engine != self.id {
             return Err(EngineError::ForeignAllocation);

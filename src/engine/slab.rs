@@ -126,7 +126,7 @@ impl SlabAllocator {
 
     /// Takes an object of `footprint` bytes if a page has room: (offset, place), where
     /// place is `page << SLOT_BITS | slot`.
-    #[inline]
+    #[inline(always)]
     pub fn alloc(&mut self, footprint: u64, tag: u32) -> Option<(u64, u32)> {
         let class = (footprint / CLASS_GRANULE - 1) as usize;
         let c = &mut self.classes[class];
@@ -185,7 +185,7 @@ impl SlabAllocator {
 
     /// Frees the object at `place` (`page << SLOT_BITS | slot`); returns a page to hand
     /// back to the range engine, if any.
-    #[inline]
+    #[inline(always)]
     pub fn free(
         &mut self,
         offset: u64,
@@ -214,12 +214,17 @@ impl SlabAllocator {
         if page.used > 0 {
             return Ok(None);
         }
-        let class = page.class as usize;
-        // Empty: out of the partial list; cache it or give it back.
+        Ok(self.retire(page_idx))
+    }
+
+    /// A page just became empty: out of the partial list; cache it or give the class's
+    /// older cached page back.
+    #[inline(never)]
+    fn retire(&mut self, page_idx: u32) -> Option<PageRelease> {
+        let class = self.pages[page_idx as usize].class as usize;
         self.unlist(page_idx);
-        let c = &mut self.classes[class];
-        let older = c.cached_empty.replace(page_idx);
-        Ok(older.map(|p| self.remove_page(p)))
+        let older = self.classes[class].cached_empty.replace(page_idx);
+        older.map(|p| self.remove_page(p))
     }
 
     /// Gives back every cached empty page.
