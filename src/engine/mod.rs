@@ -354,6 +354,7 @@ impl CarveEngine {
     }
 
     /// Carves a segment of `len` bytes under `rule`.
+    #[inline]
     pub fn alloc(&mut self, len: u64, rule: CarveRule) -> Result<Allocation, EngineError> {
         let footprint = match rule.footprint(len) {
             Ok(f) => f,
@@ -382,11 +383,11 @@ impl CarveEngine {
                     }
                 }
             };
-            let Some((off, page, slot)) = got else {
+            let Some((off, slab_place)) = got else {
                 return Err(self.out_of_space(footprint));
             };
             offset = off;
-            place = SLAB_PLACE | page << slab::SLOT_BITS | slot;
+            place = SLAB_PLACE | slab_place;
         } else {
             let Some((off, key)) = self.range.alloc(footprint, align, tag) else {
                 return Err(self.out_of_space(footprint));
@@ -415,14 +416,13 @@ impl CarveEngine {
     }
 
     /// Gives a segment back. A handle from another engine, or one already freed, is refused.
+    #[inline]
     pub fn free(&mut self, a: Allocation) -> Result<(), EngineError> {
         if a.engine != self.id {
             return Err(EngineError::ForeignAllocation);
         }
         if a.place & SLAB_PLACE != 0 {
-            let page = (a.place & !SLAB_PLACE) >> slab::SLOT_BITS;
-            let slot = a.place & ((1 << slab::SLOT_BITS) - 1);
-            if let Some(rel) = self.slabs.free(a.offset, page, slot, a.tag)? {
+            if let Some(rel) = self.slabs.free(a.offset, a.place & !SLAB_PLACE, a.tag)? {
                 self.range
                     .free(rel.range_key, rel.base, rel.range_tag)
                     .expect("slab pages are live range allocations");

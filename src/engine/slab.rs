@@ -4,10 +4,13 @@
 //! the slab limit gets its own class and a slab object wastes nothing beyond the
 //! rule itself. Pages come from the range engine and go back to it when empty
 //! (one empty page per class is kept to avoid thrashing on alloc/free pairs).
+//!
+//! A page holds at most 64 objects, so one `u64` is its free map, and the tags of all
+//! objects live in one flat table indexed like a handle's place (`page << 6 | slot`):
+//! an allocation or a free touches the page record and one tag, nothing else.
 
 use super::{EngineError, NIL};
 use slab::Slab;
-use smallvec::SmallVec;
 
 /// The granule of footprints: classes are `64, 128, 192, ...`.
 pub const CLASS_GRANULE: u64 = 64;
@@ -15,14 +18,18 @@ pub const CLASS_GRANULE: u64 = 64;
 pub const SLOT_BITS: u32 = 6;
 /// Pages the layer may hold at once, so a page index and a slot fit in 31 bits.
 pub const MAX_PAGES: usize = 1 << (31 - SLOT_BITS);
+/// Slots per page in the tag table.
+const SLOTS: usize = 1 << SLOT_BITS;
 
 /// One page of objects of a single footprint.
 #[derive(Debug)]
 struct SlabPage {
     /// Offset of the page in the range (aligned to 128 when the footprint is a multiple of 128).
     base: u64,
-    /// Bytes taken from the range.
-    bytes: u64,
+    /// Bytes of one object.
+    footprint: u64,
+    /// Bit `i` set iff object `i` is free; bits at and past `objects` are clear.
+    free_bits: u64,
     /// Range-engine key and tag, to give the page back.
     range_key: u32,
     range_tag: u32,
@@ -30,14 +37,16 @@ struct SlabPage {
     class: u32,
     /// Objects in use; `0 ..= objects`.
     used: u32,
-    /// Object count.
+    /// Object count, `1 ..= 64`.
     objects: u32,
-    /// Bit `i` set iff object `i` is free; bits past `objects` are clear.
-    free_bits: SmallVec<[u64; 2]>,
-    /// Allocation tag of each object while in use (0 when free), to catch stale handles.
-    tags: Vec<u32>,
     /// Position in its class's `partial` list, or `NIL` when full (or cached empty).
     partial_pos: u32,
+}
+
+impl SlabPage {
+    fn bytes(&self) -> u64 {
+        u64::from(self.objects) * self.footprint
+    }
 }
 
 #[derive(Debug, Default)]
@@ -66,12 +75,16 @@ pub struct PageRelease {
 ///   and it is not the class's cached empty page, which never happens outside a call
 ///   (empty pages are released or cached at once);
 /// - `used` equals the number of clear bits below `objects` in `free_bits`;
-/// - `tags[i] != 0` iff object `i` is in use.
+/// - `tags[page << SLOT_BITS | i] != 0` iff object `i` of a held page is in use; every
+///   other entry (free objects, slots past `objects`, vacant page indices) is 0.
 #[derive(Debug)]
 pub struct SlabAllocator {
     max_footprint: u64,
     classes: Vec<SizeClass>,
     pages: Slab<SlabPage>,
+    /// Allocation tag of every object, at `page << SLOT_BITS | slot`; 0 when free.
+    /// Grows with the highest page index, [`SLOTS`] entries per page.
+    tags: Vec<u32>,
     /// Bytes of all pages held (in use and cached).
     page_bytes: u64,
 }
@@ -86,6 +99,7 @@ impl SlabAllocator {
                 .map(|_| SizeClass::default())
                 .collect(),
             pages: Slab::new(),
+            tags: Vec::new(),
             page_bytes: 0,
         }
     }
@@ -110,9 +124,10 @@ impl SlabAllocator {
         (objects * footprint, objects as u32, align)
     }
 
-    /// Takes an object of `footprint` bytes if a page has room: (offset, page, slot).
-    #[inline]
-    pub fn alloc(&mut self, footprint: u64, tag: u32) -> Option<(u64, u32, u32)> {
+    /// Takes an object of `footprint` bytes if a page has room: (offset, place), where
+    /// place is `page << SLOT_BITS | slot`.
+    #[inline(always)]
+    pub fn alloc(&mut self, footprint: u64, tag: u32) -> Option<(u64, u32)> {
         let class = (footprint / CLASS_GRANULE - 1) as usize;
         let c = &mut self.classes[class];
         let page_idx = match c.partial.last() {
@@ -125,89 +140,91 @@ impl SlabAllocator {
             }
         };
         let page = &mut self.pages[page_idx as usize];
-        let (w, word) = page
-            .free_bits
-            .iter()
-            .enumerate()
-            .find(|(_, w)| **w != 0)
-            .map(|(i, w)| (i, *w))
-            .expect("a partial page has a free object");
-        let bit = word.trailing_zeros();
-        page.free_bits[w] &= !(1 << bit);
-        let slot = (w as u32) * 64 + bit;
-        page.tags[slot as usize] = tag;
+        debug_assert!(page.free_bits != 0, "a partial page has a free object");
+        let slot = page.free_bits.trailing_zeros();
+        page.free_bits &= page.free_bits - 1;
         page.used += 1;
         let offset = page.base + u64::from(slot) * footprint;
-        if page.used == page.objects {
+        if page.free_bits == 0 {
             // Full: out of the partial list (it is the last entry).
             page.partial_pos = NIL;
-            self.classes[class].partial.pop();
+            c.partial.pop();
         }
-        Some((offset, page_idx, slot))
+        let place = page_idx << SLOT_BITS | slot;
+        self.tags[place as usize] = tag;
+        Some((offset, place))
     }
 
     /// Adds a fresh page for `footprint` at `base` taken from the range engine.
     pub fn add_page(&mut self, footprint: u64, base: u64, range_key: u32, range_tag: u32) {
         let class = (footprint / CLASS_GRANULE - 1) as usize;
         let (bytes, objects, _) = Self::page_shape(footprint);
-        let words = (objects as usize).div_ceil(64);
-        let mut free_bits: SmallVec<[u64; 2]> = SmallVec::from_elem(!0u64, words);
-        if objects % 64 != 0 {
-            free_bits[words - 1] = (1u64 << (objects % 64)) - 1;
-        }
         let c = &mut self.classes[class];
         let idx = self.pages.insert(SlabPage {
             base,
-            bytes,
+            footprint,
+            free_bits: if objects == 64 {
+                !0
+            } else {
+                (1 << objects) - 1
+            },
             range_key,
             range_tag,
             class: class as u32,
             used: 0,
             objects,
-            free_bits,
-            tags: vec![0; objects as usize],
             partial_pos: c.partial.len() as u32,
-        }) as u32;
-        c.partial.push(idx);
+        });
+        c.partial.push(idx as u32);
+        let end = (idx + 1) * SLOTS;
+        if self.tags.len() < end {
+            self.tags.resize(end, 0);
+        }
         self.page_bytes += bytes;
     }
 
-    /// Frees object `slot` of `page`; returns a page to hand back to the range engine, if any.
+    /// Frees the object at `place` (`page << SLOT_BITS | slot`); returns a page to hand
+    /// back to the range engine, if any.
+    #[inline(always)]
     pub fn free(
         &mut self,
         offset: u64,
-        page_idx: u32,
-        slot: u32,
+        place: u32,
         tag: u32,
     ) -> Result<Option<PageRelease>, EngineError> {
+        let page_idx = place >> SLOT_BITS;
+        let slot = place & (SLOTS as u32 - 1);
         let Some(page) = self.pages.get_mut(page_idx as usize) else {
             return Err(EngineError::AlreadyFreed { offset });
         };
-        let footprint = (u64::from(page.class) + 1) * CLASS_GRANULE;
-        if slot >= page.objects
-            || page.base + u64::from(slot) * footprint != offset
-            || page.tags[slot as usize] != tag
-        {
+        // A held page's tag entries exist; a tag is never 0, so a free slot never matches.
+        let stored = &mut self.tags[place as usize];
+        if tag == 0 || *stored != tag || page.base + u64::from(slot) * page.footprint != offset {
             return Err(EngineError::AlreadyFreed { offset });
         }
-        page.tags[slot as usize] = 0;
-        page.free_bits[(slot / 64) as usize] |= 1 << (slot % 64);
-        let was_full = page.used == page.objects;
+        *stored = 0;
+        let was_full = page.free_bits == 0;
+        page.free_bits |= 1 << slot;
         page.used -= 1;
-        let class = page.class as usize;
         if was_full {
-            let c = &mut self.classes[class];
+            let c = &mut self.classes[page.class as usize];
             page.partial_pos = c.partial.len() as u32;
             c.partial.push(page_idx);
         }
         if page.used > 0 {
             return Ok(None);
         }
-        // Empty: out of the partial list; cache it or give it back.
+        Ok(self.retire(page_idx))
+    }
+
+    /// A page just became empty: out of the partial list; cache it or give the class's
+    /// older cached page back.
+    #[inline(never)]
+    fn retire(&mut self, page_idx: u32) -> Option<PageRelease> {
+        let class = self.pages[page_idx as usize].class as usize;
         self.unlist(page_idx);
-        let c = &mut self.classes[class];
-        let older = c.cached_empty.replace(page_idx);
-        Ok(older.map(|p| self.remove_page(p)))
+        let older = self.classes[class].cached_empty.replace(page_idx);
+        older.map(|p| self.remove_page(p))
     }
 
     /// Gives back every cached empty page.
@@ -234,15 +251,35 @@ impl SlabAllocator {
     pub fn validate(&self) -> Result<(), EngineError> {
         let fail = |m: String| Err(EngineError::Corrupt(format!("slab: {m}")));
         let mut bytes = 0;
+        let mut held = vec![false; self.tags.len() / SLOTS];
         for (i, p) in self.pages.iter() {
-            bytes += p.bytes;
-            let free: u32 = p.free_bits.iter().map(|w| w.count_ones()).sum();
-            if free + p.used != p.objects {
-                return fail(format!("page {i}: {free} free + {} used", p.used));
+            bytes += p.bytes();
+            if p.objects == 0
+                || p.objects > SLOTS as u32
+                || p.free_bits >> (p.objects - 1) > 1
+                || p.footprint != (u64::from(p.class) + 1) * CLASS_GRANULE
+            {
+                return fail(format!(
+                    "page {i}: {} objects, free map {:#x}",
+                    p.objects, p.free_bits
+                ));
             }
-            let tagged = p.tags.iter().filter(|t| **t != 0).count() as u32;
-            if tagged != p.used {
-                return fail(format!("page {i}: {tagged} tags for {} used", p.used));
+            if p.free_bits.count_ones() + p.used != p.objects {
+                return fail(format!(
+                    "page {i}: {} free + {} used",
+                    p.free_bits.count_ones(),
+                    p.used
+                ));
+            }
+            let Some(tags) = self.tags.get(i * SLOTS..(i + 1) * SLOTS) else {
+                return fail(format!("page {i} has no tag entries"));
+            };
+            held[i] = true;
+            for (slot, &t) in tags.iter().enumerate() {
+                let in_use = slot < p.objects as usize && p.free_bits & (1 << slot) == 0;
+                if (t != 0) != in_use {
+                    return fail(format!("page {i} slot {slot}: tag {t}, in use {in_use}"));
+                }
             }
             let c = &self.classes[p.class as usize];
             let listed = c.partial.get(p.partial_pos as usize) == Some(&(i as u32));
@@ -258,6 +295,14 @@ impl SlabAllocator {
             .iter()
             .filter(|c| c.cached_empty.is_some())
             .count();
+        let stray = held.iter().enumerate().any(|(i, h)| {
+            !h && self.tags[i * SLOTS..(i + 1) * SLOTS]
+                .iter()
+                .any(|t| *t != 0)
+        });
+        if stray {
+            return fail("a page index not held has tags".into());
+        }
         if listed + cached > self.pages.len() || bytes != self.page_bytes {
             return fail("class lists name more pages than exist".into());
         }
@@ -280,11 +325,67 @@ impl SlabAllocator {
 
     fn remove_page(&mut self, page_idx: u32) -> PageRelease {
         let p = self.pages.remove(page_idx as usize);
-        self.page_bytes -= p.bytes;
+        self.page_bytes -= p.bytes();
         PageRelease {
             base: p.base,
             range_key: p.range_key,
             range_tag: p.range_tag,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pages_fill_release_and_refuse_stale_places() {
+        // 1024-byte objects: 32 per 32 KiB page.
+        let mut s = SlabAllocator::new(1024);
+        let (bytes, objects, _) = SlabAllocator::page_shape(1024);
+        assert_eq!((bytes, objects), (32 << 10, 32));
+        assert!(s.alloc(1024, 1).is_none(), "no page yet");
+        s.add_page(1024, 1 << 20, 7, 9);
+        s.add_page(1024, 2 << 20, 8, 9);
+        let mut live = vec![];
+        for tag in 1..=2 * objects {
+            let (off, place) = s.alloc(1024, tag).unwrap();
+            live.push((off, place, tag));
+            s.validate().unwrap();
+        }
+        assert!(s.alloc(1024, 99).is_none(), "both pages full");
+        let offsets: std::collections::BTreeSet<u64> = live.iter().map(|l| l.0).collect();
+        assert_eq!(offsets.len(), live.len());
+        // Wrong tag, wrong offset, slot past the page's objects, page never held.
+        let (off, place, tag) = live[3];
+        for (o, p, t) in [
+            (off, place, tag + 1),
+            (off + 1024, place, tag),
+            (off, place | 40, tag),
+            (off, 5 << SLOT_BITS, tag),
+            (off, place, 0),
+        ] {
+            assert!(matches!(
+                s.free(o, p, t),
+                Err(EngineError::AlreadyFreed { .. })
+            ));
+        }
+        s.validate().unwrap();
+        // Emptying both pages caches the first and releases the second.
+        let mut released = vec![];
+        for &(o, p, t) in &live {
+            released.extend(s.free(o, p, t).unwrap());
+            s.validate().unwrap();
+        }
+        assert_eq!(released.len(), 1);
+        assert!(s.free(off, place, tag).is_err(), "double free");
+        assert_eq!(s.page_count(), 1);
+        // The cached page serves again; the stale handle to the same slot stays refused.
+        let (o2, p2) = s.alloc(1024, 500).unwrap();
+        assert!(s.free(o2, p2, 1).is_err());
+        s.free(o2, p2, 500).unwrap();
+        assert_eq!(s.trim().len(), 1);
+        assert_eq!((s.page_count(), s.page_bytes()), (0, 0));
+        s.validate().unwrap();
     }
 }
