@@ -4,12 +4,15 @@
 //! unless `ASCEND_POOL_SHARE_ROLE` names a role. Parent and child talk in lines over the
 //! child's stdin and stdout; the child's protocol lines start with `@@`.
 
+#[path = "common/memfd.rs"]
+mod common_memfd;
+
 #[path = "common/dropin.rs"]
 mod common_dropin;
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::{mpsc, Arc, Mutex, MutexGuard};
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use ascend_pool::mbuf::{Mbuf, MbufKind, SharedMbuf};
@@ -24,20 +27,7 @@ const ROLE: &str = "ASCEND_POOL_SHARE_ROLE";
 const PEER: &str = "ASCEND_POOL_SHARE_PEER";
 const MIB: u64 = 1 << 20;
 
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// Memory objects (memfds) of the simulator open in this process.
-fn memory_objects() -> usize {
-    std::fs::read_dir("/proc/self/fd")
-        .unwrap()
-        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
-        .filter(|t| t.to_string_lossy().contains("ascend-pool-sim-physical"))
-        .count()
-}
+use common_memfd::{memory_objects, serial};
 
 fn pattern(i: usize) -> u8 {
     (i * 7 + 3) as u8 % 251

@@ -1,9 +1,12 @@
 //! Virtual memory on the simulator: the AscendCL calls and their error codes, then
 //! `VmmSource` growth, trim and rollback of failures half-way, and the pool over it.
 //!
-//! Tests that count memory objects hold `SERIAL`, so counts of other tests do not mix in.
+//! Tests that count memory objects hold `serial()`, so counts of other tests do not mix in.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+#[path = "common/memfd.rs"]
+mod common_memfd;
+
+use std::sync::Arc;
 
 use ascend_pool::source::sim::{AclFunc, Fault, SimConfig, SimSource};
 use ascend_pool::source::vmm::{PhysicalHandle, PhysicalMemProp, VmmConfig, VmmRuntime, VmmSource};
@@ -13,20 +16,7 @@ use ascend_pool::{AclError, Error, MemKind, Pool, PoolConfig, Region};
 const MIB: u64 = 1 << 20;
 const G: u64 = 2 * MIB;
 
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// Memory objects (memfds) of the simulator open in this process.
-fn memory_objects() -> usize {
-    std::fs::read_dir("/proc/self/fd")
-        .unwrap()
-        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
-        .filter(|t| t.to_string_lossy().contains("ascend-pool-sim-physical"))
-        .count()
-}
+use common_memfd::{memory_objects, serial};
 
 fn sim(capacity: u64) -> Arc<SimSource> {
     Arc::new(SimSource::new(SimConfig::default().with_device_capacity(capacity)).unwrap())

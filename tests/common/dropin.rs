@@ -26,3 +26,33 @@ pub fn dropin() -> &'static Path {
         target.join("debug").join("libascendcl.so")
     })
 }
+
+/// An `AclSource` over a private copy of the drop-in, so that each caller gets a simulator of
+/// its own, configured with `capacity` bytes of device, host and DVPP memory through the
+/// drop-in's environment variables. Calls are serialized: the variables are read while the
+/// library initializes.
+#[allow(dead_code)] // only the conformance binaries open private copies
+pub fn private_acl_source(capacity: u64) -> ascend_pool::source::acl::AclSource {
+    static ENV_LOCK: std::sync::Mutex<u32> = std::sync::Mutex::new(0);
+    let mut n = ENV_LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    *n += 1;
+    let copy = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("dropin-copy-{}-{}", std::process::id(), *n))
+        .join("libascendcl.so");
+    std::fs::create_dir_all(copy.parent().unwrap()).unwrap();
+    std::fs::copy(dropin(), &copy).unwrap();
+    for (key, value) in [
+        ("ASCEND_POOL_SIM_DEVICE_CAPACITY", capacity),
+        ("ASCEND_POOL_SIM_HOST_CAPACITY", capacity),
+        ("ASCEND_POOL_SIM_DVPP_LIMIT", capacity),
+        ("ASCEND_POOL_SIM_COPY_BANDWIDTH", 2_000_000_000),
+    ] {
+        // SAFETY (of the environment): a test binary sets these only here, under ENV_LOCK,
+        // and the drop-in reads them while the lock is held (aclInit in open).
+        unsafe { std::env::set_var(key, value.to_string()) };
+    }
+    let acl = ascend_pool::source::acl::AclSource::open(&copy).expect("the drop-in loads");
+    // The simulator inside is configured now; the copy can go.
+    let _ = std::fs::remove_dir_all(copy.parent().unwrap());
+    acl
+}

@@ -1,0 +1,19 @@
+//! For tests that count the simulator's physical memory objects: a lock to run them one at
+//! a time within a test binary, and the count itself.
+
+use std::sync::{Mutex, MutexGuard};
+
+/// Holds other memory-counting tests of this binary off while the guard lives.
+pub fn serial() -> MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Memory objects (memfds) of the simulator open in this process.
+pub fn memory_objects() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|t| t.to_string_lossy().contains("ascend-pool-sim-physical"))
+        .count()
+}
