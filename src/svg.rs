@@ -82,6 +82,48 @@ fn chunk_columns(chunk: &ChunkInfo, columns: usize) -> Vec<[f64; 3]> {
     cols
 }
 
+/// The opening of a picture: the `<svg>` element, a white background and the title.
+fn start(w: u32, h: u32, title: &str) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="11">"#
+    );
+    let _ = writeln!(
+        out,
+        r#"<rect width="{w}" height="{h}" fill="white"/><text x="10" y="18" font-size="14" font-weight="bold">{}</text>"#,
+        esc(title)
+    );
+    out
+}
+
+/// How legend entries are laid out: `spacing` apart, a `width` x `height` swatch at `y`,
+/// the name's baseline at `text_y`.
+#[derive(Clone, Copy)]
+struct Swatch {
+    spacing: u32,
+    y: u32,
+    text_y: u32,
+    width: u32,
+    height: u32,
+}
+
+/// One row of legend entries (name, colour) under the title.
+fn legend(out: &mut String, entries: &[(&str, &str)], s: Swatch) {
+    for (i, (name, color)) in entries.iter().enumerate() {
+        let x = 10 + i as u32 * s.spacing;
+        let _ = writeln!(
+            out,
+            r#"<rect x="{x}" y="{}" width="{}" height="{}" fill="{color}"/><text x="{}" y="{}">{name}</text>"#,
+            s.y,
+            s.width,
+            s.height,
+            x + s.width + 4,
+            s.text_y,
+        );
+    }
+}
+
 /// An SVG of every chunk in `snap`: one bar each, allocated / padding / free.
 ///
 /// ```
@@ -96,31 +138,23 @@ pub fn pool_state(snap: &PoolSnapshot, title: &str) -> String {
     let bar_w = WIDTH - LABEL_W - 10;
     let rows: usize = snap.kinds.iter().map(|k| k.chunks.len() + 1).sum();
     let height = 60 + rows as u32 * ROW_H + 10;
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" viewBox="0 0 {WIDTH} {height}" font-family="sans-serif" font-size="11">"#
+    let mut out = start(WIDTH, height, title);
+    let swatch = Swatch {
+        spacing: 170,
+        y: 28,
+        text_y: 38,
+        width: 12,
+        height: 12,
+    };
+    legend(
+        &mut out,
+        &[
+            ("allocated", ALLOCATED),
+            ("padding (carve rule)", PADDING),
+            ("free", FREE),
+        ],
+        swatch,
     );
-    let _ = writeln!(
-        out,
-        r#"<rect width="{WIDTH}" height="{height}" fill="white"/><text x="10" y="18" font-size="14" font-weight="bold">{}</text>"#,
-        esc(title)
-    );
-    for (i, (name, color)) in [
-        ("allocated", ALLOCATED),
-        ("padding (carve rule)", PADDING),
-        ("free", FREE),
-    ]
-    .iter()
-    .enumerate()
-    {
-        let x = 10 + i as u32 * 170;
-        let _ = writeln!(
-            out,
-            r#"<rect x="{x}" y="28" width="12" height="12" fill="{color}"/><text x="{}" y="38">{name}</text>"#,
-            x + 16
-        );
-    }
     let mut y = 60;
     for kind in &snap.kinds {
         let s = &kind.stats;
@@ -252,31 +286,23 @@ pub fn timeline(points: &[TimelinePoint], title: &str) -> String {
     let px = |op: f64| left + op / max_op * pw;
     let py = |b: f64| top + ph - b / y_max * ph;
 
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="11">"#
+    let mut out = start(w, h, title);
+    let swatch = Swatch {
+        spacing: 220,
+        y: 30,
+        text_y: 36,
+        width: 14,
+        height: 4,
+    };
+    legend(
+        &mut out,
+        &[
+            ("live requested", REQUESTED),
+            ("live required (carve rule)", REQUIRED),
+            ("reserved from the source", RESERVED),
+        ],
+        swatch,
     );
-    let _ = writeln!(
-        out,
-        r#"<rect width="{w}" height="{h}" fill="white"/><text x="10" y="18" font-size="14" font-weight="bold">{}</text>"#,
-        esc(title)
-    );
-    for (i, (name, color)) in [
-        ("live requested", REQUESTED),
-        ("live required (carve rule)", REQUIRED),
-        ("reserved from the source", RESERVED),
-    ]
-    .iter()
-    .enumerate()
-    {
-        let x = 10 + i as u32 * 220;
-        let _ = writeln!(
-            out,
-            r#"<rect x="{x}" y="30" width="14" height="4" fill="{color}"/><text x="{}" y="36">{name}</text>"#,
-            x + 18
-        );
-    }
     // Axes and grid.
     let mut v = 0.0;
     while v <= y_max + 0.5 {
