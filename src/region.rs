@@ -173,9 +173,9 @@ macro_rules! region_common {
     ($ty:ident $(<$a:ident>)?) => {
         impl$(<$a: AlignMarker>)? Region for $ty$(<$a>)? {
             fn addr(&self) -> usize { self.seg.raw.addr }
-            fn len(&self) -> u64 { self.seg.raw.len }
+            fn len(&self) -> u64 { self.seg.raw.len() }
             fn kind(&self) -> MemKind { self.seg.raw.kind }
-            fn align(&self) -> u64 { self.seg.raw.align }
+            fn align(&self) -> u64 { self.seg.raw.align() }
             fn segment(&self) -> &Segment { &self.seg }
         }
         impl$(<$a: AlignMarker>)? AsyncCopySafe for $ty$(<$a>)? {}

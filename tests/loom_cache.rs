@@ -65,7 +65,7 @@ fn model(f: impl Fn() + Sync + Send + 'static) {
 fn user(backing: &Mutex<Backing>, reg: &CacheRegistry<Item>) {
     let cache = reg.register();
     for _ in 0..2 {
-        let item = match cache.take(CLASS, (LEN, 64)) {
+        let item = match cache.take(CLASS, (LEN, 64), 0) {
             Some(i) => i,
             None => match backing.lock().unwrap().free.pop() {
                 Some(i) => i,

@@ -60,22 +60,39 @@ impl ClassCounters {
     }
 }
 
-#[derive(Debug)]
-struct Bin<T> {
-    class: usize,
-    shape: (u64, u64),
-    /// Every item has this bin's class and shape.
-    items: Vec<T>,
+/// The key a bin is found by: class in the low 3 bits, log2 of the alignment in the next
+/// 6, the length above. `None` for a shape no key can name (a length past 2^55, an
+/// alignment that is not a power of two): such items are never cached.
+fn bin_key(class: usize, (len, align): (u64, u64)) -> Option<u64> {
+    if class >= CLASSES || len == 0 || len >> 55 != 0 || !align.is_power_of_two() {
+        return None;
+    }
+    Some(len << 9 | u64::from(align.trailing_zeros()) << 3 | class as u64)
+}
+
+/// The class a bin key names.
+fn key_class(key: u64) -> usize {
+    (key & 7) as usize
 }
 
 #[derive(Debug)]
 struct Bins<T> {
-    /// At most [`MAX_BINS`]; no two bins share a class and shape.
-    bins: Vec<Bin<T>>,
+    /// The shape of each bin, as [`bin_key`] names it; `0` for a bin never used. No two
+    /// used bins share a key. Kept apart from the items so that a lookup scans one line.
+    keys: [u64; MAX_BINS],
+    /// `items[i]`: free items of the class and shape `keys[i]` names (none when it is 0).
+    items: [Vec<T>; MAX_BINS],
     /// Sum of `bytes()` over every held item; never above the cache's limit.
     bytes: u64,
     /// `counters[c].items`, `.bytes`, `.requested` are the sums over held items of class `c`.
     counters: [ClassCounters; CLASSES],
+}
+
+impl<T> Bins<T> {
+    /// The bin of `key`, if one is assigned to it.
+    fn find(&self, key: u64) -> Option<usize> {
+        self.keys.iter().position(|&k| k == key)
+    }
 }
 
 /// Whether [`ThreadCache::put`] kept the item.
@@ -111,22 +128,27 @@ impl<T: CacheItem> ThreadCache<T> {
             id,
             limit,
             bins: Mutex::new(Bins {
-                bins: Vec::new(),
+                keys: [0; MAX_BINS],
+                items: std::array::from_fn(|_| Vec::new()),
                 bytes: 0,
                 counters: [ClassCounters::default(); CLASSES],
             }),
         }
     }
 
-    /// Takes a held item of `class` and `shape`, if any.
-    pub(crate) fn take(&self, class: usize, shape: (u64, u64)) -> Option<T> {
+    /// Takes a held item of `class` and `shape` occupying at least `min_bytes`, if any.
+    /// (Two requests of one shape may need different footprints: a device kind's
+    /// policies differ in padding.)
+    pub(crate) fn take(&self, class: usize, shape: (u64, u64), min_bytes: u64) -> Option<T> {
+        let key = bin_key(class, shape)?;
         let mut b = lock(&self.bins);
-        let bin = b
-            .bins
-            .iter_mut()
-            .find(|bin| bin.shape == shape && bin.class == class)?;
-        let item = bin.items.pop()?;
-        let bytes = item.bytes();
+        let at = b.find(key)?;
+        let items = &mut b.items[at];
+        let bytes = items.last()?.bytes();
+        if bytes < min_bytes {
+            return None;
+        }
+        let item = items.pop()?;
         b.bytes -= bytes;
         let c = &mut b.counters[class];
         c.items -= 1;
@@ -136,37 +158,28 @@ impl<T: CacheItem> ThreadCache<T> {
         Some(item)
     }
 
-    /// Keeps `item` if there is room.
+    /// Keeps `item` if there is room: a bin of its shape, or one it may take over (never
+    /// used, or empty).
     pub(crate) fn put(&self, item: T) -> Put<T> {
         let (class, shape, bytes) = (item.class(), item.shape(), item.bytes());
+        let Some(key) = bin_key(class, shape) else {
+            return Put::Full(item);
+        };
         let mut b = lock(&self.bins);
         if b.bytes + bytes > self.limit {
             return Put::Full(item);
         }
-        let at = match b
-            .bins
-            .iter()
-            .position(|bin| bin.shape == shape && bin.class == class)
-        {
+        let at = match b.find(key) {
             Some(i) => i,
-            None if b.bins.len() < MAX_BINS => {
-                b.bins.push(Bin {
-                    class,
-                    shape,
-                    items: Vec::new(),
-                });
-                b.bins.len() - 1
-            }
-            None => match b.bins.iter().position(|bin| bin.items.is_empty()) {
+            None => match (0..MAX_BINS).find(|&i| b.items[i].is_empty()) {
                 Some(i) => {
-                    b.bins[i].class = class;
-                    b.bins[i].shape = shape;
+                    b.keys[i] = key;
                     i
                 }
                 None => return Put::Full(item),
             },
         };
-        b.bins[at].items.push(item);
+        b.items[at].push(item);
         b.bytes += bytes;
         let c = &mut b.counters[class];
         c.items += 1;
@@ -179,9 +192,12 @@ impl<T: CacheItem> ThreadCache<T> {
     /// Removes and returns every held item of `class` (for a flush).
     pub(crate) fn drain_class(&self, class: usize) -> Vec<T> {
         let mut b = lock(&self.bins);
-        let mut out = Vec::new();
-        for bin in b.bins.iter_mut().filter(|bin| bin.class == class) {
-            out.append(&mut bin.items);
+        let b = &mut *b;
+        let mut out = Vec::with_capacity(b.counters[class].items as usize);
+        for (key, items) in b.keys.iter().zip(b.items.iter_mut()) {
+            if *key != 0 && key_class(*key) == class {
+                out.append(items);
+            }
         }
         let held = b.counters[class].bytes;
         b.bytes -= held;
@@ -206,8 +222,10 @@ impl<T: CacheItem> ThreadCache<T> {
     /// Calls `f` on every held item of `class`.
     pub(crate) fn for_each_held(&self, class: usize, mut f: impl FnMut(&T)) {
         let b = lock(&self.bins);
-        for bin in b.bins.iter().filter(|bin| bin.class == class) {
-            bin.items.iter().for_each(&mut f);
+        for (key, items) in b.keys.iter().zip(b.items.iter()) {
+            if *key != 0 && key_class(*key) == class {
+                items.iter().for_each(&mut f);
+            }
         }
     }
 
@@ -216,33 +234,31 @@ impl<T: CacheItem> ThreadCache<T> {
         let b = lock(&self.bins);
         let mut sums = [ClassCounters::default(); CLASSES];
         let mut total = 0;
-        for (i, bin) in b.bins.iter().enumerate() {
-            if b.bins[..i]
-                .iter()
-                .any(|o| o.class == bin.class && o.shape == bin.shape)
-            {
-                return Err(format!(
-                    "two bins for class {} shape {:?}",
-                    bin.class, bin.shape
-                ));
+        for (i, (&key, items)) in b.keys.iter().zip(b.items.iter()).enumerate() {
+            if key == 0 {
+                if !items.is_empty() {
+                    return Err(format!("bin {i} holds items but names no shape"));
+                }
+                continue;
             }
-            for item in &bin.items {
-                if item.class() != bin.class || item.shape() != bin.shape {
+            if b.keys[..i].contains(&key) {
+                return Err(format!("two bins for key {key:#x}"));
+            }
+            for item in items {
+                if bin_key(item.class(), item.shape()) != Some(key) {
                     return Err("an item sits in the wrong bin".into());
                 }
-                let s = &mut sums[bin.class];
+                let s = &mut sums[item.class()];
                 s.items += 1;
                 s.bytes += item.bytes();
                 s.requested += item.shape().0;
                 total += item.bytes();
             }
         }
-        if b.bins.len() > MAX_BINS || total != b.bytes || total > self.limit {
+        if total != b.bytes || total > self.limit {
             return Err(format!(
-                "{} bins holding {total} bytes, counter {} limit {}",
-                b.bins.len(),
-                b.bytes,
-                self.limit
+                "bins holding {total} bytes, counter {} limit {}",
+                b.bytes, self.limit
             ));
         }
         for (c, s) in sums.iter().enumerate() {

@@ -277,14 +277,50 @@ thread_local! {
 
 /// A handle on a live segment: what a region holds, and what a thread cache keeps.
 /// A second release of a copy is refused as `AlreadyFreed` (the replay driver keeps copies).
+///
+/// 56 bytes: it is copied into every region and replay token and through every return of
+/// the hot path, so the requested length lives only in `alloc` and the alignment in 32 bits.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct RawSegment {
-    pub(crate) kind: MemKind,
-    pub(crate) addr: usize,
-    pub(crate) len: u64,
-    pub(crate) align: u64,
-    key: usize,
+    /// The engine's handle; its `len()` is the requested length.
     alloc: Allocation,
+    pub(crate) addr: usize,
+    /// Registry key in the kind pool's `live` (keys past 32 bits are refused at insert).
+    key: u32,
+    /// Start alignment the request asked for (a power of two, at most `MAX_ALIGN`).
+    align: u32,
+    pub(crate) kind: MemKind,
+}
+
+static_assertions::const_assert!(std::mem::size_of::<RawSegment>() <= 56);
+static_assertions::const_assert!(crate::align::MAX_ALIGN <= u32::MAX as u64);
+
+impl RawSegment {
+    fn new(kind: MemKind, addr: usize, align: u64, key: usize, alloc: Allocation) -> Self {
+        Self {
+            alloc,
+            addr,
+            key: u32::try_from(key).expect("live keys fit in 32 bits, checked at insert"),
+            // A carve rule accepted `align`, so it is at most `MAX_ALIGN`.
+            align: align as u32,
+            kind,
+        }
+    }
+
+    /// Registry key in the kind pool's `live`.
+    fn key(&self) -> usize {
+        self.key as usize
+    }
+
+    /// Requested length in bytes.
+    pub(crate) fn len(&self) -> u64 {
+        self.alloc.len()
+    }
+
+    /// Start alignment the request asked for.
+    pub(crate) fn align(&self) -> u64 {
+        u64::from(self.align)
+    }
 }
 
 /// A free segment in a thread cache, with the pool handle its region held: the next region
@@ -304,7 +340,7 @@ impl CacheItem for CachedSegment {
         self.raw.kind.index()
     }
     fn shape(&self) -> (u64, u64) {
-        (self.raw.len, self.raw.align)
+        (self.raw.len(), self.raw.align())
     }
     fn bytes(&self) -> u64 {
         self.raw.alloc.footprint()
@@ -469,8 +505,9 @@ impl Pool {
                 if let Err(e) = c.check() {
                     problem.get_or_insert(e);
                 }
-                c.for_each_held(class, |c| match k.live.get(c.raw.key) {
-                    Some(e) if e.alloc == c.raw.alloc && !e.pending && seen.insert(c.raw.key) => {}
+                c.for_each_held(class, |c| match k.live.get(c.raw.key()) {
+                    Some(e) if e.alloc == c.raw.alloc && !e.pending && seen.insert(c.raw.key()) => {
+                    }
                     _ => {
                         problem.get_or_insert(format!(
                             "cached segment at {:#x} is not a live, unique, settled segment",
@@ -673,10 +710,7 @@ impl PoolInner {
         let rule = self.rule(kind, align)?;
         let footprint = rule.footprint(len)?;
         if self.cacheable(footprint) {
-            if let Some(c) = self.take_cached(kind, len, align)? {
-                if let Some(r) = &self.recorder {
-                    r.alloc(c.raw.kind, c.raw.addr, len, align);
-                }
+            if let Some(c) = self.take_cached(kind, len, align, footprint) {
                 return Ok((c.raw, c.owner));
             }
         }
@@ -708,14 +742,7 @@ impl PoolInner {
             let kind = k.kind;
             let e = &mut k.live[p.key];
             e.pending = false;
-            let raw = RawSegment {
-                kind,
-                addr: e.addr,
-                len,
-                align,
-                key: p.key,
-                alloc: e.alloc,
-            };
+            let raw = RawSegment::new(kind, e.addr, align, p.key, e.alloc);
             // The old region's free completes and a new allocation begins.
             k.stats.frees += 1;
             k.stats.allocations += 1;
@@ -731,6 +758,8 @@ impl PoolInner {
     }
 
     /// The kind pool's allocation path: carve (reclaiming or growing if need be), register.
+    /// Out of line, so the thread-cache path in [`allocate`](Self::allocate) stays small.
+    #[inline(never)]
     fn allocate_from_kind(
         &self,
         kind: MemKind,
@@ -740,6 +769,13 @@ impl PoolInner {
         footprint: u64,
     ) -> Result<RawSegment> {
         let mut k = lock(&self.kinds[kind.index()]);
+        if k.live.vacant_key() > u32::MAX as usize {
+            // Segment handles keep 32-bit keys (see `RawSegment`).
+            return Err(Error::Invalid(format!(
+                "{} pool: more than 2^32 live segments",
+                k.kind
+            )));
+        }
         let kind = k.kind;
         let found = match Self::carve_existing(&mut k, len, rule) {
             Some(x) => Some(x),
@@ -790,14 +826,7 @@ impl PoolInner {
                 )?;
             }
         }
-        Ok(RawSegment {
-            kind,
-            addr,
-            len,
-            align,
-            key,
-            alloc,
-        })
+        Ok(RawSegment::new(kind, addr, align, key, alloc))
     }
 
     fn carve_existing(k: &mut KindPool, len: u64, rule: CarveRule) -> Option<(usize, Allocation)> {
@@ -1163,12 +1192,8 @@ impl PoolInner {
         // No stream uses it: this thread's cache may keep it. (A region releases its
         // segment exactly once, so the registry check below is not needed to get here.)
         if streams.is_empty() && owner.cacheable(seg.alloc.footprint()) {
-            if owner.config.debug {
-                owner.check_canary(seg)?;
-            }
-            if let Some(r) = &owner.recorder {
-                // Before the cache can hand the address out again.
-                r.free(seg.addr);
+            if owner.config.debug || owner.recorder.is_some() {
+                owner.before_cache_put(seg)?;
             }
             // The handle moves into the cache with the segment: no reference-count traffic.
             let Some(back) = Self::put_cached(CachedSegment { raw: *seg, owner }) else {
@@ -1180,10 +1205,23 @@ impl PoolInner {
         // `owner` drops here, after the kind lock.
     }
 
+    /// What debug mode and recording add to a free into a thread cache: the canary check,
+    /// and the trace line (before the cache can hand the address out again).
+    #[cold]
+    fn before_cache_put(&self, seg: &RawSegment) -> Result<()> {
+        if self.config.debug {
+            self.check_canary(seg)?;
+        }
+        if let Some(r) = &self.recorder {
+            r.free(seg.addr);
+        }
+        Ok(())
+    }
+
     /// The kind pool's free path.
     fn release_to_kind(&self, seg: &RawSegment, streams: &[StreamHandle]) -> Result<()> {
         let mut k = lock(&self.kinds[seg.kind.index()]);
-        match k.live.get(seg.key) {
+        match k.live.get(seg.key()) {
             Some(e) if e.alloc == seg.alloc && !e.pending => {}
             Some(e) if e.alloc == seg.alloc => return Err(Error::AlreadyFreed),
             _ => return Err(Error::AlreadyFreed),
@@ -1208,10 +1246,10 @@ impl PoolInner {
             events.push(ev);
         }
         if !events.is_empty() {
-            k.live[seg.key].pending = true;
+            k.live[seg.key()].pending = true;
             let only_on = (streams.len() == 1 && events.len() == 1).then_some(streams[0]);
             k.pending.push(PendingFree {
-                key: seg.key,
+                key: seg.key(),
                 events,
                 only_on,
             });
@@ -1221,7 +1259,7 @@ impl PoolInner {
             }
             return Ok(());
         }
-        self.finish_free(&mut k, seg.key, true);
+        self.finish_free(&mut k, seg.key(), true);
         Ok(())
     }
 
@@ -1286,8 +1324,8 @@ impl PoolInner {
     }
 
     fn check_canary(&self, seg: &RawSegment) -> Result<()> {
-        let pad_start =
-            crate::align::align_up(seg.len, crate::align::LEN_GRANULE).unwrap_or(seg.len);
+        let len = seg.len();
+        let pad_start = crate::align::align_up(len, crate::align::LEN_GRANULE).unwrap_or(len);
         let pad = (seg.alloc.footprint() - pad_start) as usize;
         let mut buf = vec![0u8; pad];
         let kind = if seg.kind.is_device() {
@@ -1309,7 +1347,7 @@ impl PoolInner {
             let err = Error::Corruption {
                 kind: seg.kind,
                 offset: seg.alloc.offset(),
-                len: seg.len,
+                len,
                 first_bad: pad_start + i as u64,
             };
             lock(&self.corruption).push(err.clone());
@@ -1327,8 +1365,31 @@ impl PoolInner {
         self.caches.is_some() && footprint <= self.config.thread_cache_max
     }
 
+    /// Index of this thread's slot for this pool in `slots`, made on first use.
+    #[inline]
+    fn slot_in(&self, reg: &CacheRegistry<CachedSegment>, slots: &mut Vec<CacheSlot>) -> usize {
+        match slots.iter().position(|s| s.pool_id == self.id) {
+            Some(i) => i,
+            None => self.add_slot(reg, slots),
+        }
+    }
+
+    /// A new slot for this pool in `slots`, with a new cache; returns its index.
+    #[cold]
+    fn add_slot(&self, reg: &CacheRegistry<CachedSegment>, slots: &mut Vec<CacheSlot>) -> usize {
+        // Slots of pools gone: drop them now rather than at thread exit.
+        slots.retain(|s| s.pool.strong_count() > 0);
+        slots.push(CacheSlot {
+            pool_id: self.id,
+            pool: Weak::clone(&self.me),
+            cache: reg.register(),
+        });
+        slots.len() - 1
+    }
+
     /// Runs `f` on this thread's cache for this pool (made on first use). `None` when
     /// caches are off or the thread is exiting.
+    #[inline]
     fn with_thread_cache<R>(
         &self,
         f: impl FnOnce(&Arc<ThreadCache<CachedSegment>>) -> R,
@@ -1337,33 +1398,37 @@ impl PoolInner {
         THREAD_CACHES
             .try_with(|slots| {
                 let mut slots = slots.try_borrow_mut().ok()?;
-                let at = match slots.iter().position(|s| s.pool_id == self.id) {
-                    Some(i) => i,
-                    None => {
-                        // Slots of pools gone: drop them now rather than at thread exit.
-                        slots.retain(|s| s.pool.strong_count() > 0);
-                        slots.push(CacheSlot {
-                            pool_id: self.id,
-                            pool: Weak::clone(&self.me),
-                            cache: reg.register(),
-                        });
-                        slots.len() - 1
-                    }
-                };
+                let at = self.slot_in(reg, &mut slots);
                 Some(f(&slots[at].cache))
             })
             .ok()
             .flatten()
     }
 
-    /// A segment of `len` and `align` from this thread's cache, if it holds one.
-    fn take_cached(&self, kind: MemKind, len: u64, align: u64) -> Result<Option<CachedSegment>> {
-        let Some(Some(c)) = self.with_thread_cache(|c| c.take(kind.index(), (len, align))) else {
-            return Ok(None);
-        };
+    /// A segment of `len` and `align`, at least `footprint` bytes, from this thread's
+    /// cache, if it holds one.
+    #[inline]
+    fn take_cached(
+        &self,
+        kind: MemKind,
+        len: u64,
+        align: u64,
+        footprint: u64,
+    ) -> Option<CachedSegment> {
+        let c = self.with_thread_cache(|c| c.take(kind.index(), (len, align), footprint))??;
+        if self.config.debug || self.recorder.is_some() {
+            return self.taken_from_cache(c, len, align);
+        }
+        Some(c)
+    }
+
+    /// What debug mode and recording add to a thread-cache hit. In debug mode, a write into
+    /// the padding while the segment sat in the cache is a use-after-free: report it, then
+    /// re-arm the canary for the new owner. `None` (the segment given back) when the canary
+    /// cannot be written.
+    #[cold]
+    fn taken_from_cache(&self, c: CachedSegment, len: u64, align: u64) -> Option<CachedSegment> {
         if self.config.debug {
-            // A write into the padding while the segment sat in the cache is a
-            // use-after-free: report it, then re-arm the canary for the new owner.
             let _ = self.check_canary(&c.raw);
             let pad_start = crate::align::align_up(len, crate::align::LEN_GRANULE).unwrap_or(len);
             let pad = c.raw.alloc.footprint() - pad_start;
@@ -1375,67 +1440,59 @@ impl PoolInner {
             if armed.is_err() {
                 // Without a canary the next free would report a false overrun: give the
                 // segment back and carve a fresh one.
-                let mut k = lock(&self.kinds[kind.index()]);
-                self.finish_free(&mut k, c.raw.key, false);
+                let mut k = lock(&self.kinds[c.raw.kind.index()]);
+                self.finish_free(&mut k, c.raw.key(), false);
                 drop(k);
-                return Ok(None);
+                return None;
             }
         }
-        Ok(Some(c))
+        if let Some(r) = &self.recorder {
+            r.alloc(c.raw.kind, c.raw.addr, len, align);
+        }
+        Some(c)
     }
 
     /// Keeps `seg` in this thread's cache for its pool, or hands it back when it must go
     /// to the kind pool.
+    #[inline]
     fn put_cached(seg: CachedSegment) -> Option<CachedSegment> {
-        let pool = &seg.owner;
-        if pool.closed.load(Ordering::Acquire) {
+        if seg.owner.closed.load(Ordering::Acquire) {
             return Some(seg);
         }
-        let id = pool.id;
+        // `seg` moves into the cache inside the closure; it comes back out when it cannot.
         let mut seg = Some(seg);
-        let mut outcome = Self::in_thread_cache(id, |c| match c.put(seg.take().expect("once")) {
-            Put::Kept => None,
-            Put::Full(back) => Some((Arc::clone(c), back)),
-        });
-        if outcome.is_none() {
-            // First free into this pool on this thread: make the cache, then try again.
-            let pool = &seg.as_ref().expect("not moved without a cache").owner;
-            if pool.with_thread_cache(|_| ()).is_none() {
-                return seg;
-            }
-            outcome = Self::in_thread_cache(id, |c| match c.put(seg.take().expect("once")) {
-                Put::Kept => None,
-                Put::Full(back) => Some((Arc::clone(c), back)),
-            });
-        }
-        let (cache, back) = match outcome {
-            None => return seg,
-            Some(None) => return None,
-            Some(Some(full)) => full,
-        };
-        // Full: give the whole cache back (one lock per kind for many segments) and keep
-        // this one in the emptied cache.
-        back.owner.flush_cache(&cache);
-        match cache.put(back) {
-            Put::Kept => None,
-            Put::Full(back) => Some(back),
+        let full = THREAD_CACHES
+            .try_with(|slots| {
+                let mut slots = slots.try_borrow_mut().ok()?;
+                let pool = &seg.as_ref()?.owner;
+                let at = pool.slot_in(pool.caches.as_ref()?, &mut slots);
+                let cache = &slots[at].cache;
+                match cache.put(seg.take()?) {
+                    Put::Kept => Some(None),
+                    Put::Full(back) => Some(Some((Arc::clone(cache), back))),
+                }
+            })
+            .ok()
+            .flatten();
+        match full {
+            None => seg,
+            Some(None) => None,
+            Some(Some((cache, back))) => Self::put_into_full(&cache, back),
         }
     }
 
-    /// Runs `f` on this thread's existing cache for pool `id`; `None` if there is none
-    /// (or the thread is exiting).
-    fn in_thread_cache<R>(
-        id: u64,
-        f: impl FnOnce(&Arc<ThreadCache<CachedSegment>>) -> R,
-    ) -> Option<R> {
-        THREAD_CACHES
-            .try_with(|slots| {
-                let slots = slots.try_borrow().ok()?;
-                let slot = slots.iter().find(|s| s.pool_id == id)?;
-                Some(f(&slot.cache))
-            })
-            .ok()
-            .flatten()
+    /// `cache` is full: gives it all back (one lock per kind for many segments) and keeps
+    /// `seg` in the emptied cache, or hands it back.
+    #[cold]
+    fn put_into_full(
+        cache: &ThreadCache<CachedSegment>,
+        seg: CachedSegment,
+    ) -> Option<CachedSegment> {
+        seg.owner.flush_cache(cache);
+        match cache.put(seg) {
+            Put::Kept => None,
+            Put::Full(back) => Some(back),
+        }
     }
 
     /// Gives every segment of `cache` back to the kind pools.
@@ -1445,7 +1502,7 @@ impl PoolInner {
                 let mut k = lock(&self.kinds[class]);
                 let drained = cache.drain_class(class);
                 for c in &drained {
-                    self.finish_free(&mut k, c.raw.key, false);
+                    self.finish_free(&mut k, c.raw.key(), false);
                 }
                 drop(k);
                 drop(drained); // their pool handles, after the lock
@@ -1464,7 +1521,7 @@ impl PoolInner {
         let mut bytes = 0;
         for c in reg.drain_all(k.kind.index()) {
             bytes += c.raw.alloc.footprint();
-            self.finish_free(k, c.raw.key, false);
+            self.finish_free(k, c.raw.key(), false);
         }
         bytes
     }
@@ -1483,14 +1540,14 @@ impl PoolInner {
             if held {
                 let mut k = lock(&self.kinds[class]);
                 for c in cache.drain_class(class) {
-                    Self::settle(&mut k, c.raw.key, false);
+                    Self::settle(&mut k, c.raw.key(), false);
                     drained.push(c);
                 }
             }
         }
         for c in reg.unregister(cache) {
             let mut k = lock(&self.kinds[c.raw.kind.index()]);
-            Self::settle(&mut k, c.raw.key, false);
+            Self::settle(&mut k, c.raw.key(), false);
             drained.push(c);
         }
         // The caller holds a handle too, so these are never the last.
@@ -1503,7 +1560,7 @@ impl PoolInner {
         if let Some(reg) = &self.caches {
             reg.for_each(|c| {
                 c.for_each_held(k.kind.index(), |c| {
-                    keys.insert(c.raw.key);
+                    keys.insert(c.raw.key());
                 })
             });
         }
