@@ -17,7 +17,23 @@ use loom::thread;
 
 /// The shim `cache.rs` takes its primitives from (`super::sync`).
 mod sync {
+    pub(crate) use loom::sync::atomic::AtomicU64;
     pub(crate) use loom::sync::{Arc, Mutex, MutexGuard};
+
+    /// The cache's lock, as loom's mutex: loom cannot bound the steps of a spin loop. (The
+    /// pool's spin lock has its own test, `pool::sync::tests`.)
+    #[derive(Debug)]
+    pub(crate) struct SpinLock<T>(Mutex<T>);
+
+    impl<T> SpinLock<T> {
+        pub(crate) fn new(value: T) -> Self {
+            Self(Mutex::new(value))
+        }
+
+        pub(crate) fn with<R>(&self, f: impl FnOnce(&mut T) -> R) -> R {
+            f(&mut self.0.lock().unwrap())
+        }
+    }
 }
 
 #[path = "../src/pool/cache.rs"]

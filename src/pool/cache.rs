@@ -13,13 +13,17 @@
 //!
 //! Lock order (every path that takes more than one): kind pool → [`CacheRegistry`] →
 //! [`ThreadCache`]. The hot path takes only its own thread's cache lock, which no other
-//! thread takes except to flush, read statistics or validate.
+//! thread takes except to flush, read statistics or validate. That lock is a
+//! [`SpinLock`](super::sync::SpinLock): uncontended, one atomic swap to take it and a plain
+//! store to give it back, where a `Mutex` costs two atomic read-modify-writes.
 //!
 //! This module knows nothing of the pool: it holds any [`CacheItem`], so the loom models
 //! in `tests/loom_cache.rs` check this very code with loom's primitives in place of
-//! `std::sync` (through the parent module's `sync` shim).
+//! `std::sync` (through the parent module's `sync` shim; there the cache's lock is loom's
+//! mutex, since loom cannot bound a spin loop).
 
-use super::sync::{Arc, Mutex, MutexGuard};
+use super::sync::{Arc, AtomicU64, Mutex, MutexGuard, SpinLock};
+use std::sync::atomic::Ordering;
 
 /// Classes a cache keeps counters for (one per memory kind).
 pub(crate) const CLASSES: usize = 5;
@@ -113,11 +117,15 @@ pub(crate) struct ThreadCache<T> {
     id: u64,
     /// Most bytes held at once.
     limit: u64,
-    bins: Mutex<Bins<T>>,
+    /// A copy of `bins.keys`, readable without the lock: only the owning thread assigns a
+    /// bin's key (in [`put`](Self::put)), so the owner reads its own writes here and a
+    /// [`take`](Self::take) of a shape no bin names returns without the lock.
+    shapes: [AtomicU64; MAX_BINS],
+    bins: SpinLock<Bins<T>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // The cache's state is updated only after every fallible step, so a panic elsewhere
+    // The registry's state is updated only after every fallible step, so a panic elsewhere
     // leaves it whole: keep serving rather than poisoning the pool.
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -127,7 +135,8 @@ impl<T: CacheItem> ThreadCache<T> {
         Self {
             id,
             limit,
-            bins: Mutex::new(Bins {
+            shapes: std::array::from_fn(|_| AtomicU64::new(0)),
+            bins: SpinLock::new(Bins {
                 keys: [0; MAX_BINS],
                 items: std::array::from_fn(|_| Vec::new()),
                 bytes: 0,
@@ -139,99 +148,114 @@ impl<T: CacheItem> ThreadCache<T> {
     /// Takes a held item of `class` and `shape` occupying at least `min_bytes`, if any.
     /// (Two requests of one shape may need different footprints: a device kind's
     /// policies differ in padding.)
+    ///
+    /// Only the thread that owns the cache takes and puts (others drain, count and check).
     pub(crate) fn take(&self, class: usize, shape: (u64, u64), min_bytes: u64) -> Option<T> {
         let key = bin_key(class, shape)?;
-        let mut b = lock(&self.bins);
-        let at = b.find(key)?;
-        let items = &mut b.items[at];
-        let bytes = items.last()?.bytes();
-        if bytes < min_bytes {
-            return None;
-        }
-        let item = items.pop()?;
-        b.bytes -= bytes;
-        let c = &mut b.counters[class];
-        c.items -= 1;
-        c.bytes -= bytes;
-        c.requested -= shape.0;
-        c.hits += 1;
-        Some(item)
+        let at = self
+            .shapes
+            .iter()
+            .position(|s| s.load(Ordering::Relaxed) == key)?;
+        self.bins.with(|b| {
+            if b.keys[at] != key {
+                return None;
+            }
+            let items = &mut b.items[at];
+            let bytes = items.last()?.bytes();
+            if bytes < min_bytes {
+                return None;
+            }
+            let item = items.pop()?;
+            b.bytes -= bytes;
+            let c = &mut b.counters[class];
+            c.items -= 1;
+            c.bytes -= bytes;
+            c.requested -= shape.0;
+            c.hits += 1;
+            Some(item)
+        })
     }
 
     /// Keeps `item` if there is room: a bin of its shape, or one it may take over (never
-    /// used, or empty).
+    /// used, or empty). Only the owning thread puts.
     pub(crate) fn put(&self, item: T) -> Put<T> {
         let (class, shape, bytes) = (item.class(), item.shape(), item.bytes());
         let Some(key) = bin_key(class, shape) else {
             return Put::Full(item);
         };
-        let mut b = lock(&self.bins);
-        if b.bytes + bytes > self.limit {
-            return Put::Full(item);
-        }
-        let at = match b.find(key) {
-            Some(i) => i,
-            None => match (0..MAX_BINS).find(|&i| b.items[i].is_empty()) {
-                Some(i) => {
-                    b.keys[i] = key;
-                    i
-                }
-                None => return Put::Full(item),
-            },
-        };
-        b.items[at].push(item);
-        b.bytes += bytes;
-        let c = &mut b.counters[class];
-        c.items += 1;
-        c.bytes += bytes;
-        c.requested += shape.0;
-        c.puts += 1;
-        Put::Kept
+        self.bins.with(|b| {
+            if b.bytes + bytes > self.limit {
+                return Put::Full(item);
+            }
+            let at = match b.find(key) {
+                Some(i) => i,
+                None => match (0..MAX_BINS).find(|&i| b.items[i].is_empty()) {
+                    Some(i) => {
+                        b.keys[i] = key;
+                        self.shapes[i].store(key, Ordering::Relaxed);
+                        i
+                    }
+                    None => return Put::Full(item),
+                },
+            };
+            b.items[at].push(item);
+            b.bytes += bytes;
+            let c = &mut b.counters[class];
+            c.items += 1;
+            c.bytes += bytes;
+            c.requested += shape.0;
+            c.puts += 1;
+            Put::Kept
+        })
     }
 
     /// Removes and returns every held item of `class` (for a flush).
     pub(crate) fn drain_class(&self, class: usize) -> Vec<T> {
-        let mut b = lock(&self.bins);
-        let b = &mut *b;
-        let mut out = Vec::with_capacity(b.counters[class].items as usize);
-        for (key, items) in b.keys.iter().zip(b.items.iter_mut()) {
-            if *key != 0 && key_class(*key) == class {
-                out.append(items);
+        self.bins.with(|b| {
+            let mut out = Vec::with_capacity(b.counters[class].items as usize);
+            for (key, items) in b.keys.iter().zip(b.items.iter_mut()) {
+                if *key != 0 && key_class(*key) == class {
+                    out.append(items);
+                }
             }
-        }
-        let held = b.counters[class].bytes;
-        b.bytes -= held;
-        let c = &mut b.counters[class];
-        c.items = 0;
-        c.bytes = 0;
-        c.requested = 0;
-        out
+            let held = b.counters[class].bytes;
+            b.bytes -= held;
+            let c = &mut b.counters[class];
+            c.items = 0;
+            c.bytes = 0;
+            c.requested = 0;
+            out
+        })
     }
 
     /// The figures of `class`.
     pub(crate) fn counters(&self, class: usize) -> ClassCounters {
-        lock(&self.bins).counters[class]
+        self.bins.with(|b| b.counters[class])
     }
 
     /// Classes that hold items now.
     pub(crate) fn classes_held(&self) -> [bool; CLASSES] {
-        let b = lock(&self.bins);
-        std::array::from_fn(|c| b.counters[c].items > 0)
+        self.bins
+            .with(|b| std::array::from_fn(|c| b.counters[c].items > 0))
     }
 
     /// Calls `f` on every held item of `class`.
     pub(crate) fn for_each_held(&self, class: usize, mut f: impl FnMut(&T)) {
-        let b = lock(&self.bins);
-        for (key, items) in b.keys.iter().zip(b.items.iter()) {
-            if *key != 0 && key_class(*key) == class {
-                items.iter().for_each(&mut f);
+        self.bins.with(|b| {
+            for (key, items) in b.keys.iter().zip(b.items.iter()) {
+                if *key != 0 && key_class(*key) == class {
+                    items.iter().for_each(&mut f);
+                }
             }
-        }
+        })
     }
 
-    /// Checks the invariants written on [`Bins`]' fields.
+    /// Checks the invariants written on [`Bins`]' fields, and the copy in `shapes`.
     pub(crate) fn check(&self) -> Result<(), String> {
-        let b = lock(&self.bins);
+        self.bins.with(|b| self.check_bins(b))
+    }
+
+    fn check_bins(&self, b: &Bins<T>) -> Result<(), String> {
         let mut sums = [ClassCounters::default(); CLASSES];
         let mut total = 0;
         for (i, (&key, items)) in b.keys.iter().zip(b.items.iter()).enumerate() {
@@ -240,6 +264,9 @@ impl<T: CacheItem> ThreadCache<T> {
                     return Err(format!("bin {i} holds items but names no shape"));
                 }
                 continue;
+            }
+            if self.shapes[i].load(Ordering::Relaxed) != key {
+                return Err(format!("bin {i}'s shape copy is stale"));
             }
             if b.keys[..i].contains(&key) {
                 return Err(format!("two bins for key {key:#x}"));
