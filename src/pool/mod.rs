@@ -818,19 +818,28 @@ impl PoolInner {
 
     /// Bytes of the next ordinary chunk of `k`.
     ///
-    /// The target is about `sqrt(8 * granule * reserved)`: each chunk boundary strands
-    /// some free bytes no request fits in, and the newest chunk stands partly empty at a
-    /// peak; the square root balances the two as a kind grows. A kind that needs little
-    /// gets one granule, and no ordinary chunk passes `chunk_size` (nor is below the
-    /// request). Within a quarter either side of the target, the size the request that
-    /// triggered growth tiles best wins: workloads repeat their sizes (frames, tensors,
+    /// A kind keeps about `sqrt(8 * granule * reserved)` bytes of headroom: each chunk
+    /// boundary strands some free bytes no request fits in, and the newest chunk stands
+    /// partly empty at a peak; the square root balances the two as a kind grows. Free bytes
+    /// the chunks already hold are headroom too, so the next chunk is the balance less them.
+    /// While a kind ramps up its chunks are full and the next one is about the whole balance;
+    /// once its live bytes level off, growth comes from holes too small for the request, the
+    /// free bytes cover the balance, and the chunk is little more than the request. A kind
+    /// that needs little gets one granule, and no ordinary chunk passes `chunk_size` (nor is
+    /// below the request). Within a quarter either side of the target, the size the request
+    /// that triggered growth tiles best wins: workloads repeat their sizes (frames, tensors,
     /// cache blocks), so the chunk is cut for them.
     fn growth_size(&self, k: &KindPool, footprint: u64, fit: u64) -> u64 {
         let granule = config::CHUNK_GRANULE;
         let cap = self.config.chunk_size.max(fit);
         let balanced =
             (8 * u128::from(granule) * u128::from(k.stats.reserved_bytes)).isqrt() as u64;
-        let target = (balanced / granule * granule).clamp(fit, cap);
+        let free: u64 = k
+            .chunks
+            .iter()
+            .map(|(_, c)| c.engine.capacity() - c.engine.counters().footprint_bytes)
+            .sum();
+        let target = (balanced.saturating_sub(free) / granule * granule).clamp(fit, cap);
         // Least left over once the request's size has tiled the chunk, as a share of it.
         let left_over = |size: u64| (u128::from(size % footprint), u128::from(size));
         let (mut best, mut best_left) = (target, left_over(target));
@@ -861,12 +870,6 @@ impl PoolInner {
         let fit = crate::align::align_up(footprint, granule).ok_or(Error::Carve(
             crate::align::CarveRuleError::LengthOverflow { len },
         ))?;
-        // The growth size first; when the source or the limit refuses it, just enough.
-        let sizes = if dedicated {
-            [fit, fit]
-        } else {
-            [self.growth_size(k, footprint, fit), fit]
-        };
         // Try, then make room (deferred frees, empty chunks, then wait for streams) and retry.
         let mut last_err = None;
         for attempt in 0..3 {
@@ -898,6 +901,18 @@ impl PoolInner {
                 }
                 Err(e) => return Err(e),
             }
+            // Empty chunks could not hold the request: give them back before taking a new
+            // chunk, so the kind never holds both (the release threshold keeps them only
+            // for requests they fit).
+            if attempt == 0 && k.chunks.iter().any(|(_, c)| c.engine.is_empty()) {
+                self.trim_kind(k, 0);
+            }
+            // The growth size first; when the source or the limit refuses it, just enough.
+            let sizes = if dedicated {
+                [fit, fit]
+            } else {
+                [self.growth_size(k, footprint, fit), fit]
+            };
             for (i, &size) in sizes.iter().enumerate() {
                 if i > 0 && size == sizes[0] {
                     break;
