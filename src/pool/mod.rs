@@ -870,21 +870,21 @@ impl PoolInner {
         let fit = crate::align::align_up(footprint, granule).ok_or(Error::Carve(
             crate::align::CarveRuleError::LengthOverflow { len },
         ))?;
-        // Try, then make room (deferred frees, empty chunks, then wait for streams) and retry.
+        // Make room and retry, then grow. First the chunks' own free space is made whole
+        // (cached slab pages back, parked blocks merged) and empty chunks go back: they
+        // could not hold the request, and holding them beside a new chunk only raises the
+        // kind's peak. Then deferred frees and thread caches; last, wait for streams.
         let mut last_err = None;
         for attempt in 0..3 {
             if attempt == 1 {
                 self.flush_kind(k);
                 self.reclaim(k, false);
-                self.trim_kind(k, 0);
             } else if attempt == 2 {
                 self.reclaim(k, true);
-                self.trim_kind(k, 0);
             }
-            if attempt > 0 {
-                if let Some(x) = Self::carve_existing(k, len, rule) {
-                    return Ok(x);
-                }
+            self.trim_kind(k, 0);
+            if let Some(x) = Self::carve_existing(k, len, rule) {
+                return Ok(x);
             }
             // A source that can grow a block in place (virtual memory) extends a chunk
             // first, by just what the request needs past the chunk's free tail.
@@ -900,12 +900,6 @@ impl PoolInner {
                     continue;
                 }
                 Err(e) => return Err(e),
-            }
-            // Empty chunks could not hold the request: give them back before taking a new
-            // chunk, so the kind never holds both (the release threshold keeps them only
-            // for requests they fit).
-            if attempt == 0 && k.chunks.iter().any(|(_, c)| c.engine.is_empty()) {
-                self.trim_kind(k, 0);
             }
             // The growth size first; when the source or the limit refuses it, just enough.
             let sizes = if dedicated {
