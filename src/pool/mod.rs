@@ -3,8 +3,8 @@
 //!
 //! A kind's pool grows by chunks (dedicated chunks for large requests), serves from the
 //! chunks' engines, defers frees of regions still in use by streams until an event
-//! recorded at free time has completed, gives empty chunks back on [`Pool::trim`] and past
-//! the release threshold, and honours a memory limit. When the source runs out it reclaims
+//! recorded at free time has completed, gives empty chunks back on [`Pool::trim`], past
+//! the release threshold and before it grows, and honours a memory limit. When the source runs out it reclaims
 //! deferred frees, trims, waits for streams, and retries before failing with an error
 //! that says what was requested, reserved, in use and the largest free range.
 //!
