@@ -17,7 +17,7 @@ pub const CONF_ENV: &str = "ASCEND_POOL_CONF";
 /// | `large_threshold` | [`large_threshold`](Self::large_threshold): requests at least this big get a chunk of their own size | `chunk_size / 2` |
 /// | `padding` | [`padding`](Self::padding): carve-rule padding after each segment | `32` |
 /// | `limit` | [`limit`](Self::limit): most bytes one memory kind may reserve (`0` = none) | `0` |
-/// | `release_threshold` | [`release_threshold`](Self::release_threshold): empty chunks beyond this many bytes go back at once | `128m` |
+/// | `release_threshold` | [`release_threshold`](Self::release_threshold): empty chunks beyond this many bytes go back at once (all of them before the kind grows) | `128m` |
 /// | `debug` | [`debug`](Self::debug): canaries in the padding, checked on free | `0` |
 /// | `thread_cache` | [`thread_cache`](Self::thread_cache): bytes of free segments each thread may keep (`off` or `0` = no caches) | `2m` |
 /// | `thread_cache_max` | [`thread_cache_max`](Self::thread_cache_max): largest footprint a thread cache keeps | `256k` |
@@ -40,8 +40,10 @@ pub const CONF_ENV: &str = "ASCEND_POOL_CONF";
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PoolConfig {
     /// Largest ordinary chunk taken from the block source (a multiple of 2 MiB). A kind's
-    /// chunks grow from one 2 MiB granule towards it as the kind holds more (about
-    /// `sqrt(8 * 2 MiB * reserved)` each), so kinds that need little hold little.
+    /// chunks grow from one 2 MiB granule towards it as the kind holds more: each new chunk
+    /// is about `sqrt(8 * 2 MiB * reserved)` less the free bytes the kind's chunks already
+    /// hold (never below the request), so kinds that need little hold little, and a kind
+    /// whose live bytes have levelled off grows by about what a request needs.
     pub chunk_size: u64,
     /// Requests whose footprint reaches this get a dedicated chunk of their own size.
     pub large_threshold: u64,
@@ -51,6 +53,8 @@ pub struct PoolConfig {
     pub limit: u64,
     /// Bytes of empty chunks a kind keeps cached; beyond this they go back on free. Below
     /// `chunk_size`, a chunk that empties may go straight back and be asked for again.
+    /// Whatever this says, a kind that must grow gives its empty chunks back first: they
+    /// could not hold the request.
     pub release_threshold: u64,
     /// Fill each segment's padding with a canary and check it on free.
     pub debug: bool,

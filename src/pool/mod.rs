@@ -3,8 +3,8 @@
 //!
 //! A kind's pool grows by chunks (dedicated chunks for large requests), serves from the
 //! chunks' engines, defers frees of regions still in use by streams until an event
-//! recorded at free time has completed, gives empty chunks back on [`Pool::trim`] and past
-//! the release threshold, and honours a memory limit. When the source runs out it reclaims
+//! recorded at free time has completed, gives empty chunks back on [`Pool::trim`], past
+//! the release threshold and before it grows, and honours a memory limit. When the source runs out it reclaims
 //! deferred frees, trims, waits for streams, and retries before failing with an error
 //! that says what was requested, reserved, in use and the largest free range.
 //!
@@ -936,19 +936,28 @@ impl PoolInner {
 
     /// Bytes of the next ordinary chunk of `k`.
     ///
-    /// The target is about `sqrt(8 * granule * reserved)`: each chunk boundary strands
-    /// some free bytes no request fits in, and the newest chunk stands partly empty at a
-    /// peak; the square root balances the two as a kind grows. A kind that needs little
-    /// gets one granule, and no ordinary chunk passes `chunk_size` (nor is below the
-    /// request). Within a quarter either side of the target, the size the request that
-    /// triggered growth tiles best wins: workloads repeat their sizes (frames, tensors,
+    /// A kind keeps about `sqrt(8 * granule * reserved)` bytes of headroom: each chunk
+    /// boundary strands some free bytes no request fits in, and the newest chunk stands
+    /// partly empty at a peak; the square root balances the two as a kind grows. Free bytes
+    /// the chunks already hold are headroom too, so the next chunk is the balance less them.
+    /// While a kind ramps up its chunks are full and the next one is about the whole balance;
+    /// once its live bytes level off, growth comes from holes too small for the request, the
+    /// free bytes cover the balance, and the chunk is little more than the request. A kind
+    /// that needs little gets one granule, and no ordinary chunk passes `chunk_size` (nor is
+    /// below the request). Within a quarter either side of the target, the size the request
+    /// that triggered growth tiles best wins: workloads repeat their sizes (frames, tensors,
     /// cache blocks), so the chunk is cut for them.
     fn growth_size(&self, k: &KindPool, footprint: u64, fit: u64) -> u64 {
         let granule = config::CHUNK_GRANULE;
         let cap = self.config.chunk_size.max(fit);
         let balanced =
             (8 * u128::from(granule) * u128::from(k.stats.reserved_bytes)).isqrt() as u64;
-        let target = (balanced / granule * granule).clamp(fit, cap);
+        let free: u64 = k
+            .chunks
+            .iter()
+            .map(|(_, c)| c.engine.capacity() - c.engine.counters().footprint_bytes)
+            .sum();
+        let target = (balanced.saturating_sub(free) / granule * granule).clamp(fit, cap);
         // Least left over once the request's size has tiled the chunk, as a share of it.
         let left_over = |size: u64| (u128::from(size % footprint), u128::from(size));
         let (mut best, mut best_left) = (target, left_over(target));
@@ -979,27 +988,21 @@ impl PoolInner {
         let fit = crate::align::align_up(footprint, granule).ok_or(Error::Carve(
             crate::align::CarveRuleError::LengthOverflow { len },
         ))?;
-        // The growth size first; when the source or the limit refuses it, just enough.
-        let sizes = if dedicated {
-            [fit, fit]
-        } else {
-            [self.growth_size(k, footprint, fit), fit]
-        };
-        // Try, then make room (deferred frees, empty chunks, then wait for streams) and retry.
+        // Make room and retry, then grow. First the chunks' own free space is made whole
+        // (cached slab pages back, parked blocks merged) and empty chunks go back: they
+        // could not hold the request, and holding them beside a new chunk only raises the
+        // kind's peak. Then deferred frees and thread caches; last, wait for streams.
         let mut last_err = None;
         for attempt in 0..3 {
             if attempt == 1 {
                 self.flush_kind(k);
                 self.reclaim(k, false);
-                self.trim_kind(k, 0);
             } else if attempt == 2 {
                 self.reclaim(k, true);
-                self.trim_kind(k, 0);
             }
-            if attempt > 0 {
-                if let Some(x) = Self::carve_existing(k, len, rule) {
-                    return Ok(x);
-                }
+            self.trim_kind(k, 0);
+            if let Some(x) = Self::carve_existing(k, len, rule) {
+                return Ok(x);
             }
             // A source that can grow a block in place (virtual memory) extends a chunk
             // first, by just what the request needs past the chunk's free tail.
@@ -1016,6 +1019,12 @@ impl PoolInner {
                 }
                 Err(e) => return Err(e),
             }
+            // The growth size first; when the source or the limit refuses it, just enough.
+            let sizes = if dedicated {
+                [fit, fit]
+            } else {
+                [self.growth_size(k, footprint, fit), fit]
+            };
             for (i, &size) in sizes.iter().enumerate() {
                 if i > 0 && size == sizes[0] {
                     break;

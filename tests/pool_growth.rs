@@ -1,0 +1,136 @@
+//! Chunk growth of kinds that cannot grow in place (pinned host and DVPP memory on the
+//! simulator): how many bytes a kind takes from the source, and when.
+//!
+//! Each test builds a small, deterministic sequence and checks the pool's own counters
+//! (`reserved_bytes`, `peak_reserved_bytes`, source calls): a growth policy that strands
+//! memory or calls the source per request fails them.
+
+use ascend_pool::region::{DvppRegion, HostRegion};
+use ascend_pool::source::sim::SimSource;
+use ascend_pool::{MemKind, Pool, PoolConfig};
+use std::sync::Arc;
+
+const MIB: u64 = 1 << 20;
+/// A request whose footprint under the default rule is exactly 1 MiB.
+const ONE_MIB_FOOTPRINT: u64 = MIB - 64;
+/// One 1080p NV12 frame.
+const FRAME: u64 = 1920 * 1080 * 3 / 2;
+
+fn pool() -> Pool {
+    let config = PoolConfig {
+        thread_cache: 0,
+        ..PoolConfig::default()
+    };
+    Pool::new(Arc::new(SimSource::default()), config).unwrap()
+}
+
+/// Once a kind's live bytes level off, a request that finds no hole only because the free
+/// bytes are scattered gets a chunk about its own size, not a whole balanced chunk.
+#[test]
+fn fragmented_kind_grows_by_about_the_request() {
+    let pool = pool();
+    // At least 64 MiB live, and every chunk full: no free tail anywhere.
+    let mut regions: Vec<Option<HostRegion>> = Vec::new();
+    loop {
+        regions.push(Some(pool.alloc_host(ONE_MIB_FOOTPRINT).unwrap()));
+        let s = pool.stats(MemKind::Host);
+        if regions.len() >= 64 && s.allocated_bytes == s.reserved_bytes {
+            break;
+        }
+    }
+    let live = regions.len() as u64 * MIB;
+    // Every other region goes: half the bytes free, in 1 MiB holes between live regions.
+    for r in regions.iter_mut().skip(1).step_by(2) {
+        *r = None;
+    }
+    let before = pool.stats(MemKind::Host);
+    assert_eq!(before.reserved_bytes, live);
+    assert_eq!(before.allocated_bytes, live - live / 2);
+
+    let big = pool.alloc_host(3 * MIB).unwrap();
+    let after = pool.stats(MemKind::Host);
+    // The request's footprint (3 MiB + 64) in whole 2 MiB granules. A chunk sized from
+    // reserved bytes alone would be about sqrt(8 x 2 MiB x 64 MiB) = 32 MiB.
+    assert_eq!(after.reserved_bytes - before.reserved_bytes, 4 * MIB);
+    assert_eq!(after.source_alloc_calls, before.source_alloc_calls + 1);
+
+    drop(big);
+    drop(regions);
+    pool.validate().unwrap();
+}
+
+/// An empty chunk too small for a request goes back before the new chunk is taken, so the
+/// kind's peak holds only the new one.
+#[test]
+fn empty_chunk_goes_back_before_a_larger_one_comes() {
+    let pool = pool();
+    drop(pool.alloc_host(ONE_MIB_FOOTPRINT).unwrap());
+    let s = pool.stats(MemKind::Host);
+    // Below the release threshold, the empty chunk is kept for reuse.
+    assert_eq!(
+        (s.reserved_bytes, s.chunks, s.source_free_calls),
+        (2 * MIB, 1, 0)
+    );
+
+    let big = pool.alloc_host(3 * MIB).unwrap();
+    let s = pool.stats(MemKind::Host);
+    assert_eq!(s.reserved_bytes, 4 * MIB);
+    assert_eq!(
+        s.peak_reserved_bytes,
+        4 * MIB,
+        "old and new chunk held at once"
+    );
+    assert_eq!((s.chunks, s.source_free_calls), (1, 1));
+
+    // A request the kept chunk fits is served from it: no call to the source.
+    drop(big);
+    let calls = pool.stats(MemKind::Host).source_alloc_calls;
+    let again = pool.alloc_host(3 * MIB).unwrap();
+    assert_eq!(pool.stats(MemKind::Host).source_alloc_calls, calls);
+    drop(again);
+    pool.validate().unwrap();
+}
+
+/// A kind that ramps up with a recurring size grows in few chunks cut for it (each full
+/// before the next is taken), holds little more than it needs along the way, and then
+/// serves the same sizes without the source.
+#[test]
+fn frame_ramp_uses_few_chunks_and_stops_growing_once_warm() {
+    let pool = pool();
+    let mut frames: Vec<DvppRegion> = Vec::new();
+    let (mut calls, mut previous, mut full_before, mut utilization_sum) = (0, 0.0, 1.0f64, 0.0);
+    for n in 1..=100 {
+        frames.push(pool.alloc_dvpp(FRAME).unwrap());
+        let s = pool.stats(MemKind::Dvpp);
+        let utilization = s.allocated_bytes as f64 / s.reserved_bytes as f64;
+        if s.source_alloc_calls > calls && n > 8 {
+            full_before = full_before.min(previous);
+        }
+        (calls, previous) = (s.source_alloc_calls, utilization);
+        if n > 16 {
+            utilization_sum += utilization;
+        }
+    }
+    // One chunk per frame (4 MiB for 2.97 MiB) would be 100 calls at 0.74.
+    assert!(calls <= 14, "{calls} chunks for 100 frames");
+    assert!(
+        full_before >= 0.95,
+        "a chunk was taken at {full_before:.3} full"
+    );
+    let mean = utilization_sum / 84.0;
+    assert!(mean >= 0.85, "mean utilization over the ramp {mean:.3}");
+
+    // Steady state: frames freed and allocated in a scrambled order.
+    let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+    for _ in 0..2000 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let i = (x % frames.len() as u64) as usize;
+        frames.swap_remove(i);
+        frames.push(pool.alloc_dvpp(FRAME).unwrap());
+    }
+    assert_eq!(pool.stats(MemKind::Dvpp).source_alloc_calls, calls);
+    drop(frames);
+    pool.validate().unwrap();
+}
