@@ -40,7 +40,7 @@ mod sync {
 #[allow(dead_code)]
 mod cache;
 
-use cache::{CacheItem, CacheRegistry, Put, ThreadCache};
+use cache::{CacheItem, CacheRegistry, ThreadCache};
 use sync::{Arc, Mutex};
 
 /// A stand-in segment: an id to spot duplicates, one class, one shape.
@@ -88,10 +88,11 @@ fn user(backing: &Mutex<Backing>, reg: &CacheRegistry<Item>) {
                 None => continue, // exhausted: the pool would flush and retry or fail
             },
         };
-        if let Put::Full(item) = cache.put(item) {
+        let mut item = Some(item);
+        if !cache.put(&mut item) {
             let mut b = backing.lock().unwrap();
             b.free.extend(cache.drain_class(CLASS));
-            b.free.push(item);
+            b.free.extend(item);
         }
     }
     retire(backing, reg, &cache);

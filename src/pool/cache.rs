@@ -79,6 +79,11 @@ fn key_class(key: u64) -> usize {
     (key & 7) as usize
 }
 
+/// The requested length a bin key names.
+fn key_len(key: u64) -> u64 {
+    key >> 9
+}
+
 #[derive(Debug)]
 struct Bins<T> {
     /// The shape of each bin, as [`bin_key`] names it; `0` for a bin never used. No two
@@ -88,24 +93,34 @@ struct Bins<T> {
     items: [Vec<T>; MAX_BINS],
     /// Sum of `bytes()` over every held item; never above the cache's limit.
     bytes: u64,
-    /// `counters[c].items`, `.bytes`, `.requested` are the sums over held items of class `c`.
-    counters: [ClassCounters; CLASSES],
+    /// `held[c]`: (number, sum of `bytes()`) of the held items of class `c`. Their requested
+    /// bytes follow from the bins' shapes, and the hits from `puts - drained - held`: so a
+    /// take writes three words and a put four, rather than a class's five counters.
+    held: [(u64, u64); CLASSES],
+    /// Items of each class ever put.
+    puts: [u64; CLASSES],
+    /// Items of each class drained (given back without serving an allocation).
+    drained: [u64; CLASSES],
+    /// `sharing[b]`: used bins whose key has bit `1 << b` as its [`KeyHash::present`].
+    sharing: [u8; 64],
 }
 
 impl<T> Bins<T> {
-    /// The bin of `key`, if one is assigned to it.
-    fn find(&self, key: u64) -> Option<usize> {
-        self.keys.iter().position(|&k| k == key)
+    /// The figures of `class`.
+    fn counters(&self, class: usize) -> ClassCounters {
+        let (items, bytes) = self.held[class];
+        let requested = (0..MAX_BINS)
+            .filter(|&i| self.keys[i] != 0 && key_class(self.keys[i]) == class)
+            .map(|i| self.items[i].len() as u64 * key_len(self.keys[i]))
+            .sum();
+        ClassCounters {
+            items,
+            bytes,
+            requested,
+            hits: self.puts[class] - self.drained[class] - items,
+            puts: self.puts[class],
+        }
     }
-}
-
-/// Whether [`ThreadCache::put`] kept the item.
-#[derive(Debug)]
-pub(crate) enum Put<T> {
-    /// The cache holds it now.
-    Kept,
-    /// No room: the caller frees it (or flushes the cache and tries again).
-    Full(T),
 }
 
 /// One thread's cache for one pool. Aligned so that two threads' caches never share a
@@ -121,7 +136,39 @@ pub(crate) struct ThreadCache<T> {
     /// bin's key (in [`put`](Self::put)), so the owner reads its own writes here and a
     /// [`take`](Self::take) of a shape no bin names returns without the lock.
     shapes: [AtomicU64; MAX_BINS],
+    /// Bit [`KeyHash::present`] of a key is set iff a bin in `shapes` has a key with that
+    /// bit (`Bins::sharing` counts them): a shape whose bit is clear has no bin, known
+    /// without a scan (most shapes of a varied workload). Written by the owner, under the
+    /// lock, when it assigns a bin.
+    present: AtomicU64,
+    /// Where a shape was last found: 16 bin numbers of 4 bits, the one at
+    /// [`KeyHash::hint`] for shapes whose key hashes there. A hint only, checked against
+    /// `shapes` before use (a wrong one costs the scan it saves); written by the owner.
+    hints: AtomicU64,
     bins: SpinLock<Bins<T>>,
+}
+
+static_assertions::const_assert!(MAX_BINS <= 16);
+
+/// Where a bin key falls in [`ThreadCache::present`] and [`ThreadCache::hints`].
+#[derive(Clone, Copy)]
+struct KeyHash {
+    /// Its bit in `present`.
+    present: u64,
+    /// The offset of its 4-bit hint in `hints`.
+    hint: u32,
+}
+
+impl KeyHash {
+    #[inline]
+    fn of(key: u64) -> Self {
+        // The top bits of a multiplicative hash: every bit of the key moves them.
+        let h = key.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        Self {
+            present: 1 << (h >> 58),
+            hint: ((h >> 54 & 0xF) * 4) as u32,
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -136,11 +183,16 @@ impl<T: CacheItem> ThreadCache<T> {
             id,
             limit,
             shapes: std::array::from_fn(|_| AtomicU64::new(0)),
+            present: AtomicU64::new(0),
+            hints: AtomicU64::new(0),
             bins: SpinLock::new(Bins {
                 keys: [0; MAX_BINS],
                 items: std::array::from_fn(|_| Vec::new()),
                 bytes: 0,
-                counters: [ClassCounters::default(); CLASSES],
+                held: [(0, 0); CLASSES],
+                puts: [0; CLASSES],
+                drained: [0; CLASSES],
+                sharing: [0; 64],
             }),
         }
     }
@@ -150,12 +202,10 @@ impl<T: CacheItem> ThreadCache<T> {
     /// policies differ in padding.)
     ///
     /// Only the thread that owns the cache takes and puts (others drain, count and check).
+    #[inline]
     pub(crate) fn take(&self, class: usize, shape: (u64, u64), min_bytes: u64) -> Option<T> {
         let key = bin_key(class, shape)?;
-        let at = self
-            .shapes
-            .iter()
-            .position(|s| s.load(Ordering::Relaxed) == key)?;
+        let at = self.bin_of(key)?;
         self.bins.with(|b| {
             if b.keys[at] != key {
                 return None;
@@ -167,76 +217,124 @@ impl<T: CacheItem> ThreadCache<T> {
             }
             let item = items.pop()?;
             b.bytes -= bytes;
-            let c = &mut b.counters[class];
-            c.items -= 1;
-            c.bytes -= bytes;
-            c.requested -= shape.0;
-            c.hits += 1;
+            let held = &mut b.held[class];
+            held.0 -= 1;
+            held.1 -= bytes;
             Some(item)
         })
     }
 
-    /// Keeps `item` if there is room: a bin of its shape, or one it may take over (never
-    /// used, or empty). Only the owning thread puts.
-    pub(crate) fn put(&self, item: T) -> Put<T> {
+    /// Moves the item out of `slot` into the cache if there is room: a bin of its shape,
+    /// or one it may take over (never used, or empty). Returns whether it did; when not,
+    /// the item stays in `slot` (for the caller to free, or to flush the cache and try
+    /// again). Only the owning thread puts.
+    ///
+    /// The item stays in the caller's slot until it goes into its bin: moving it through
+    /// arguments and return values costs a copy of it each time, on the hot path.
+    #[inline]
+    pub(crate) fn put(&self, slot: &mut Option<T>) -> bool {
+        let Some(item) = slot.as_ref() else {
+            return false;
+        };
         let (class, shape, bytes) = (item.class(), item.shape(), item.bytes());
         let Some(key) = bin_key(class, shape) else {
-            return Put::Full(item);
+            return false;
         };
         self.bins.with(|b| {
             if b.bytes + bytes > self.limit {
-                return Put::Full(item);
+                return false;
             }
-            let at = match b.find(key) {
-                Some(i) => i,
-                None => match (0..MAX_BINS).find(|&i| b.items[i].is_empty()) {
-                    Some(i) => {
-                        b.keys[i] = key;
-                        self.shapes[i].store(key, Ordering::Relaxed);
-                        i
-                    }
-                    None => return Put::Full(item),
-                },
+            let Some(at) = self.bin_of(key).or_else(|| self.assign_bin(b, key)) else {
+                return false;
+            };
+            let Some(item) = slot.take() else {
+                return false;
             };
             b.items[at].push(item);
             b.bytes += bytes;
-            let c = &mut b.counters[class];
-            c.items += 1;
-            c.bytes += bytes;
-            c.requested += shape.0;
-            c.puts += 1;
-            Put::Kept
+            let held = &mut b.held[class];
+            held.0 += 1;
+            held.1 += bytes;
+            b.puts[class] += 1;
+            true
         })
+    }
+
+    /// A bin for a shape no bin names yet, `key`: the first empty one, if any.
+    #[cold]
+    fn assign_bin(&self, b: &mut Bins<T>, key: u64) -> Option<usize> {
+        let i = (0..MAX_BINS).find(|&i| b.items[i].is_empty())?;
+        let mut present = self.present.load(Ordering::Relaxed);
+        let old = b.keys[i];
+        if old != 0 {
+            let bit = KeyHash::of(old).present;
+            let n = &mut b.sharing[bit.trailing_zeros() as usize];
+            *n -= 1;
+            if *n == 0 {
+                present &= !bit;
+            }
+        }
+        let h = KeyHash::of(key);
+        b.sharing[h.present.trailing_zeros() as usize] += 1;
+        self.present.store(present | h.present, Ordering::Relaxed);
+        b.keys[i] = key;
+        self.shapes[i].store(key, Ordering::Relaxed);
+        self.set_hint(h, i);
+        Some(i)
+    }
+
+    /// The bin whose shape `key` names, if any: where its hint points, else none when its
+    /// bit in `present` is clear, else by a scan. Only the owning thread calls it (it
+    /// writes the hint).
+    #[inline]
+    fn bin_of(&self, key: u64) -> Option<usize> {
+        let h = KeyHash::of(key);
+        let hinted = (self.hints.load(Ordering::Relaxed) >> h.hint & 0xF) as usize;
+        if self.shapes[hinted].load(Ordering::Relaxed) == key {
+            return Some(hinted);
+        }
+        if self.present.load(Ordering::Relaxed) & h.present == 0 {
+            return None;
+        }
+        let at = self
+            .shapes
+            .iter()
+            .position(|s| s.load(Ordering::Relaxed) == key)?;
+        self.set_hint(h, at);
+        Some(at)
+    }
+
+    /// Points the hint at `h` to bin `at`. Only the owner writes hints: a load and a store.
+    fn set_hint(&self, h: KeyHash, at: usize) {
+        let hints = self.hints.load(Ordering::Relaxed) & !(0xF << h.hint);
+        self.hints
+            .store(hints | (at as u64) << h.hint, Ordering::Relaxed);
     }
 
     /// Removes and returns every held item of `class` (for a flush).
     pub(crate) fn drain_class(&self, class: usize) -> Vec<T> {
         self.bins.with(|b| {
-            let mut out = Vec::with_capacity(b.counters[class].items as usize);
-            for (key, items) in b.keys.iter().zip(b.items.iter_mut()) {
+            let (items, bytes) = std::mem::take(&mut b.held[class]);
+            let mut out = Vec::with_capacity(items as usize);
+            for (key, held) in b.keys.iter().zip(b.items.iter_mut()) {
                 if *key != 0 && key_class(*key) == class {
-                    out.append(items);
+                    out.append(held);
                 }
             }
-            let held = b.counters[class].bytes;
-            b.bytes -= held;
-            let c = &mut b.counters[class];
-            c.items = 0;
-            c.bytes = 0;
-            c.requested = 0;
+            b.bytes -= bytes;
+            b.drained[class] += items;
             out
         })
     }
 
     /// The figures of `class`.
     pub(crate) fn counters(&self, class: usize) -> ClassCounters {
-        self.bins.with(|b| b.counters[class])
+        self.bins.with(|b| b.counters(class))
     }
 
     /// Classes that hold items now.
     pub(crate) fn classes_held(&self) -> [bool; CLASSES] {
-        self.bins
-            .with(|b| std::array::from_fn(|c| b.counters[c].items > 0))
+        self.bins.with(|b| std::array::from_fn(|c| b.held[c].0 > 0))
     }
 
     /// Calls `f` on every held item of `class`.
@@ -256,7 +354,7 @@ impl<T: CacheItem> ThreadCache<T> {
     }
 
     fn check_bins(&self, b: &Bins<T>) -> Result<(), String> {
-        let mut sums = [ClassCounters::default(); CLASSES];
+        let mut held = [(0u64, 0u64); CLASSES];
         let mut total = 0;
         for (i, (&key, items)) in b.keys.iter().zip(b.items.iter()).enumerate() {
             if key == 0 {
@@ -275,10 +373,9 @@ impl<T: CacheItem> ThreadCache<T> {
                 if bin_key(item.class(), item.shape()) != Some(key) {
                     return Err("an item sits in the wrong bin".into());
                 }
-                let s = &mut sums[item.class()];
-                s.items += 1;
-                s.bytes += item.bytes();
-                s.requested += item.shape().0;
+                let h = &mut held[item.class()];
+                h.0 += 1;
+                h.1 += item.bytes();
                 total += item.bytes();
             }
         }
@@ -288,10 +385,28 @@ impl<T: CacheItem> ThreadCache<T> {
                 b.bytes, self.limit
             ));
         }
-        for (c, s) in sums.iter().enumerate() {
-            let k = &b.counters[c];
-            if (s.items, s.bytes, s.requested) != (k.items, k.bytes, k.requested) {
+        let mut sharing = [0u8; 64];
+        for &key in b.keys.iter().filter(|&&k| k != 0) {
+            sharing[KeyHash::of(key).present.trailing_zeros() as usize] += 1;
+        }
+        let present = (0..64)
+            .filter(|&i| sharing[i] > 0)
+            .fold(0u64, |p, i| p | 1 << i);
+        if sharing != b.sharing || present != self.present.load(Ordering::Relaxed) {
+            return Err("the shape filter disagrees with the bins".into());
+        }
+        for (c, &h) in held.iter().enumerate() {
+            if h != b.held[c] {
                 return Err(format!("class {c} counters drifted from the held items"));
+            }
+            if b.drained[c]
+                .checked_add(h.0)
+                .is_none_or(|out| out > b.puts[c])
+            {
+                return Err(format!(
+                    "class {c}: {} held and {} drained, but only {} put",
+                    h.0, b.drained[c], b.puts[c]
+                ));
             }
         }
         Ok(())

@@ -13,12 +13,14 @@
 //! back without taking the kind's lock, so threads allocating at once scale with the cores.
 
 mod cache;
+#[cfg(test)]
+mod cache_tests;
 pub mod config;
 pub mod record;
 
 pub use config::PoolConfig;
 
-use cache::{CacheItem, CacheRegistry, Put, ThreadCache};
+use cache::{CacheItem, CacheRegistry, ThreadCache};
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Weak;
@@ -339,6 +341,8 @@ pub(crate) struct PoolInner {
     /// Set when the [`Pool`] handle drops: no allocation can come any more, so frees
     /// bypass the thread caches and chunks can go back.
     closed: AtomicBool,
+    /// Neither `config.debug` nor a recorder: the hot paths test this one flag.
+    plain: bool,
 }
 
 /// Ids for [`PoolInner::id`].
@@ -500,11 +504,12 @@ impl Pool {
                 kinds,
                 idle_events: Mutex::new(Vec::new()),
                 corruption: Mutex::new(Vec::new()),
-                recorder,
                 caches: (config.thread_cache > 0).then(|| CacheRegistry::new(config.thread_cache)),
                 id: NEXT_POOL_ID.fetch_add(1, Ordering::Relaxed),
                 closed: AtomicBool::new(false),
                 me: Weak::clone(me),
+                plain: !config.debug && recorder.is_none(),
+                recorder,
                 config,
             }),
         })
@@ -1290,14 +1295,16 @@ impl PoolInner {
         // No stream uses it: this thread's cache may keep it. (A region releases its
         // segment exactly once, so the registry check below is not needed to get here.)
         if streams.is_empty() && owner.cacheable(seg.alloc.footprint()) {
-            if owner.config.debug || owner.recorder.is_some() {
+            if !owner.plain {
                 owner.before_cache_put(seg)?;
             }
             // The handle moves into the cache with the segment: no reference-count traffic.
-            let Some(back) = Self::put_cached(CachedSegment { raw: *seg, owner }) else {
-                return Ok(());
+            let mut cached = Some(CachedSegment { raw: *seg, owner });
+            Self::put_cached(&mut cached);
+            return match cached {
+                None => Ok(()),
+                Some(back) => back.owner.release_to_kind(seg, streams),
             };
-            return back.owner.release_to_kind(seg, streams);
         }
         owner.release_to_kind(seg, streams)
         // `owner` drops here, after the kind lock.
@@ -1485,26 +1492,9 @@ impl PoolInner {
         slots.len() - 1
     }
 
-    /// Runs `f` on this thread's cache for this pool (made on first use). `None` when
-    /// caches are off or the thread is exiting.
-    #[inline]
-    fn with_thread_cache<R>(
-        &self,
-        f: impl FnOnce(&Arc<ThreadCache<CachedSegment>>) -> R,
-    ) -> Option<R> {
-        let reg = self.caches.as_ref()?;
-        THREAD_CACHES
-            .try_with(|slots| {
-                let mut slots = slots.try_borrow_mut().ok()?;
-                let at = self.slot_in(reg, &mut slots);
-                Some(f(&slots[at].cache))
-            })
-            .ok()
-            .flatten()
-    }
-
     /// A segment of `len` and `align`, at least `footprint` bytes, from this thread's
-    /// cache, if it holds one.
+    /// cache (made on first use), if it holds one. `None` too when caches are off or the
+    /// thread is exiting.
     #[inline]
     fn take_cached(
         &self,
@@ -1513,11 +1503,21 @@ impl PoolInner {
         align: u64,
         footprint: u64,
     ) -> Option<CachedSegment> {
-        let c = self.with_thread_cache(|c| c.take(kind.index(), (len, align), footprint))??;
-        if self.config.debug || self.recorder.is_some() {
-            return self.taken_from_cache(c, len, align);
+        let reg = self.caches.as_ref()?;
+        // One level of `Option` from the cache to the caller: each level more costs a copy
+        // of the 64-byte segment on the hit path.
+        let taken = THREAD_CACHES.try_with(|slots| match slots.try_borrow_mut() {
+            Ok(mut slots) => {
+                let at = self.slot_in(reg, &mut slots);
+                slots[at].cache.take(kind.index(), (len, align), footprint)
+            }
+            Err(_) => None,
+        });
+        match taken {
+            Ok(Some(c)) if self.plain => Some(c),
+            Ok(Some(c)) => self.taken_from_cache(c, len, align),
+            _ => None,
         }
-        Some(c)
     }
 
     /// What debug mode and recording add to a thread-cache hit. In debug mode, a write into
@@ -1550,47 +1550,39 @@ impl PoolInner {
         Some(c)
     }
 
-    /// Keeps `seg` in this thread's cache for its pool, or hands it back when it must go
-    /// to the kind pool.
+    /// Keeps the segment in `seg` in this thread's cache for its pool, or leaves it there
+    /// when it must go to the kind pool (caches closed, the cache full even once flushed,
+    /// the thread exiting).
     #[inline]
-    fn put_cached(seg: CachedSegment) -> Option<CachedSegment> {
-        if seg.owner.closed.load(Ordering::Acquire) {
-            return Some(seg);
+    fn put_cached(seg: &mut Option<CachedSegment>) {
+        if seg
+            .as_ref()
+            .is_none_or(|s| s.owner.closed.load(Ordering::Acquire))
+        {
+            return;
         }
-        // `seg` moves into the cache inside the closure; it comes back out when it cannot.
-        let mut seg = Some(seg);
-        let full = THREAD_CACHES
-            .try_with(|slots| {
-                let mut slots = slots.try_borrow_mut().ok()?;
+        let full = THREAD_CACHES.try_with(|slots| {
+            let mut slots = slots.try_borrow_mut().ok()?;
+            let at = {
                 let pool = &seg.as_ref()?.owner;
-                let at = pool.slot_in(pool.caches.as_ref()?, &mut slots);
-                let cache = &slots[at].cache;
-                match cache.put(seg.take()?) {
-                    Put::Kept => Some(None),
-                    Put::Full(back) => Some(Some((Arc::clone(cache), back))),
-                }
-            })
-            .ok()
-            .flatten();
-        match full {
-            None => seg,
-            Some(None) => None,
-            Some(Some((cache, back))) => Self::put_into_full(&cache, back),
+                pool.slot_in(pool.caches.as_ref()?, &mut slots)
+            };
+            let cache = &slots[at].cache;
+            (!cache.put(seg)).then(|| Arc::clone(cache))
+        });
+        if let Ok(Some(cache)) = full {
+            Self::put_into_full(&cache, seg);
         }
     }
 
     /// `cache` is full: gives it all back (one lock per kind for many segments) and keeps
-    /// `seg` in the emptied cache, or hands it back.
+    /// the segment in `seg` in the emptied cache, or leaves it there.
     #[cold]
-    fn put_into_full(
-        cache: &ThreadCache<CachedSegment>,
-        seg: CachedSegment,
-    ) -> Option<CachedSegment> {
-        seg.owner.flush_cache(cache);
-        match cache.put(seg) {
-            Put::Kept => None,
-            Put::Full(back) => Some(back),
+    fn put_into_full(cache: &ThreadCache<CachedSegment>, seg: &mut Option<CachedSegment>) {
+        if let Some(s) = seg.as_ref() {
+            s.owner.flush_cache(cache);
         }
+        cache.put(seg);
     }
 
     /// Gives every segment of `cache` back to the kind pools.
