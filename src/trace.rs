@@ -1183,12 +1183,10 @@ impl RangeReplayer for PoolRange {
     type Token = PoolSegment;
 
     fn alloc(&mut self, len: u64, rule: CarveRule) -> Option<(u64, PoolSegment)> {
-        let seg = self
-            .session
-            .pool
-            .alloc_raw(self.kind, len, rule.align())
-            .ok()?;
-        Some((seg.0.addr as u64, PoolSegment(seg.0, seg.1)))
+        match self.session.pool.alloc_raw(self.kind, len, rule.align()) {
+            Ok((raw, owner)) => Some((raw.addr as u64, PoolSegment(raw, owner))),
+            Err(_) => None,
+        }
     }
 
     fn free(&mut self, token: PoolSegment) {

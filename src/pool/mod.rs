@@ -871,12 +871,12 @@ impl PoolInner {
             )));
         }
         let kind = k.kind;
-        let found = match Self::carve_existing(&mut k, len, rule) {
+        let found = match Self::carve_existing(&mut k, len, rule, footprint) {
             Some(x) => Some(x),
             None => {
                 // Memory freed behind streams may be usable now: look lazily, only here.
                 if !k.pending.is_empty() && self.reclaim(&mut k, false) > 0 {
-                    Self::carve_existing(&mut k, len, rule)
+                    Self::carve_existing(&mut k, len, rule, footprint)
                 } else {
                     None
                 }
@@ -923,11 +923,19 @@ impl PoolInner {
         Ok(RawSegment::new(kind, addr, align, key, alloc))
     }
 
-    fn carve_existing(k: &mut KindPool, len: u64, rule: CarveRule) -> Option<(usize, Allocation)> {
-        let footprint = rule.footprint(len).ok()?;
+    /// Carves `len` under `rule` (whose footprint is `footprint`) from the first chunk that
+    /// can hold it.
+    fn carve_existing(
+        k: &mut KindPool,
+        len: u64,
+        rule: CarveRule,
+        footprint: u64,
+    ) -> Option<(usize, Allocation)> {
         let align = rule.align();
+        // A mask, not `%`: a division per chunk costs more than the rest of the test.
+        let misaligned = align as usize - 1;
         for (id, c) in k.chunks.iter_mut() {
-            if c.base % align as usize != 0 || (footprint >= c.refused.0 && align >= c.refused.1) {
+            if c.base & misaligned != 0 || (footprint >= c.refused.0 && align >= c.refused.1) {
                 continue;
             }
             match c.engine.alloc(len, rule) {
@@ -1006,7 +1014,7 @@ impl PoolInner {
                 self.reclaim(k, true);
             }
             self.trim_kind(k, 0);
-            if let Some(x) = Self::carve_existing(k, len, rule) {
+            if let Some(x) = Self::carve_existing(k, len, rule, footprint) {
                 return Ok(x);
             }
             // A source that can grow a block in place (virtual memory) extends a chunk
