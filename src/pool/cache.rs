@@ -313,17 +313,24 @@ impl<T: CacheItem> ThreadCache<T> {
 
     /// Removes and returns every held item of `class` (for a flush).
     pub(crate) fn drain_class(&self, class: usize) -> Vec<T> {
+        let mut out = Vec::new();
+        self.drain_class_into(class, &mut out);
+        out
+    }
+
+    /// Moves every held item of `class` to the end of `out`, bin by bin in bin order (a
+    /// flush frees them in this order). One buffer serves every class of a flush.
+    pub(crate) fn drain_class_into(&self, class: usize, out: &mut Vec<T>) {
         self.bins.with(|b| {
             let (items, bytes) = std::mem::take(&mut b.held[class]);
-            let mut out = Vec::with_capacity(items as usize);
+            out.reserve(items as usize);
             for (key, held) in b.keys.iter().zip(b.items.iter_mut()) {
-                if *key != 0 && key_class(*key) == class {
+                if *key != 0 && key_class(*key) == class && !held.is_empty() {
                     out.append(held);
                 }
             }
             b.bytes -= bytes;
             b.drained[class] += items;
-            out
         })
     }
 
@@ -332,9 +339,9 @@ impl<T: CacheItem> ThreadCache<T> {
         self.bins.with(|b| b.counters(class))
     }
 
-    /// Classes that hold items now.
-    pub(crate) fn classes_held(&self) -> [bool; CLASSES] {
-        self.bins.with(|b| std::array::from_fn(|c| b.held[c].0 > 0))
+    /// Items held now, per class.
+    pub(crate) fn items_held(&self) -> [u64; CLASSES] {
+        self.bins.with(|b| std::array::from_fn(|c| b.held[c].0))
     }
 
     /// Calls `f` on every held item of `class`.
@@ -451,7 +458,7 @@ impl<T: CacheItem> CacheRegistry<T> {
         let mut left = Vec::new();
         let mut retired = lock(&self.retired);
         for (c, r) in retired.iter_mut().enumerate() {
-            left.append(&mut cache.drain_class(c));
+            cache.drain_class_into(c, &mut left);
             r.absorb_totals(&cache.counters(c));
         }
         left
@@ -483,7 +490,7 @@ impl<T: CacheItem> CacheRegistry<T> {
     /// Drains `class` from every registered cache.
     pub(crate) fn drain_all(&self, class: usize) -> Vec<T> {
         let mut out = Vec::new();
-        self.for_each(|c| out.append(&mut c.drain_class(class)));
+        self.for_each(|c| c.drain_class_into(class, &mut out));
         out
     }
 }

@@ -179,8 +179,8 @@ fn drive(seed: u64, shapes: u64, steps: usize) {
             );
         }
         assert_eq!(
-            cache.classes_held(),
-            std::array::from_fn(|c| model.counters(c).items > 0)
+            cache.items_held(),
+            std::array::from_fn(|c| model.counters(c).items)
         );
     }
 }

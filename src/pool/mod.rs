@@ -1595,15 +1595,17 @@ impl PoolInner {
 
     /// Gives every segment of `cache` back to the kind pools.
     fn flush_cache(&self, cache: &ThreadCache<CachedSegment>) {
-        for (class, held) in cache.classes_held().into_iter().enumerate() {
-            if held {
+        let held = cache.items_held();
+        let mut drained = Vec::with_capacity(held.iter().max().copied().unwrap_or(0) as usize);
+        for (class, held) in held.into_iter().enumerate() {
+            if held > 0 {
                 let mut k = lock(&self.kinds[class]);
-                let drained = cache.drain_class(class);
+                cache.drain_class_into(class, &mut drained);
                 for c in &drained {
                     self.finish_free(&mut k, c.raw.key(), false);
                 }
                 drop(k);
-                drop(drained); // their pool handles, after the lock
+                drained.clear(); // their pool handles, after the lock
             }
         }
     }
@@ -1634,8 +1636,8 @@ impl PoolInner {
             return;
         };
         let mut drained = Vec::new();
-        for (class, held) in cache.classes_held().into_iter().enumerate() {
-            if held {
+        for (class, held) in cache.items_held().into_iter().enumerate() {
+            if held > 0 {
                 let mut k = lock(&self.kinds[class]);
                 for c in cache.drain_class(class) {
                     Self::settle(&mut k, c.raw.key(), false);
