@@ -101,7 +101,8 @@ struct Bins<T> {
     puts: [u64; CLASSES],
     /// Items of each class drained (given back without serving an allocation).
     drained: [u64; CLASSES],
-    /// `sharing[b]`: used bins whose key has bit `1 << b` as its [`KeyHash::present`].
+    /// `sharing[b]`: used bins whose key has bit `1 << b` as its [`KeyHash::present`] (at
+    /// most `MAX_BINS`, so a byte holds it).
     sharing: [u8; 64],
 }
 
