@@ -101,17 +101,30 @@ struct Bins<T> {
     puts: [u64; CLASSES],
     /// Items of each class drained (given back without serving an allocation).
     drained: [u64; CLASSES],
+    /// Bit `i` of `class_bins[c]` is set iff bin `i` is used for class `c`: a flush of one
+    /// class visits only its bins.
+    class_bins: [u16; CLASSES],
     /// `sharing[b]`: used bins whose key has bit `1 << b` as its [`KeyHash::present`] (at
     /// most `MAX_BINS`, so a byte holds it).
     sharing: [u8; 64],
 }
 
 impl<T> Bins<T> {
+    /// The bins used for `class`, in bin order.
+    fn of_class(&self, class: usize) -> impl Iterator<Item = usize> {
+        let mut bins = self.class_bins[class];
+        std::iter::from_fn(move || {
+            let i = bins.trailing_zeros() as usize;
+            bins &= bins.wrapping_sub(1);
+            (i < MAX_BINS).then_some(i)
+        })
+    }
+
     /// The figures of `class`.
     fn counters(&self, class: usize) -> ClassCounters {
         let (items, bytes) = self.held[class];
-        let requested = (0..MAX_BINS)
-            .filter(|&i| self.keys[i] != 0 && key_class(self.keys[i]) == class)
+        let requested = self
+            .of_class(class)
             .map(|i| self.items[i].len() as u64 * key_len(self.keys[i]))
             .sum();
         ClassCounters {
@@ -149,6 +162,7 @@ pub(crate) struct ThreadCache<T> {
     bins: SpinLock<Bins<T>>,
 }
 
+// Bin numbers fit the 4-bit hints and the 16-bit `class_bins`.
 static_assertions::const_assert!(MAX_BINS <= 16);
 
 /// Where a bin key falls in [`ThreadCache::present`] and [`ThreadCache::hints`].
@@ -193,6 +207,7 @@ impl<T: CacheItem> ThreadCache<T> {
                 held: [(0, 0); CLASSES],
                 puts: [0; CLASSES],
                 drained: [0; CLASSES],
+                class_bins: [0; CLASSES],
                 sharing: [0; 64],
             }),
         }
@@ -268,6 +283,7 @@ impl<T: CacheItem> ThreadCache<T> {
         let mut present = self.present.load(Ordering::Relaxed);
         let old = b.keys[i];
         if old != 0 {
+            b.class_bins[key_class(old)] &= !(1 << i);
             let bit = KeyHash::of(old).present;
             let n = &mut b.sharing[bit.trailing_zeros() as usize];
             *n -= 1;
@@ -275,6 +291,7 @@ impl<T: CacheItem> ThreadCache<T> {
                 present &= !bit;
             }
         }
+        b.class_bins[key_class(key)] |= 1 << i;
         let h = KeyHash::of(key);
         b.sharing[h.present.trailing_zeros() as usize] += 1;
         self.present.store(present | h.present, Ordering::Relaxed);
@@ -325,10 +342,11 @@ impl<T: CacheItem> ThreadCache<T> {
         self.bins.with(|b| {
             let (items, bytes) = std::mem::take(&mut b.held[class]);
             out.reserve(items as usize);
-            for (key, held) in b.keys.iter().zip(b.items.iter_mut()) {
-                if *key != 0 && key_class(*key) == class && !held.is_empty() {
-                    out.append(held);
-                }
+            let mut bins = b.class_bins[class];
+            while bins != 0 {
+                let i = bins.trailing_zeros() as usize;
+                bins &= bins - 1;
+                out.append(&mut b.items[i]);
             }
             b.bytes -= bytes;
             b.drained[class] += items;
@@ -394,8 +412,13 @@ impl<T: CacheItem> ThreadCache<T> {
             ));
         }
         let mut sharing = [0u8; 64];
-        for &key in b.keys.iter().filter(|&&k| k != 0) {
+        let mut class_bins = [0u16; CLASSES];
+        for (i, &key) in b.keys.iter().enumerate().filter(|(_, &k)| k != 0) {
             sharing[KeyHash::of(key).present.trailing_zeros() as usize] += 1;
+            class_bins[key_class(key)] |= 1 << i;
+        }
+        if class_bins != b.class_bins {
+            return Err("the bins of a class are miscounted".into());
         }
         let present = (0..64)
             .filter(|&i| sharing[i] > 0)
