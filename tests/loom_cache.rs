@@ -131,21 +131,35 @@ fn all_back(backing: &Mutex<Backing>) {
     assert_eq!(ids.len(), b.total, "an item was duplicated");
 }
 
+/// A model's shared state and its user threads, as [`start`] leaves them.
+type Started = (
+    Arc<Mutex<Backing>>,
+    Arc<CacheRegistry<Item>>,
+    Vec<thread::JoinHandle<()>>,
+);
+
+/// A backing store of `items` free items and a registry whose caches hold `room` of them,
+/// with `users` threads running [`user`] on them.
+fn start(items: u32, room: u64, users: usize) -> Started {
+    let backing = Arc::new(Mutex::new(Backing {
+        free: (0..items).map(Item).collect(),
+        total: items as usize,
+    }));
+    let reg = Arc::new(CacheRegistry::new(room * (LEN + 28)));
+    let handles = (0..users)
+        .map(|_| {
+            let (backing, reg) = (backing.clone(), reg.clone());
+            thread::spawn(move || user(&backing, &reg))
+        })
+        .collect();
+    (backing, reg, handles)
+}
+
 #[test]
 fn two_users_and_a_flush_lose_nothing() {
     model(|| {
-        let backing = Arc::new(Mutex::new(Backing {
-            free: (0..3).map(Item).collect(),
-            total: 3,
-        }));
         // Room for one item: the second free into a cache overflows and flushes it.
-        let reg = Arc::new(CacheRegistry::new(LEN + 28));
-        let users: Vec<_> = (0..2)
-            .map(|_| {
-                let (backing, reg) = (backing.clone(), reg.clone());
-                thread::spawn(move || user(&backing, &reg))
-            })
-            .collect();
+        let (backing, reg, users) = start(3, 1, 2);
         // Meanwhile: flush every cache (Pool::flush_thread_caches), then read the figures.
         {
             let mut b = backing.lock().unwrap();
@@ -168,19 +182,13 @@ fn two_users_and_a_flush_lose_nothing() {
 #[test]
 fn totals_never_go_backwards_while_a_cache_retires() {
     model(|| {
-        let backing = Arc::new(Mutex::new(Backing {
-            free: (0..2).map(Item).collect(),
-            total: 2,
-        }));
-        let reg = Arc::new(CacheRegistry::new(4 * (LEN + 28)));
-        let u = {
-            let (backing, reg) = (backing.clone(), reg.clone());
-            thread::spawn(move || user(&backing, &reg))
-        };
+        let (backing, reg, users) = start(2, 4, 1);
         let first = reg.totals(CLASS);
         let second = reg.totals(CLASS);
         assert!(second.puts >= first.puts && second.hits >= first.hits);
-        u.join().unwrap();
+        for u in users {
+            u.join().unwrap();
+        }
         let last = reg.totals(CLASS);
         assert!(last.puts >= second.puts && last.hits >= second.hits);
         // The user freed twice and served its second allocation from its cache.
@@ -192,15 +200,7 @@ fn totals_never_go_backwards_while_a_cache_retires() {
 #[test]
 fn validate_sees_consistent_bins_while_users_work() {
     model(|| {
-        let backing = Arc::new(Mutex::new(Backing {
-            free: (0..2).map(Item).collect(),
-            total: 2,
-        }));
-        let reg = Arc::new(CacheRegistry::new(2 * (LEN + 28)));
-        let u = {
-            let (backing, reg) = (backing.clone(), reg.clone());
-            thread::spawn(move || user(&backing, &reg))
-        };
+        let (backing, reg, users) = start(2, 2, 1);
         // What Pool::validate does: check every cache's invariants and its items.
         {
             let _b = backing.lock().unwrap();
@@ -209,7 +209,9 @@ fn validate_sees_consistent_bins_while_users_work() {
                 c.for_each_held(CLASS, |i| assert!(i.0 < 2));
             });
         }
-        u.join().unwrap();
+        for u in users {
+            u.join().unwrap();
+        }
         all_back(&backing);
     });
 }
