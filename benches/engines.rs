@@ -9,8 +9,8 @@
 use ascend_pool::engine::{EngineConfig, RangeTier};
 use ascend_pool::peers::{BuddyFactory, OffsetAllocatorFactory, RlsfFactory};
 use ascend_pool::trace::{
-    EngineFactory, RangeReplayer, ReplayerFactory, TraceConfig, TraceItem, TraceOp, TraceReader,
-    KIND_COUNT,
+    BumpFactory, EngineFactory, RangeReplayer, ReplayerFactory, TraceConfig, TraceItem, TraceOp,
+    TraceReader, KIND_COUNT,
 };
 use ascend_pool::{CarveRule, MemKind};
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
@@ -217,6 +217,9 @@ fn engines(c: &mut Criterion) {
         bench_with(&mut group, &OffsetAllocatorFactory, &seq);
         bench_with(&mut group, &RlsfFactory::default(), &seq);
         bench_with(&mut group, &BuddyFactory, &seq);
+        // The loop's own cost: a bump pointer that never reuses memory does the least any
+        // allocator can, so no allocator's time goes below this line.
+        bench_with(&mut group, &BumpFactory, &seq);
         if std::env::var_os("ASCEND_POOL_BENCH_BUDDY_TIER").is_some() {
             let buddy = EngineFactory {
                 config: EngineConfig {
