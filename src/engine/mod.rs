@@ -50,6 +50,13 @@ pub enum EngineError {
         /// Offset the handle names.
         offset: u64,
     },
+    /// A capacity past what the engine can address (2^32 units of 64 bytes).
+    CapacityTooLarge {
+        /// Capacity asked for (bytes).
+        capacity: u64,
+        /// The largest capacity the engine takes (bytes).
+        max: u64,
+    },
     /// A capacity that is zero or not a multiple of the engine's unit.
     BadCapacity {
         /// Capacity asked for.
@@ -75,6 +82,9 @@ impl std::fmt::Display for EngineError {
             Self::ForeignAllocation => write!(f, "allocation belongs to another engine"),
             Self::AlreadyFreed { offset } => {
                 write!(f, "allocation at offset {offset} was already freed")
+            }
+            Self::CapacityTooLarge { capacity, max } => {
+                write!(f, "capacity {capacity} is past the engine's largest, {max}")
             }
             Self::BadCapacity { capacity, unit } => {
                 write!(
@@ -231,7 +241,7 @@ impl Allocation {
 
 #[derive(Debug)]
 enum Range {
-    // Boxed: the TLSF bin heads are 8 KiB, the buddy's sets a few words.
+    // Boxed: the TLSF range's parked table is about 1 KiB, the buddy's sets a few words.
     Tlsf(Box<tlsf::TlsfRange>),
     Buddy(buddy::BuddyRange),
 }
@@ -333,7 +343,9 @@ pub struct CarveEngine {
 }
 
 impl CarveEngine {
-    /// An engine over `[0, capacity)`; `capacity` must be a non-zero multiple of 64.
+    /// An engine over `[0, capacity)`; `capacity` must be a non-zero multiple of 64, and
+    /// with the TLSF tier at most `(2^32 - 1) * 64` bytes (just under 256 GiB, more than any
+    /// Ascend device holds): [`EngineError::CapacityTooLarge`] past that.
     pub fn new(capacity: u64, config: EngineConfig) -> Result<Self, EngineError> {
         const UNIT: u64 = crate::align::DEFAULT_ALIGN;
         let range = match config.range {
@@ -464,9 +476,10 @@ impl CarveEngine {
     /// Extends the range by `additional` bytes at its end, for a block that grew in place
     /// (virtual memory mapped behind the old end). The new space merges with any free tail.
     ///
-    /// `additional` must be a non-zero multiple of 64 and the new capacity must not
-    /// overflow; otherwise [`EngineError::BadCapacity`] and nothing changes. Both range
-    /// tiers support it.
+    /// `additional` must be a non-zero multiple of 64 ([`EngineError::BadCapacity`]) and
+    /// the new capacity within what [`new`](Self::new) takes
+    /// ([`EngineError::CapacityTooLarge`]); after either error nothing has changed. Both
+    /// range tiers support it.
     ///
     /// ```
     /// use ascend_pool::engine::{CarveEngine, EngineConfig};

@@ -6,9 +6,10 @@
 //! lies the untouched rest of the range (the "wilderness"): it is taken only when no bin
 //! can serve a request, which keeps the range's high-water mark low.
 //!
-//! Nodes live in one flat `Vec` addressed by `u32` index; the slots of merged-away nodes
-//! form an intrusive chain through `next_phys` and are reused first. Units are a power of
-//! two, so every byte/unit conversion is a shift.
+//! Nodes live in one flat `Vec` addressed by `u32` index, 32 bytes each so that none
+//! straddles two cache lines; the slots of merged-away nodes form an intrusive chain
+//! through `next_phys` and are reused first. Units are a power of two, so every byte/unit
+//! conversion is a shift, and a range spans at most 2^32 units (256 GiB at 64 bytes).
 //!
 //! Recurring sizes (video frames, KV-cache blocks, slab pages) take a shortcut: a freed
 //! block is *parked* unmerged in a small table of exact-length lists, and the next request
@@ -21,8 +22,10 @@ use super::{EngineError, RangeStats, NIL};
 /// log2 of the number of second-level bins per first level.
 const SL_SHIFT: u32 = 5;
 const SL_COUNT: usize = 1 << SL_SHIFT;
-/// First levels: enough for ranges up to 2^60 units.
-const FL_COUNT: usize = 61;
+/// First levels: enough for every length up to [`MAX_UNITS`].
+const FL_COUNT: usize = 32 - SL_SHIFT as usize + 1;
+/// Most units a range spans, so node starts and lengths fit 32 bits (256 GiB at 64 bytes).
+const MAX_UNITS: u64 = u32::MAX as u64;
 /// How many entries of a bin are tried, lowest address winning, before settling.
 const BIN_PROBES: usize = 8;
 /// Slots of the parked-block table (direct-mapped by exact length).
@@ -48,12 +51,15 @@ struct ParkedList {
 }
 
 /// One block of the range (free or used), or a vacant slot of the node table.
+///
+/// 32 bytes and aligned to them, so a node never straddles two cache lines.
 #[derive(Debug, Clone, Copy)]
+#[repr(C, align(32))]
 struct Node {
     /// Start, in units.
-    start: u64,
+    start: u32,
     /// Length, in units; 0 only while the slot is vacant.
-    len: u64,
+    len: u32,
     /// Neighbour below in address order (`NIL` at offset 0).
     prev_phys: u32,
     /// Neighbour above in address order (`NIL` when the node ends at `top`); while the
@@ -67,10 +73,27 @@ struct Node {
     tag: u32,
 }
 
+static_assertions::const_assert_eq!(std::mem::size_of::<Node>(), 32);
+
 impl Node {
     #[inline]
     fn is_free(&self) -> bool {
         self.tag == 0
+    }
+    /// Start, in units.
+    #[inline]
+    fn start(&self) -> u64 {
+        u64::from(self.start)
+    }
+    /// Length, in units.
+    #[inline]
+    fn len(&self) -> u64 {
+        u64::from(self.len)
+    }
+    /// One past the last unit.
+    #[inline]
+    fn end(&self) -> u64 {
+        self.start() + self.len()
     }
 }
 
@@ -92,7 +115,7 @@ impl Node {
 pub struct TlsfRange {
     /// log2 of the bytes per unit: every offset and length is a multiple of the unit.
     unit_shift: u32,
-    /// Range size in units.
+    /// Range size in units; at most [`MAX_UNITS`].
     capacity: u64,
     /// First unit of the wilderness; all of `[top, capacity)` is free.
     top: u64,
@@ -153,10 +176,17 @@ fn align_units_up(value: u64, align: u64) -> u64 {
 }
 
 impl TlsfRange {
-    /// A range of `capacity` bytes carved in multiples of `unit` bytes (a power of two).
+    /// A range of `capacity` bytes carved in multiples of `unit` bytes (a power of two), at
+    /// most `u32::MAX` units.
     pub fn new(capacity: u64, unit: u64) -> Result<Self, EngineError> {
         if !unit.is_power_of_two() || capacity < unit || capacity % unit != 0 {
             return Err(EngineError::BadCapacity { capacity, unit });
+        }
+        if capacity / unit > MAX_UNITS {
+            return Err(EngineError::CapacityTooLarge {
+                capacity,
+                max: MAX_UNITS * unit,
+            });
         }
         Ok(Self {
             unit_shift: unit.trailing_zeros(),
@@ -202,7 +232,7 @@ impl TlsfRange {
         if list.count != 0 && list.len == len {
             let idx = list.head;
             let n = &mut self.nodes[idx as usize];
-            if n.start & (align_units - 1) == 0 {
+            if n.start() & (align_units - 1) == 0 {
                 list.head = n.next_free;
                 list.count -= 1;
                 if list.count == 0 {
@@ -211,7 +241,7 @@ impl TlsfRange {
                 n.tag = tag;
                 self.parked_units -= len;
                 self.parked_nodes -= 1;
-                return Some((n.start << self.unit_shift, idx));
+                return Some((n.start() << self.unit_shift, idx));
             }
         }
         self.alloc_search(len, align_units, tag)
@@ -220,6 +250,10 @@ impl TlsfRange {
     /// The request found no parked block: search the bins, then the wilderness.
     #[inline(never)]
     fn alloc_search(&mut self, len: u64, align_units: u64, tag: u32) -> Option<(u64, u32)> {
+        // Longer than the range: nothing can hold it (and node lengths stay in 32 bits).
+        if len > self.capacity {
+            return None;
+        }
         // Any such request sees the free space exactly as eager merging would leave it.
         self.unpark_all();
         let (idx, start) = match self.find_free(len, align_units) {
@@ -237,10 +271,10 @@ impl TlsfRange {
         let Some(n) = self.nodes.get_mut(key as usize) else {
             return Err(EngineError::AlreadyFreed { offset });
         };
-        if tag == 0 || tag == PARKED || n.tag != tag || n.start << shift != offset {
+        if tag == 0 || tag == PARKED || n.tag != tag || n.start() << shift != offset {
             return Err(EngineError::AlreadyFreed { offset });
         }
-        let len = n.len;
+        let len = n.len();
         let list = &mut self.parked[park_slot(len)];
         if list.count == 0 || list.len == len {
             n.tag = PARKED;
@@ -297,7 +331,8 @@ impl TlsfRange {
     }
 
     /// Extends the range by `additional` bytes (a multiple of the unit) at its end. The new
-    /// space joins the wilderness, so it merges with the free tail at once.
+    /// space joins the wilderness, so it merges with the free tail at once. The range stays
+    /// within `u32::MAX` units.
     pub fn grow(&mut self, additional: u64) -> Result<(), EngineError> {
         let bad = EngineError::BadCapacity {
             capacity: additional,
@@ -307,9 +342,13 @@ impl TlsfRange {
             return Err(bad);
         }
         match self.capacity.checked_add(additional >> self.unit_shift) {
-            // Offsets in bytes must stay representable.
-            Some(c) if c.checked_mul(self.unit()).is_some() => self.capacity = c,
-            _ => return Err(bad),
+            Some(c) if c <= MAX_UNITS => self.capacity = c,
+            _ => {
+                return Err(EngineError::CapacityTooLarge {
+                    capacity: self.capacity().saturating_add(additional),
+                    max: MAX_UNITS << self.unit_shift,
+                })
+            }
         }
         Ok(())
     }
@@ -333,7 +372,7 @@ impl TlsfRange {
         let mut largest = self.capacity - self.top;
         for n in &self.nodes {
             if n.is_free() || n.tag == PARKED {
-                largest = largest.max(n.len);
+                largest = largest.max(n.len());
             }
         }
         let free = self.binned_units + self.parked_units + self.capacity - self.top;
@@ -368,27 +407,27 @@ impl TlsfRange {
             let Some(n) = self.nodes.get(idx as usize) else {
                 return fail(format!("dangling node {idx}"));
             };
-            if n.start != cursor || n.len == 0 || n.prev_phys != prev {
+            if n.start() != cursor || n.len == 0 || n.prev_phys != prev {
                 return fail(format!("node {idx} breaks the tiling at unit {cursor}"));
             }
             if n.is_free() {
-                binned += n.len;
+                binned += n.len();
                 free_nodes += 1;
                 if prev != NIL && self.nodes[prev as usize].is_free() {
                     return fail(format!("free nodes {prev} and {idx} are adjacent"));
                 }
-                let (fl, sl) = mapping_insert(n.len);
+                let (fl, sl) = mapping_insert(n.len());
                 if !self.bin_contains(fl, sl, idx) {
                     return fail(format!("free node {idx} is not in bin ({fl},{sl})"));
                 }
             } else if n.tag == PARKED {
-                parked_units += n.len;
+                parked_units += n.len();
                 parked_nodes += 1;
-                if !self.parked_contains(idx, n.len) {
+                if !self.parked_contains(idx, n.len()) {
                     return fail(format!("parked node {idx} is not in its list"));
                 }
             }
-            cursor += n.len;
+            cursor += n.len();
             prev = idx;
             idx = n.next_phys;
             seen += 1;
@@ -436,8 +475,8 @@ impl TlsfRange {
                 match self.nodes.get(i as usize) {
                     Some(n)
                         if n.tag == PARKED
-                            && n.len == list.len
-                            && park_slot(n.len) == slot
+                            && n.len() == list.len
+                            && park_slot(n.len()) == slot
                             && count < list.count =>
                     {
                         i = n.next_free;
@@ -479,7 +518,7 @@ impl TlsfRange {
                     if !n.is_free()
                         || n.len == 0
                         || n.prev_free != p
-                        || mapping_insert(n.len) != (fl, sl)
+                        || mapping_insert(n.len()) != (fl, sl)
                     {
                         return fail(format!("bin ({fl},{sl}) holds a wrong node {i}"));
                     }
@@ -612,10 +651,10 @@ impl TlsfRange {
         let mut probes = 0;
         while i != NIL && probes < BIN_PROBES {
             let n = &self.nodes[i as usize];
-            let start = align_units_up(n.start, align_units);
-            if start + len <= n.start + n.len && n.start < best_start {
+            let start = align_units_up(n.start(), align_units);
+            if start + len <= n.end() && n.start() < best_start {
                 best = i;
-                best_start = n.start;
+                best_start = n.start();
             }
             i = n.next_free;
             probes += 1;
@@ -628,19 +667,19 @@ impl TlsfRange {
     fn carve(&mut self, idx: u32, len: u64, align_units: u64, tag: u32) -> (u32, u64) {
         self.unlink(idx);
         let n = self.nodes[idx as usize];
-        let start = align_units_up(n.start, align_units);
-        let n_end = n.start + n.len;
+        let start = align_units_up(n.start(), align_units);
+        let n_end = n.end();
         debug_assert!(start + len <= n_end, "find_free returned a fitting block");
         let mut used = idx;
-        if start > n.start {
+        if start > n.start() {
             // Leading alignment gap stays free in `idx`; the allocation gets a new node.
-            self.nodes[idx as usize].len = start - n.start;
+            self.nodes[idx as usize].len = (start - n.start()) as u32;
             used = self.split_after(idx, start, n_end - start);
             self.link(idx);
         }
         let end = start + len;
         if end < n_end {
-            self.nodes[used as usize].len = len;
+            self.nodes[used as usize].len = len as u32;
             let rest = self.split_after(used, end, n_end - end);
             self.link(rest);
         }
@@ -670,9 +709,10 @@ impl TlsfRange {
     /// Appends a node `[start, start + len)` after the last one.
     #[inline]
     fn push_top(&mut self, start: u64, len: u64, tag: u32) -> u32 {
+        // Nodes lie below `capacity`, which fits 32 bits.
         let node = self.new_node(Node {
-            start,
-            len,
+            start: start as u32,
+            len: len as u32,
             prev_phys: self.last,
             next_phys: NIL,
             prev_free: NIL,
@@ -691,8 +731,8 @@ impl TlsfRange {
     fn split_after(&mut self, idx: u32, start: u64, len: u64) -> u32 {
         let next = self.nodes[idx as usize].next_phys;
         let new = self.new_node(Node {
-            start,
-            len,
+            start: start as u32,
+            len: len as u32,
             prev_phys: idx,
             next_phys: next,
             prev_free: NIL,
@@ -728,7 +768,7 @@ impl TlsfRange {
         let n = &self.nodes[idx as usize];
         if n.next_phys == NIL {
             // Touches the wilderness: fold it back in.
-            self.top = n.start;
+            self.top = n.start();
             self.last = n.prev_phys;
             if self.last != NIL {
                 self.nodes[self.last as usize].next_phys = NIL;
@@ -757,7 +797,7 @@ impl TlsfRange {
 
     #[inline]
     fn link(&mut self, idx: u32) {
-        let len = self.nodes[idx as usize].len;
+        let len = self.nodes[idx as usize].len();
         let (fl, sl) = mapping_insert(len);
         let head = self.heads[fl][sl];
         {
@@ -778,7 +818,7 @@ impl TlsfRange {
     #[inline]
     fn unlink(&mut self, idx: u32) {
         let n = &self.nodes[idx as usize];
-        let (prev, next, len) = (n.prev_free, n.next_free, n.len);
+        let (prev, next, len) = (n.prev_free, n.next_free, n.len());
         let (fl, sl) = mapping_insert(len);
         if prev != NIL {
             self.nodes[prev as usize].next_free = next;
@@ -916,6 +956,37 @@ mod tests {
         assert_eq!(h, 0);
         assert_eq!(t.high_water(), high);
         t.free(kg, g, tg).unwrap();
+        t.validate().unwrap();
+    }
+
+    #[test]
+    fn capacity_stays_within_32_bit_units() {
+        // 2^32 units of 64 bytes is one unit too many; one less is the largest range.
+        let max = u64::from(u32::MAX) * 64;
+        assert!(matches!(
+            TlsfRange::new(max + 64, 64),
+            Err(EngineError::CapacityTooLarge { max: m, .. }) if m == max
+        ));
+        let mut t = TlsfRange::new(max - 64, 64).unwrap();
+        assert!(matches!(
+            t.grow(128),
+            Err(EngineError::CapacityTooLarge { .. })
+        ));
+        assert_eq!(t.capacity(), max - 64, "a refused growth changes nothing");
+        t.grow(64).unwrap();
+        // A request past the range is refused, not truncated to 32 bits.
+        assert!(alloc(&mut t, max + 64, 64).is_none());
+        assert!(alloc(&mut t, (1u64 << 38) + 64, 64).is_none());
+        let (a, ka, ta) = alloc(&mut t, max - 128, 64).unwrap();
+        let (b, kb, tb) = alloc(&mut t, 128, 64).unwrap();
+        assert_eq!((a, b), (0, max - 128));
+        assert!(alloc(&mut t, 64, 64).is_none());
+        t.validate().unwrap();
+        t.free(kb, b, tb).unwrap();
+        t.free(ka, a, ta).unwrap();
+        t.unpark_all();
+        assert!(t.is_empty());
+        assert_eq!(t.free_tail(), max);
         t.validate().unwrap();
     }
 

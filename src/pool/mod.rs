@@ -1169,10 +1169,18 @@ impl PoolInner {
             let c = &mut k.chunks[id];
             let usable = (block.size - (c.base - block.addr) as u64) / 64 * 64;
             let grown = usable.saturating_sub(c.engine.capacity());
-            if let Err(e) = c.engine.grow(grown) {
-                // Give the memory back rather than hold bytes no engine carves.
-                let _ = self.source.shrink_block(block, old.size);
-                return Err(Error::Invalid(e.to_string()));
+            if c.engine.grow(grown).is_err() {
+                // The engine is as large as it can address (256 GiB): give the memory back
+                // rather than hold bytes no engine carves, and let another chunk serve.
+                let kept = match self.source.shrink_block(block, old.size) {
+                    Ok(b) if b.addr == block.addr && b.size <= block.size => b,
+                    _ => block,
+                };
+                c.block = kept;
+                k.stats.reserved_bytes += kept.size.saturating_sub(old.size);
+                k.stats.peak_reserved_bytes =
+                    k.stats.peak_reserved_bytes.max(k.stats.reserved_bytes);
+                continue;
             }
             c.block = block;
             // More room: what the chunk refused before may fit now.
