@@ -168,13 +168,18 @@ impl BuddyRange {
         self.capacity - self.free_bytes
     }
 
-    /// Free and fragmentation figures.
-    pub fn stats(&self) -> RangeStats {
-        let largest = if self.nonempty == 0 {
+    /// Bytes of the largest free block (the highest order with a free block), in O(1).
+    pub fn largest_free(&self) -> u64 {
+        if self.nonempty == 0 {
             0
         } else {
             1u64 << (63 - self.nonempty.leading_zeros())
-        };
+        }
+    }
+
+    /// Free and fragmentation figures.
+    pub fn stats(&self) -> RangeStats {
+        let largest = self.largest_free();
         let top = self
             .live
             .iter()

@@ -274,6 +274,12 @@ impl Range {
             Self::Buddy(b) => b.validate(),
         }
     }
+    fn largest_free(&self) -> u64 {
+        match self {
+            Self::Tlsf(t) => t.largest_free(),
+            Self::Buddy(b) => b.largest_free(),
+        }
+    }
     fn high_water(&self) -> u64 {
         match self {
             Self::Tlsf(t) => t.high_water(),
@@ -595,7 +601,7 @@ impl CarveEngine {
         self.counters.failed += 1;
         EngineError::OutOfSpace {
             footprint,
-            largest_free: self.range.stats().largest_free,
+            largest_free: self.range.largest_free(),
         }
     }
 }

@@ -366,20 +366,36 @@ impl TlsfRange {
         self.capacity -= bytes >> self.unit_shift;
     }
 
-    /// Free and fragmentation figures.
-    pub fn stats(&self) -> RangeStats {
-        // Parked blocks are free space too, each counted on its own (not merged yet).
+    /// Bytes of the largest free range: the wilderness, a parked block (each counted on its
+    /// own, not merged yet) or a block of the highest bin in use. Costs one bin's list and
+    /// the parked table, not a walk over every node, so a refused request stays cheap.
+    pub fn largest_free(&self) -> u64 {
         let mut largest = self.capacity - self.top;
-        for n in &self.nodes {
-            if n.is_free() || n.tag == PARKED {
+        let mut slots = self.parked_slots;
+        while slots != 0 {
+            largest = largest.max(self.parked[slots.trailing_zeros() as usize].len);
+            slots &= slots - 1;
+        }
+        if self.fl_bitmap != 0 {
+            let fl = 63 - self.fl_bitmap.leading_zeros() as usize;
+            let sl = 31 - self.sl_bitmap[fl].leading_zeros() as usize;
+            let mut i = self.heads[fl][sl];
+            while i != NIL {
+                let n = &self.nodes[i as usize];
                 largest = largest.max(n.len());
+                i = n.next_free;
             }
         }
+        largest << self.unit_shift
+    }
+
+    /// Free and fragmentation figures.
+    pub fn stats(&self) -> RangeStats {
         let free = self.binned_units + self.parked_units + self.capacity - self.top;
         RangeStats {
             capacity: self.capacity(),
             free_bytes: free << self.unit_shift,
-            largest_free: largest << self.unit_shift,
+            largest_free: self.largest_free(),
             free_fragments: self.free_nodes
                 + self.parked_nodes
                 + u64::from(self.top < self.capacity),
@@ -461,6 +477,18 @@ impl TlsfRange {
         }
         if binned != self.binned_units || free_nodes != self.free_nodes {
             return fail("free counters disagree with the nodes".into());
+        }
+        let largest = self
+            .nodes
+            .iter()
+            .filter(|n| n.is_free() || n.tag == PARKED)
+            .map(Node::len)
+            .fold(self.capacity - self.top, u64::max);
+        if largest << self.unit_shift != self.largest_free() {
+            return fail(format!(
+                "largest free range is {largest} units, the bins say {}",
+                self.largest_free() >> self.unit_shift
+            ));
         }
         if parked_units != self.parked_units || parked_nodes != self.parked_nodes {
             return fail("parked counters disagree with the nodes".into());
