@@ -871,20 +871,9 @@ impl PoolInner {
             )));
         }
         let kind = k.kind;
-        let found = match Self::carve_existing(&mut k, len, rule, footprint) {
-            Some(x) => Some(x),
-            None => {
-                // Memory freed behind streams may be usable now: look lazily, only here.
-                if !k.pending.is_empty() && self.reclaim(&mut k, false) > 0 {
-                    Self::carve_existing(&mut k, len, rule, footprint)
-                } else {
-                    None
-                }
-            }
-        };
-        let (chunk, alloc) = match found {
+        let (chunk, alloc) = match Self::carve_existing(&mut k, len, rule, footprint) {
             Some(x) => x,
-            None => self.grow_and_carve(&mut k, len, rule, footprint)?,
+            None => self.carve_after_reclaim(&mut k, len, rule, footprint)?,
         };
         let c = &k.chunks[chunk];
         let addr = c.base + alloc.offset() as usize;
@@ -921,6 +910,27 @@ impl PoolInner {
             }
         }
         Ok(RawSegment::new(kind, addr, align, key, alloc))
+    }
+
+    /// No chunk could carve the request: completes deferred frees whose streams have
+    /// passed them and tries again, else grows. Out of line and cold, so the common path
+    /// of [`allocate_from_kind`](Self::allocate_from_kind) keeps a small frame.
+    #[cold]
+    #[inline(never)]
+    fn carve_after_reclaim(
+        &self,
+        k: &mut KindPool,
+        len: u64,
+        rule: CarveRule,
+        footprint: u64,
+    ) -> Result<(usize, Allocation)> {
+        // Memory freed behind streams may be usable now: look lazily, only here.
+        if !k.pending.is_empty() && self.reclaim(k, false) > 0 {
+            if let Some(x) = Self::carve_existing(k, len, rule, footprint) {
+                return Ok(x);
+            }
+        }
+        self.grow_and_carve(k, len, rule, footprint)
     }
 
     /// Carves `len` under `rule` (whose footprint is `footprint`) from the first chunk that
@@ -1341,6 +1351,10 @@ impl PoolInner {
         }
         if self.config.debug && !(streams.is_empty() && self.cacheable(seg.alloc.footprint())) {
             self.check_canary(seg)?;
+        }
+        if streams.is_empty() {
+            self.finish_free(&mut k, seg.key(), true);
+            return Ok(());
         }
         let mut events = SmallVec::new();
         for &s in streams {
