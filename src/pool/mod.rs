@@ -942,6 +942,9 @@ impl PoolInner {
         footprint: u64,
     ) -> Option<(usize, Allocation)> {
         let align = rule.align();
+        // No test of the chunk's free bytes before the engine call: a failed search merges
+        // the engine's parked blocks, and skipping it moves later placement (random-mix
+        // utilization fell from 0.874 to 0.868 when tried).
         // A mask, not `%`: a division per chunk costs more than the rest of the test.
         let misaligned = align as usize - 1;
         for (id, c) in k.chunks.iter_mut() {
@@ -1572,6 +1575,11 @@ impl PoolInner {
         Some(c)
     }
 
+    /// Every cacheable free goes in, shapes that never recur too: holding such frees and
+    /// giving them back in batches is what keeps fragmentation down (admitting only shapes
+    /// that recently missed twice cut video utilization from 0.876 to 0.794; once, cut
+    /// random-mix from 0.874 to 0.859).
+    ///
     /// Keeps the segment in `seg` in this thread's cache for its pool, or leaves it there
     /// when it must go to the kind pool (caches closed, the cache full even once flushed,
     /// the thread exiting).
