@@ -871,20 +871,9 @@ impl PoolInner {
             )));
         }
         let kind = k.kind;
-        let found = match Self::carve_existing(&mut k, len, rule, footprint) {
-            Some(x) => Some(x),
-            None => {
-                // Memory freed behind streams may be usable now: look lazily, only here.
-                if !k.pending.is_empty() && self.reclaim(&mut k, false) > 0 {
-                    Self::carve_existing(&mut k, len, rule, footprint)
-                } else {
-                    None
-                }
-            }
-        };
-        let (chunk, alloc) = match found {
+        let (chunk, alloc) = match Self::carve_existing(&mut k, len, rule, footprint) {
             Some(x) => x,
-            None => self.grow_and_carve(&mut k, len, rule, footprint)?,
+            None => self.carve_after_reclaim(&mut k, len, rule, footprint)?,
         };
         let c = &k.chunks[chunk];
         let addr = c.base + alloc.offset() as usize;
@@ -923,6 +912,27 @@ impl PoolInner {
         Ok(RawSegment::new(kind, addr, align, key, alloc))
     }
 
+    /// No chunk could carve the request: completes deferred frees whose streams have
+    /// passed them and tries again, else grows. Out of line and cold, so the common path
+    /// of [`allocate_from_kind`](Self::allocate_from_kind) keeps a small frame.
+    #[cold]
+    #[inline(never)]
+    fn carve_after_reclaim(
+        &self,
+        k: &mut KindPool,
+        len: u64,
+        rule: CarveRule,
+        footprint: u64,
+    ) -> Result<(usize, Allocation)> {
+        // Memory freed behind streams may be usable now: look lazily, only here.
+        if !k.pending.is_empty() && self.reclaim(k, false) > 0 {
+            if let Some(x) = Self::carve_existing(k, len, rule, footprint) {
+                return Ok(x);
+            }
+        }
+        self.grow_and_carve(k, len, rule, footprint)
+    }
+
     /// Carves `len` under `rule` (whose footprint is `footprint`) from the first chunk that
     /// can hold it.
     fn carve_existing(
@@ -932,6 +942,9 @@ impl PoolInner {
         footprint: u64,
     ) -> Option<(usize, Allocation)> {
         let align = rule.align();
+        // No test of the chunk's free bytes before the engine call: a failed search merges
+        // the engine's parked blocks, and skipping it moves later placement (random-mix
+        // utilization fell from 0.874 to 0.868 when tried).
         // A mask, not `%`: a division per chunk costs more than the rest of the test.
         let misaligned = align as usize - 1;
         for (id, c) in k.chunks.iter_mut() {
@@ -1350,6 +1363,10 @@ impl PoolInner {
         if self.config.debug && !(streams.is_empty() && self.cacheable(seg.alloc.footprint())) {
             self.check_canary(seg)?;
         }
+        if streams.is_empty() {
+            self.finish_free(&mut k, seg.key(), true);
+            return Ok(());
+        }
         let mut events = SmallVec::new();
         for &s in streams {
             // Without an event, or on a stream that refuses one (a dropped `Stream` is
@@ -1569,6 +1586,11 @@ impl PoolInner {
     /// Keeps the segment in `seg` in this thread's cache for its pool, or leaves it there
     /// when it must go to the kind pool (caches closed, the cache full even once flushed,
     /// the thread exiting).
+    ///
+    /// Every cacheable free goes in, shapes that never recur too: holding such frees and
+    /// giving them back in batches is what keeps fragmentation down (admitting only shapes
+    /// that recently missed twice cut video utilization from 0.876 to 0.794; once, cut
+    /// random-mix from 0.874 to 0.859).
     #[inline]
     fn put_cached(seg: &mut Option<CachedSegment>) {
         if seg
