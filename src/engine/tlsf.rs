@@ -250,12 +250,13 @@ impl TlsfRange {
     /// The request found no parked block: search the bins, then the wilderness.
     #[inline(never)]
     fn alloc_search(&mut self, len: u64, align_units: u64, tag: u32) -> Option<(u64, u32)> {
+        // Any such request sees the free space exactly as eager merging would leave it
+        // (even one that cannot fit: the pool's later placements depend on the merge).
+        self.unpark_all();
         // Longer than the range: nothing can hold it (and node lengths stay in 32 bits).
         if len > self.capacity {
             return None;
         }
-        // Any such request sees the free space exactly as eager merging would leave it.
-        self.unpark_all();
         let (idx, start) = match self.find_free(len, align_units) {
             Some(node) => self.carve(node, len, align_units, tag),
             None => self.carve_wilderness(len, align_units, tag)?,
@@ -1015,6 +1016,27 @@ mod tests {
         t.unpark_all();
         assert!(t.is_empty());
         assert_eq!(t.free_tail(), max);
+        t.validate().unwrap();
+    }
+
+    #[test]
+    fn a_refused_request_still_merges_parked_blocks() {
+        // Every search sees the free space merged, a hopeless one too: the pool asks each
+        // chunk in turn, and where later requests land depends on that merge.
+        let mut t = TlsfRange::new(1 << 20, 64).unwrap();
+        let (a, ka, ta) = alloc(&mut t, 4096, 64).unwrap();
+        let (b, kb, tb) = alloc(&mut t, 4096, 64).unwrap();
+        let (_c, _, _) = alloc(&mut t, 64, 64).unwrap();
+        t.free(ka, a, ta).unwrap();
+        t.free(kb, b, tb).unwrap();
+        assert_eq!(
+            t.stats().free_fragments,
+            3,
+            "two parked blocks and the wilderness"
+        );
+        assert!(alloc(&mut t, 2 << 20, 64).is_none());
+        assert_eq!(t.stats().free_fragments, 2, "merged into one free block");
+        assert_eq!(t.largest_free(), (1 << 20) - 8192 - 64);
         t.validate().unwrap();
     }
 
