@@ -777,7 +777,7 @@ impl TlsfRange {
         new
     }
 
-    #[inline]
+    #[inline(always)]
     fn release(&mut self, idx: u32) {
         let n = &mut self.nodes[idx as usize];
         n.tag = 0;
