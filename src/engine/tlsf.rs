@@ -933,15 +933,22 @@ mod tests {
         t.validate().unwrap();
     }
 
+    /// A 1 MiB range with two 4 KiB blocks parked (`b` first, then `a`) under a used 64-byte
+    /// block `c`; returns `a`, `b` and `c`.
+    fn two_parked_under_one_used() -> (TlsfRange, [(u64, u32, u32); 3]) {
+        let mut t = TlsfRange::new(1 << 20, 64).unwrap();
+        let a = alloc(&mut t, 4096, 64).unwrap();
+        let b = alloc(&mut t, 4096, 64).unwrap();
+        let c = alloc(&mut t, 64, 64).unwrap();
+        t.free(b.1, b.0, b.2).unwrap();
+        t.free(a.1, a.0, a.2).unwrap();
+        t.validate().unwrap();
+        (t, [a, b, c])
+    }
+
     #[test]
     fn parked_blocks_are_reused_exactly_and_merged_before_other_requests() {
-        let mut t = TlsfRange::new(1 << 20, 64).unwrap();
-        let (a, ka, ta) = alloc(&mut t, 4096, 64).unwrap();
-        let (b, kb, tb) = alloc(&mut t, 4096, 64).unwrap();
-        let (c, kc, tc) = alloc(&mut t, 64, 64).unwrap();
-        t.free(kb, b, tb).unwrap();
-        t.free(ka, a, ta).unwrap();
-        t.validate().unwrap();
+        let (mut t, [(a, ka, ta), (b, kb, tb), (c, kc, tc)]) = two_parked_under_one_used();
         // Both are parked, unmerged: free space, but not in use.
         assert_eq!(t.used_bytes(), 64);
         assert_eq!(t.stats().free_fragments, 3);
@@ -1023,12 +1030,7 @@ mod tests {
     fn a_refused_request_still_merges_parked_blocks() {
         // Every search sees the free space merged, a hopeless one too: the pool asks each
         // chunk in turn, and where later requests land depends on that merge.
-        let mut t = TlsfRange::new(1 << 20, 64).unwrap();
-        let (a, ka, ta) = alloc(&mut t, 4096, 64).unwrap();
-        let (b, kb, tb) = alloc(&mut t, 4096, 64).unwrap();
-        let (_c, _, _) = alloc(&mut t, 64, 64).unwrap();
-        t.free(ka, a, ta).unwrap();
-        t.free(kb, b, tb).unwrap();
+        let (mut t, _) = two_parked_under_one_used();
         assert_eq!(
             t.stats().free_fragments,
             3,
