@@ -50,7 +50,7 @@ pub enum EngineError {
         /// Offset the handle names.
         offset: u64,
     },
-    /// A capacity past what the engine can address (2^32 units of 64 bytes).
+    /// A capacity past what the TLSF tier can address (2^32 - 1 units of 64 bytes).
     CapacityTooLarge {
         /// Capacity asked for (bytes).
         capacity: u64,
@@ -484,8 +484,9 @@ impl CarveEngine {
     ///
     /// `additional` must be a non-zero multiple of 64 ([`EngineError::BadCapacity`]) and
     /// the new capacity within what [`new`](Self::new) takes
-    /// ([`EngineError::CapacityTooLarge`]); after either error nothing has changed. Both
-    /// range tiers support it.
+    /// ([`EngineError::CapacityTooLarge`]; with the buddy tier, an overflowing capacity is
+    /// [`EngineError::BadCapacity`]); after any error nothing has changed. Both range tiers
+    /// support it.
     ///
     /// ```
     /// use ascend_pool::engine::{CarveEngine, EngineConfig};
