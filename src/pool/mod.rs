@@ -9,7 +9,7 @@
 //! that says what was requested, reserved, in use and the largest free range.
 //!
 //! In front of the kind pools, each thread keeps a small cache of segments it freed
-//! (see [`cache`]): a thread's next allocation of the same length and alignment takes one
+//! (see the private `cache` module): a thread's next allocation of the same length and alignment takes one
 //! back without taking the kind's lock, so threads allocating at once scale with the cores.
 
 mod cache;
