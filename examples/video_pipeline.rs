@@ -68,7 +68,7 @@ fn main() -> ascend_pool::Result<()> {
                     drop(packet);
                     // Resize: the top-left crop stands in for the scaler's output.
                     let mut input = pool.alloc_dvpp(MODEL_INPUT)?;
-                    let crop = SubRegion::new(&frame, 0, MODEL_INPUT)?;
+                    let crop = SubRegion::new(&mut frame, 0, MODEL_INPUT)?;
                     pool.copy_async(&mut input, 0, &crop, 0, MODEL_INPUT, &stream)?;
                     let mut output = pool.alloc_device(MODEL_OUTPUT)?;
                     infer(&pool, &input, &mut output, &stream)?;

@@ -32,8 +32,30 @@ use smallvec::SmallVec;
 use std::marker::PhantomData;
 use std::sync::{Arc, Mutex};
 
+/// Keeps [`Region`] to this crate's types: the pool's unsafe copies trust what a region says
+/// about its address and length.
+mod sealed {
+    pub trait Sealed {}
+}
+
 /// What every region tells about itself.
-pub trait Region {
+///
+/// Only this crate's regions implement it (the pool writes where a region says it lies),
+/// so a look-alike made elsewhere does not compile:
+///
+/// ```compile_fail
+/// use ascend_pool::kind::MemKind;
+/// use ascend_pool::region::{HostRegion, Region, Segment};
+/// struct Anywhere<'a>(&'a HostRegion);
+/// impl Region for Anywhere<'_> {
+///     fn addr(&self) -> usize { 0x1000 }
+///     fn len(&self) -> u64 { u64::MAX }
+///     fn kind(&self) -> MemKind { MemKind::Host }
+///     fn align(&self) -> u64 { 64 }
+///     fn segment(&self) -> &Segment { self.0.segment() }
+/// }
+/// ```
+pub trait Region: sealed::Sealed {
     /// Start address (a device address for device kinds).
     fn addr(&self) -> usize;
     /// Usable bytes (the requested length).
@@ -171,6 +193,7 @@ impl Drop for Segment {
 
 macro_rules! region_common {
     ($ty:ident $(<$a:ident>)?) => {
+        impl$(<$a: AlignMarker>)? sealed::Sealed for $ty$(<$a>)? {}
         impl$(<$a: AlignMarker>)? Region for $ty$(<$a>)? {
             fn addr(&self) -> usize { self.seg.raw.addr }
             fn len(&self) -> u64 { self.seg.raw.len() }
@@ -545,16 +568,31 @@ fn src_offset(offset: u64) -> usize {
 }
 
 /// A view of part of a region that keeps the region's guarantees.
+///
+/// It borrows its parent exclusively, like the parent's own `&mut`: the pool may write
+/// through the view, so nothing else may read or write the parent's bytes meanwhile.
+///
+/// ```compile_fail
+/// # fn f(pool: &ascend_pool::Pool) -> ascend_pool::Result<()> {
+/// use ascend_pool::region::SubRegion;
+/// let mut host = pool.alloc_host(256)?;
+/// let seen = host.as_slice(); // a shared borrow of the bytes...
+/// let mut head = SubRegion::new(&mut host, 0, 64)?; // ...so no writable view now
+/// pool.memset(&mut head, 0, 1, 64)?;
+/// assert_eq!(seen[0], 1);
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 pub struct SubRegion<'a, R: Region> {
-    parent: &'a R,
+    /// Exclusive: writes through the view must not alias any other borrow of the parent.
+    parent: &'a mut R,
     offset: u64,
     len: u64,
 }
 
 impl<'a, R: Region> SubRegion<'a, R> {
     /// `len` bytes of `parent` from `offset`; the offset must keep the parent's alignment.
-    pub fn new(parent: &'a R, offset: u64, len: u64) -> Result<Self> {
+    pub fn new(parent: &'a mut R, offset: u64, len: u64) -> Result<Self> {
         check_bounds(offset, len, parent.len())?;
         if offset % parent.align() != 0 {
             return Err(Error::Misaligned {
@@ -575,6 +613,7 @@ impl<'a, R: Region> SubRegion<'a, R> {
     }
 }
 
+impl<R: Region> sealed::Sealed for SubRegion<'_, R> {}
 impl<R: Region> Region for SubRegion<'_, R> {
     fn addr(&self) -> usize {
         self.parent.addr() + self.offset as usize
