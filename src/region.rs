@@ -137,6 +137,26 @@ impl Segment {
         Ok(())
     }
 
+    /// Before host code reads or writes the bytes directly (a host region's slices): waits
+    /// for the previous owner's work and for every stream with work queued on the segment,
+    /// so no stream touches the bytes while a slice lives. A stream destroyed since it was
+    /// recorded has run its work already (a `Stream` waits before it is destroyed).
+    fn settle_streams_for_host(&self) -> Result<()> {
+        self.settle_for_host()?;
+        let queued = self
+            .streams
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        for s in queued {
+            match self.source().synchronize_stream(s) {
+                Err(Error::Runtime { code, .. }) if code == crate::AclError::RT_INVALID_HANDLE => {}
+                other => other?,
+            }
+        }
+        Ok(())
+    }
+
     /// Before queuing work on `stream`: orders it after the previous owner's work.
     fn settle_for_stream(&self, stream: StreamHandle) -> Result<()> {
         let after = self.after.lock().unwrap_or_else(|p| p.into_inner());
@@ -238,18 +258,46 @@ pub struct HostRegion {
 region_common!(HostRegion);
 
 impl HostRegion {
-    /// The bytes of the region.
+    /// The bytes of the region, once every stream with work queued on it has run that work
+    /// (see [`try_as_slice`](Self::try_as_slice)).
+    ///
+    /// # Panics
+    /// If the runtime fails to synchronize such a stream (a device fault): handing out the
+    /// bytes while a stream may still write them would be a data race.
     pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: host regions are page-locked host memory of `len` bytes owned by this
-        // region until it drops; the shared borrow forbids writes through `as_mut_slice`.
-        // Queued stream writes into it are the caller's to order (synchronize the stream).
-        unsafe { std::slice::from_raw_parts(self.addr() as *const u8, self.len() as usize) }
+        self.try_as_slice()
+            .expect("a stream using the host region could not be synchronized")
     }
 
-    /// The bytes of the region, writable.
+    /// The bytes of the region, writable, once every stream with work queued on it has run
+    /// that work (see [`try_as_mut_slice`](Self::try_as_mut_slice)).
+    ///
+    /// # Panics
+    /// As [`as_slice`](Self::as_slice).
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: as `as_slice`, and the exclusive borrow makes this the only access.
-        unsafe { std::slice::from_raw_parts_mut(self.addr() as *mut u8, self.len() as usize) }
+        self.try_as_mut_slice()
+            .expect("a stream using the host region could not be synchronized")
+    }
+
+    /// The bytes of the region. Streams that have work queued on it (an async copy into or
+    /// out of it, recorded by the pool) are synchronized first, so no stream writes the
+    /// bytes while the slice lives; the error is the runtime's if that fails.
+    pub fn try_as_slice(&self) -> Result<&[u8]> {
+        self.seg.settle_streams_for_host()?;
+        // SAFETY: host regions are page-locked host memory of `len` bytes owned by this
+        // region until it drops. No stream has work on it now (settled above), and queuing
+        // a stream write needs `&mut self`, which the returned borrow excludes; the shared
+        // borrow also forbids `as_mut_slice`.
+        Ok(unsafe { std::slice::from_raw_parts(self.addr() as *const u8, self.len() as usize) })
+    }
+
+    /// The bytes of the region, writable; streams with work queued on it are synchronized
+    /// first, as for [`try_as_slice`](Self::try_as_slice).
+    pub fn try_as_mut_slice(&mut self) -> Result<&mut [u8]> {
+        self.seg.settle_streams_for_host()?;
+        // SAFETY: as `try_as_slice`; the exclusive borrow makes this the only access, and
+        // no stream reads or writes the bytes meanwhile (queuing work needs a borrow).
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.addr() as *mut u8, self.len() as usize) })
     }
 }
 

@@ -235,3 +235,31 @@ fn running_short_waits_for_streams_before_failing() {
     pool.synchronize().unwrap();
     pool.validate().unwrap();
 }
+
+/// A host region's slice is handed out only once the streams with work on the region have
+/// run it: a copy still on its way into the region is never read half done (nor raced).
+#[test]
+fn a_host_slice_waits_for_queued_stream_writes() {
+    let sim = sim(1 << 30);
+    let pool = pool_over(&sim);
+    let stream = pool.create_stream().unwrap();
+    let mut dev = pool.alloc_device(LEN).unwrap();
+    pool.memset(&mut dev, 0, 0xAB, LEN).unwrap();
+    let mut host = pool.alloc_host(LEN).unwrap();
+    host.as_mut_slice().fill(0);
+    // Busy time ahead of the copy, so it surely has not run when the slice is asked for.
+    sim.enqueue_delay(stream.handle(), Duration::from_millis(200))
+        .unwrap();
+    pool.copy_async(&mut host, 0, &dev, 0, LEN, &stream).unwrap();
+    assert!(host.as_slice().iter().all(|&b| b == 0xAB));
+    // Again for the writable slice, behind a copy out of the region.
+    host.as_mut_slice().fill(0x11);
+    sim.enqueue_delay(stream.handle(), Duration::from_millis(200))
+        .unwrap();
+    pool.copy_async(&mut dev, 0, &host, 0, LEN, &stream).unwrap();
+    host.as_mut_slice().fill(0x22);
+    assert!(read(&pool, &dev).iter().all(|&b| b == 0x11));
+    // A recorded stream that is gone since has run its work: no error.
+    drop(stream);
+    assert!(host.try_as_slice().is_ok());
+}
