@@ -250,13 +250,15 @@ fn a_host_slice_waits_for_queued_stream_writes() {
     // Busy time ahead of the copy, so it surely has not run when the slice is asked for.
     sim.enqueue_delay(stream.handle(), Duration::from_millis(200))
         .unwrap();
-    pool.copy_async(&mut host, 0, &dev, 0, LEN, &stream).unwrap();
+    pool.copy_async(&mut host, 0, &dev, 0, LEN, &stream)
+        .unwrap();
     assert!(host.as_slice().iter().all(|&b| b == 0xAB));
     // Again for the writable slice, behind a copy out of the region.
     host.as_mut_slice().fill(0x11);
     sim.enqueue_delay(stream.handle(), Duration::from_millis(200))
         .unwrap();
-    pool.copy_async(&mut dev, 0, &host, 0, LEN, &stream).unwrap();
+    pool.copy_async(&mut dev, 0, &host, 0, LEN, &stream)
+        .unwrap();
     host.as_mut_slice().fill(0x22);
     assert!(read(&pool, &dev).iter().all(|&b| b == 0x11));
     // A recorded stream that is gone since has run its work: no error.
