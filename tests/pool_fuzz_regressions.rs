@@ -1,0 +1,66 @@
+//! Inputs the `pool_ops` fuzz target (`fuzz/fuzz_targets/pool_ops.rs`) found, kept as plain
+//! tests: each failed before the fix named in it.
+
+use ascend_pool::engine::{EngineConfig, RangeTier};
+use ascend_pool::source::sim::{SimConfig, SimSource};
+use ascend_pool::{MallocPolicy, MemKind, Pool, PoolConfig};
+use std::sync::Arc;
+
+const MIB: u64 = 1 << 20;
+
+fn small_pool(config: PoolConfig) -> Pool {
+    let sim = SimSource::new(SimConfig::default().with_device_capacity(18 * MIB)).unwrap();
+    Pool::new(Arc::new(sim), config).unwrap()
+}
+
+fn assert_empty(pool: &Pool) {
+    pool.trim();
+    pool.validate().unwrap();
+    assert!(pool.leak_report().is_empty(), "{:?}", pool.leak_report());
+    for s in pool.all_stats() {
+        assert_eq!((s.live_regions, s.reserved_bytes), (0, 0), "{s:?}");
+    }
+}
+
+/// A buddy range holds a segment only in a block of the next power of two: the dedicated
+/// chunk for 11 MiB was cut at 12 MiB (8 + 4 MiB blocks), the fresh chunk refused the request
+/// and the caller got `Error::Invalid("fresh chunk refused ...")` with 18 MiB free.
+/// Fixed by sizing chunks for a buddy range to the next power of two of the footprint.
+#[test]
+fn buddy_dedicated_chunk_holds_its_request() {
+    let pool = small_pool(PoolConfig::default().with_chunk_size(6 * MIB).with_engine(
+        EngineConfig {
+            range: RangeTier::Buddy,
+            ..EngineConfig::default()
+        },
+    ));
+    for len in [11 * MIB, 5 * MIB + 1, 3 * MIB] {
+        let r = pool.alloc_device(len).unwrap();
+        pool.validate().unwrap();
+        r.free().unwrap();
+    }
+    assert_empty(&pool);
+}
+
+/// Debug mode with padding 0: a segment whose rounded length fills its footprint has no
+/// padding, and at the end of its chunk the canary fill of 0 bytes pointed past the block,
+/// which the runtime refuses. The allocation failed with `aclrtMemset` INVALID_PARAM after
+/// the segment was registered, so it was lost. Fixed by writing and checking no canary
+/// when there is no padding (and taking the segment back if arming a canary fails).
+#[test]
+fn debug_canary_with_no_padding_at_chunk_end() {
+    let pool = small_pool(
+        PoolConfig::default()
+            .with_chunk_size(6 * MIB)
+            .with_padding(0)
+            .with_debug(true),
+    );
+    let kind = MemKind::DeviceAlign32(MallocPolicy::HugeFirst);
+    let whole = pool.alloc_device_kind(kind, 2 * MIB).unwrap();
+    let small = pool.alloc_device_kind(kind, 64).unwrap();
+    pool.validate().unwrap();
+    small.free().unwrap();
+    whole.free().unwrap();
+    assert!(pool.take_corruption_reports().is_empty());
+    assert_empty(&pool);
+}
