@@ -3,7 +3,7 @@
 
 use ascend_pool::engine::{EngineConfig, RangeTier};
 use ascend_pool::source::sim::{SimConfig, SimSource};
-use ascend_pool::{MallocPolicy, MemKind, Pool, PoolConfig};
+use ascend_pool::{Error, MallocPolicy, MemKind, Pool, PoolConfig};
 use std::sync::Arc;
 
 const MIB: u64 = 1 << 20;
@@ -62,5 +62,33 @@ fn debug_canary_with_no_padding_at_chunk_end() {
     small.free().unwrap();
     whole.free().unwrap();
     assert!(pool.take_corruption_reports().is_empty());
+    assert_empty(&pool);
+}
+
+/// A stream of another simulator passed to `copy_async` / `memset_async`: its handle is a
+/// number that may name one of this source's own streams (each simulator counts from 1),
+/// and the work was queued there and reported `Ok`. Fixed by refusing streams of another
+/// source with `ForeignHandle`, as `alloc_device_on` already did.
+#[test]
+fn async_work_on_a_foreign_stream_is_refused() {
+    let pool = small_pool(PoolConfig::default());
+    let other = Pool::new(Arc::new(SimSource::default()), PoolConfig::default()).unwrap();
+    let foreign = other.create_stream().unwrap();
+    let _own = pool.create_stream().unwrap(); // the handle the foreign one aliases
+    let mut dst = pool.alloc_device(256).unwrap();
+    let src = pool.alloc_device(256).unwrap();
+    assert_eq!(
+        pool.memset_async(&mut dst, 0, 1, 64, &foreign),
+        Err(Error::ForeignHandle)
+    );
+    assert_eq!(
+        pool.copy_async(&mut dst, 0, &src, 0, 64, &foreign),
+        Err(Error::ForeignHandle)
+    );
+    assert_eq!(
+        pool.alloc_dvpp_on(64, &foreign).map(drop),
+        Err(Error::ForeignHandle)
+    );
+    drop((dst, src));
     assert_empty(&pool);
 }
