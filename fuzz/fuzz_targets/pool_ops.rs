@@ -557,10 +557,13 @@ impl Harness {
                 64,
             ),
             AllocWhat::DeviceKind { kind, policy: p } => {
-                let p = match p % 3 {
+                // A policy without padding (1 GiB pages) carves its requests without padding
+                // from the pool's chunks too (see tests/pool_cache.rs).
+                let p = match p % 4 {
                     0 => policy,
                     1 => MallocPolicy::NormalOnly,
-                    _ => MallocPolicy::HugeOnly,
+                    2 => MallocPolicy::HugeOnly,
+                    _ => MallocPolicy::Huge1gOnly,
                 };
                 let kind = match kind % 5 {
                     0 => MemKind::Device(p),
@@ -636,7 +639,11 @@ impl Harness {
                 t.len
             );
         }
-        let footprint = CarveRule::new(self.padding, align)
+        let padding = match kind.policy() {
+            Some(p) if p.has_no_padding() => 0,
+            _ => self.padding,
+        };
+        let footprint = CarveRule::new(padding, align)
             .unwrap()
             .footprint(len)
             .unwrap();
