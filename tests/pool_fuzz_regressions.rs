@@ -92,3 +92,29 @@ fn async_work_on_a_foreign_stream_is_refused() {
     drop((dst, src));
     assert_empty(&pool);
 }
+
+/// Dropping the pool gave nothing back: the chunks it kept (empty ones below the release
+/// threshold, and those of regions that outlived the handle) and its events stayed
+/// allocated at the source for the life of the process, though the pool's docs say the
+/// chunks go back when the last region does. Fixed by releasing every chunk and event
+/// when the pool's shared state drops (after waiting for deferred frees' streams).
+#[test]
+fn dropping_the_pool_gives_every_chunk_back() {
+    let sim = Arc::new(SimSource::default());
+    let pool = Pool::new(sim.clone(), PoolConfig::default()).unwrap();
+    let stream = pool.create_stream().unwrap();
+    drop(pool.alloc_host(5000).unwrap()); // its chunk stays cached in the pool
+    let mut queued = pool.alloc_device(1000).unwrap();
+    pool.memset_async(&mut queued, 0, 7, 1000, &stream).unwrap();
+    drop(queued); // freed once the stream passes the fill
+    let outliving = pool.alloc_dvpp(1000).unwrap();
+    drop(pool);
+    assert!(
+        sim.stats().live_blocks > 0,
+        "the live region keeps its chunk"
+    );
+    drop(outliving);
+    drop(stream);
+    let s = sim.stats();
+    assert_eq!((s.live_blocks, s.live_events, s.live_streams), (0, 0, 0));
+}

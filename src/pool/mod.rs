@@ -732,6 +732,34 @@ impl Drop for Pool {
     }
 }
 
+impl Drop for PoolInner {
+    /// The pool handle and the last region are gone: every chunk goes back to the source
+    /// (once the streams its deferred frees wait on have passed them), and every event.
+    fn drop(&mut self) {
+        for m in &mut self.kinds {
+            let k = m.get_mut().unwrap_or_else(|p| p.into_inner());
+            for p in k.pending.drain(..) {
+                for ev in p.events {
+                    let _ = self.source.synchronize_event(ev);
+                    let _ = self.source.destroy_event(ev);
+                }
+            }
+            for c in k.chunks.drain() {
+                if let Err(e) = self.source.free_block(c.block) {
+                    eprintln!("ascend-pool: could not free a {} chunk: {e}", k.kind);
+                }
+            }
+        }
+        let idle = self
+            .idle_events
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner());
+        for ev in idle.drain(..) {
+            let _ = self.source.destroy_event(ev);
+        }
+    }
+}
+
 impl KindPool {
     fn validate(&self) -> Result<()> {
         let inv = |m: String| Err(Error::Invalid(format!("{} pool: {m}", self.kind)));
