@@ -262,6 +262,8 @@ struct Input {
     buddy: bool,
     no_padding: bool,
     release: u8,
+    /// End by dropping the pool handle first, with regions still live and frees queued.
+    abandon: bool,
     ops: Vec<Op>,
 }
 
@@ -1238,34 +1240,40 @@ fuzz_target!(|input: Input| {
     for i in 0..h.live.len() {
         h.check_head(i);
     }
-    // Drop everything, possibly with work still queued on it.
-    h.live.clear();
-    h.pool.synchronize().unwrap();
-    h.pool.flush_thread_caches();
-    h.pool.trim();
-    h.pool.validate().unwrap();
-    assert!(
-        h.pool.leak_report().is_empty(),
-        "{:?}",
-        h.pool.leak_report()
-    );
-    for s in h.pool.all_stats() {
-        assert_eq!(
-            (
-                s.live_regions,
-                s.allocated_bytes,
-                s.requested_bytes,
-                s.pending_frees
-            ),
-            (0, 0, 0, 0),
-            "{s:?}"
-        );
-        assert_eq!((s.cached_regions, s.cached_bytes), (0, 0), "{s:?}");
-        assert_eq!((s.reserved_bytes, s.chunks), (0, 0), "{s:?}");
+    let Harness {
+        pool,
+        sim,
+        streams,
+        live,
+        ..
+    } = h;
+    if input.abandon {
+        // The regions keep what they need; the rest goes back when the last of them does.
+        drop(pool);
+        drop(live);
+    } else {
+        // Drop everything, possibly with work still queued on it.
+        drop(live);
+        pool.synchronize().unwrap();
+        pool.flush_thread_caches();
+        pool.trim();
+        pool.validate().unwrap();
+        assert!(pool.leak_report().is_empty(), "{:?}", pool.leak_report());
+        for s in pool.all_stats() {
+            let counts = (s.live_regions, s.allocated_bytes, s.requested_bytes);
+            assert_eq!((counts, s.pending_frees), ((0, 0, 0), 0), "{s:?}");
+            assert_eq!((s.cached_regions, s.cached_bytes), (0, 0), "{s:?}");
+            assert_eq!((s.reserved_bytes, s.chunks), (0, 0), "{s:?}");
+        }
+        assert_eq!(sim.stats().live_blocks, 0, "blocks still held after trim");
+        drop(pool);
     }
+    drop(streams);
+    let s = sim.stats();
+    let held = (s.live_blocks, s.live_events, s.live_streams);
     assert_eq!(
-        h.sim.stats().live_blocks,
-        0,
-        "blocks still held from the simulator"
+        held,
+        (0, 0, 0),
+        "blocks, events, streams left at the simulator"
     );
 });
