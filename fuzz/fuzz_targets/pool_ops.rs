@@ -321,13 +321,13 @@ fn bounds(off: u64, len: u64, cap: u64) -> Expect {
 
 /// Panics unless `r` is the outcome `want` names.
 fn expect<T: std::fmt::Debug>(r: &ascend_pool::Result<T>, want: Expect, what: &str) -> bool {
-    let fits = match (r, want) {
-        (Ok(_), Expect::Ok) => true,
-        (Err(Error::OutOfBounds { .. }), Expect::OutOfBounds) => true,
-        (Err(Error::Misaligned { .. }), Expect::Misaligned) => true,
-        (Err(Error::ForeignHandle), Expect::Foreign) => true,
-        _ => false,
-    };
+    let fits = matches!(
+        (r, want),
+        (Ok(_), Expect::Ok)
+            | (Err(Error::OutOfBounds { .. }), Expect::OutOfBounds)
+            | (Err(Error::Misaligned { .. }), Expect::Misaligned)
+            | (Err(Error::ForeignHandle), Expect::Foreign)
+    );
     assert!(fits, "{what}: expected {want:?}, got {r:?}");
     r.is_ok()
 }
@@ -416,7 +416,9 @@ fn async_expect(dst_off: u64, dst_len: u64, src_off: u64, src_len: u64, len: u64
     match bounds(dst_off, len, dst_len) {
         Expect::Ok => match bounds(src_off, len, src_len) {
             // Regions start 64-aligned, so the offsets decide.
-            Expect::Ok if dst_off % 64 != 0 || src_off % 64 != 0 => Expect::Misaligned,
+            Expect::Ok if !dst_off.is_multiple_of(64) || !src_off.is_multiple_of(64) => {
+                Expect::Misaligned
+            }
             e => e,
         },
         e => e,
@@ -630,7 +632,7 @@ impl Harness {
         assert_eq!(rlen, len);
         assert_eq!(rkind.index(), kind.index());
         assert!(
-            ralign >= align && addr as u64 % align == 0,
+            ralign >= align && (addr as u64).is_multiple_of(align),
             "{addr:#x} not {align}-aligned"
         );
         for t in &self.live {
@@ -781,7 +783,7 @@ impl Harness {
         let effect = with!(&t.region, parent => {
             let res = SubRegion::new(parent, sub_off, sub_len);
             let want = match bounds(sub_off, sub_len, parent_len) {
-                Expect::Ok if sub_off % parent.align() != 0 => Expect::Misaligned,
+                Expect::Ok if !sub_off.is_multiple_of(parent.align()) => Expect::Misaligned,
                 e => e,
             };
             if !expect(&res, want, "SubRegion::new") {
