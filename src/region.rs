@@ -434,9 +434,7 @@ impl Pool {
     }
 
     fn segment_on(&self, kind: MemKind, len: u64, align: u64, stream: &Stream) -> Result<Segment> {
-        if !Arc::ptr_eq(&stream.source, self.source()) {
-            return Err(Error::ForeignHandle);
-        }
+        self.own_stream(stream)?;
         let (raw, pool, after) = self.inner.allocate_on(kind, len, align, stream.handle)?;
         let seg = Segment::new(pool, raw);
         *seg.after.lock().unwrap_or_else(|p| p.into_inner()) = after.map(|ev| (stream.handle, ev));
@@ -451,6 +449,16 @@ impl Pool {
             source: Arc::clone(self.source()),
             handle,
         })
+    }
+
+    /// A stream of another source: its handle means nothing to this one (or names another
+    /// stream of this one), so work must not be queued under it.
+    fn own_stream(&self, stream: &Stream) -> Result<()> {
+        if Arc::ptr_eq(&stream.source, self.source()) {
+            Ok(())
+        } else {
+            Err(Error::ForeignHandle)
+        }
     }
 
     fn same_source(&self, r: &impl Region) -> Result<()> {
@@ -532,7 +540,8 @@ impl Pool {
     ///
     /// Both offsets must keep 64-byte alignment, as `aclrtMemcpyAsync` requires. Both regions
     /// are recorded on the stream, so dropping either before the copy has run is safe: its
-    /// memory is reused only after the stream passes the copy.
+    /// memory is reused only after the stream passes the copy. A stream of another source
+    /// is refused with [`Error::ForeignHandle`].
     pub fn copy_async(
         &self,
         dst: &mut impl AsyncCopySafe,
@@ -542,6 +551,7 @@ impl Pool {
         len: u64,
         stream: &Stream,
     ) -> Result<()> {
+        self.own_stream(stream)?;
         self.same_source(dst)?;
         self.same_source(src)?;
         check_bounds(dst_offset, len, dst.len())?;
@@ -585,7 +595,8 @@ impl Pool {
         }
     }
 
-    /// Queues a fill on `stream`; the region is recorded on the stream.
+    /// Queues a fill on `stream`; the region is recorded on the stream. A stream of another
+    /// source is refused with [`Error::ForeignHandle`].
     pub fn memset_async(
         &self,
         dst: &mut impl AsyncCopySafe,
@@ -594,6 +605,7 @@ impl Pool {
         len: u64,
         stream: &Stream,
     ) -> Result<()> {
+        self.own_stream(stream)?;
         self.same_source(dst)?;
         check_bounds(offset, len, dst.len())?;
         dst.segment().settle_for_stream(stream.handle)?;

@@ -732,6 +732,34 @@ impl Drop for Pool {
     }
 }
 
+impl Drop for PoolInner {
+    /// The pool handle and the last region are gone: every chunk goes back to the source
+    /// (once the streams its deferred frees wait on have passed them), and every event.
+    fn drop(&mut self) {
+        for m in &mut self.kinds {
+            let k = m.get_mut().unwrap_or_else(|p| p.into_inner());
+            for p in k.pending.drain(..) {
+                for ev in p.events {
+                    let _ = self.source.synchronize_event(ev);
+                    let _ = self.source.destroy_event(ev);
+                }
+            }
+            for c in k.chunks.drain() {
+                if let Err(e) = self.source.free_block(c.block) {
+                    eprintln!("ascend-pool: could not free a {} chunk: {e}", k.kind);
+                }
+            }
+        }
+        let idle = self
+            .idle_events
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner());
+        for ev in idle.drain(..) {
+            let _ = self.source.destroy_event(ev);
+        }
+    }
+}
+
 impl KindPool {
     fn validate(&self) -> Result<()> {
         let inv = |m: String| Err(Error::Invalid(format!("{} pool: {m}", self.kind)));
@@ -896,17 +924,24 @@ impl PoolInner {
         }
         drop(k);
         if self.config.debug {
-            // Canary over the rule's padding and the alignment slack after it.
+            // Canary over the rule's padding and the alignment slack after it (none when
+            // padding 0 leaves the rounded length filling the footprint).
             let pad_start = crate::align::align_up(len, crate::align::LEN_GRANULE).unwrap_or(len);
-            // SAFETY: [addr, addr + footprint) is the segment just carved from a live block of
-            // this source; nothing else uses it yet.
-            unsafe {
-                self.source.memset(
-                    addr + pad_start as usize,
-                    alloc.footprint() - pad_start,
-                    CANARY,
-                    alloc.footprint() - pad_start,
-                )?;
+            let pad = alloc.footprint() - pad_start;
+            let armed = match pad {
+                0 => Ok(()),
+                // SAFETY: [addr, addr + footprint) is the segment just carved from a live
+                // block of this source; nothing else uses it yet.
+                _ => unsafe {
+                    self.source
+                        .memset(addr + pad_start as usize, pad, CANARY, pad)
+                },
+            };
+            if let Err(e) = armed {
+                // The caller gets no region: take the segment back rather than lose it.
+                let mut k = lock(&self.kinds[kind.index()]);
+                self.finish_free(&mut k, key, true);
+                return Err(e);
             }
         }
         Ok(RawSegment::new(kind, addr, align, key, alloc))
@@ -1011,9 +1046,17 @@ impl PoolInner {
     ) -> Result<(usize, Allocation)> {
         let granule = config::CHUNK_GRANULE;
         let dedicated = footprint >= self.config.large_threshold;
-        let fit = crate::align::align_up(footprint, granule).ok_or(Error::Carve(
-            crate::align::CarveRuleError::LengthOverflow { len },
-        ))?;
+        // A buddy range places a segment in a block of the next power of two: a chunk
+        // smaller than that refuses the request however much of it is free.
+        let needs = match self.config.engine.range {
+            crate::engine::RangeTier::Tlsf => Some(footprint),
+            crate::engine::RangeTier::Buddy => footprint.checked_next_power_of_two(),
+        };
+        let fit = needs
+            .and_then(|n| crate::align::align_up(n, granule))
+            .ok_or(Error::Carve(crate::align::CarveRuleError::LengthOverflow {
+                len,
+            }))?;
         // Make room and retry, then grow. First the chunks' own free space is made whole
         // (cached slab pages back, parked blocks merged) and empty chunks go back: they
         // could not hold the request, and holding them beside a new chunk only raises the
@@ -1465,6 +1508,9 @@ impl PoolInner {
         let len = seg.len();
         let pad_start = crate::align::align_up(len, crate::align::LEN_GRANULE).unwrap_or(len);
         let pad = (seg.alloc.footprint() - pad_start) as usize;
+        if pad == 0 {
+            return Ok(()); // no padding bytes, nothing to overrun into
+        }
         let mut buf = vec![0u8; pad];
         let kind = if seg.kind.is_device() {
             MemcpyKind::DeviceToHost
@@ -1563,10 +1609,13 @@ impl PoolInner {
             let _ = self.check_canary(&c.raw);
             let pad_start = crate::align::align_up(len, crate::align::LEN_GRANULE).unwrap_or(len);
             let pad = c.raw.alloc.footprint() - pad_start;
-            // SAFETY: the padding lies inside a live segment that only this call holds.
-            let armed = unsafe {
-                self.source
-                    .memset(c.raw.addr + pad_start as usize, pad, CANARY, pad)
+            let armed = match pad {
+                0 => Ok(()),
+                // SAFETY: the padding lies inside a live segment that only this call holds.
+                _ => unsafe {
+                    self.source
+                        .memset(c.raw.addr + pad_start as usize, pad, CANARY, pad)
+                },
             };
             if armed.is_err() {
                 // Without a canary the next free would report a false overrun: give the

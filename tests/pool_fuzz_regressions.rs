@@ -1,0 +1,120 @@
+//! Inputs the `pool_ops` fuzz target (`fuzz/fuzz_targets/pool_ops.rs`) found, kept as plain
+//! tests: each failed before the fix named in it.
+
+use ascend_pool::engine::{EngineConfig, RangeTier};
+use ascend_pool::source::sim::{SimConfig, SimSource};
+use ascend_pool::{Error, MallocPolicy, MemKind, Pool, PoolConfig};
+use std::sync::Arc;
+
+const MIB: u64 = 1 << 20;
+
+fn small_pool(config: PoolConfig) -> Pool {
+    let sim = SimSource::new(SimConfig::default().with_device_capacity(18 * MIB)).unwrap();
+    Pool::new(Arc::new(sim), config).unwrap()
+}
+
+fn assert_empty(pool: &Pool) {
+    pool.trim();
+    pool.validate().unwrap();
+    assert!(pool.leak_report().is_empty(), "{:?}", pool.leak_report());
+    for s in pool.all_stats() {
+        assert_eq!((s.live_regions, s.reserved_bytes), (0, 0), "{s:?}");
+    }
+}
+
+/// A buddy range holds a segment only in a block of the next power of two: the dedicated
+/// chunk for 11 MiB was cut at 12 MiB (8 + 4 MiB blocks), the fresh chunk refused the request
+/// and the caller got `Error::Invalid("fresh chunk refused ...")` with 18 MiB free.
+/// Fixed by sizing chunks for a buddy range to the next power of two of the footprint.
+#[test]
+fn buddy_dedicated_chunk_holds_its_request() {
+    let pool = small_pool(PoolConfig::default().with_chunk_size(6 * MIB).with_engine(
+        EngineConfig {
+            range: RangeTier::Buddy,
+            ..EngineConfig::default()
+        },
+    ));
+    for len in [11 * MIB, 5 * MIB + 1, 3 * MIB] {
+        let r = pool.alloc_device(len).unwrap();
+        pool.validate().unwrap();
+        r.free().unwrap();
+    }
+    assert_empty(&pool);
+}
+
+/// Debug mode with padding 0: a segment whose rounded length fills its footprint has no
+/// padding, and at the end of its chunk the canary fill of 0 bytes pointed past the block,
+/// which the runtime refuses. The allocation failed with `aclrtMemset` INVALID_PARAM after
+/// the segment was registered, so it was lost. Fixed by writing and checking no canary
+/// when there is no padding (and taking the segment back if arming a canary fails).
+#[test]
+fn debug_canary_with_no_padding_at_chunk_end() {
+    let pool = small_pool(
+        PoolConfig::default()
+            .with_chunk_size(6 * MIB)
+            .with_padding(0)
+            .with_debug(true),
+    );
+    let kind = MemKind::DeviceAlign32(MallocPolicy::HugeFirst);
+    let whole = pool.alloc_device_kind(kind, 2 * MIB).unwrap();
+    let small = pool.alloc_device_kind(kind, 64).unwrap();
+    pool.validate().unwrap();
+    small.free().unwrap();
+    whole.free().unwrap();
+    assert!(pool.take_corruption_reports().is_empty());
+    assert_empty(&pool);
+}
+
+/// A stream of another simulator passed to `copy_async` / `memset_async`: its handle is a
+/// number that may name one of this source's own streams (each simulator counts from 1),
+/// and the work was queued there and reported `Ok`. Fixed by refusing streams of another
+/// source with `ForeignHandle`, as `alloc_device_on` already did.
+#[test]
+fn async_work_on_a_foreign_stream_is_refused() {
+    let pool = small_pool(PoolConfig::default());
+    let other = Pool::new(Arc::new(SimSource::default()), PoolConfig::default()).unwrap();
+    let foreign = other.create_stream().unwrap();
+    let _own = pool.create_stream().unwrap(); // the handle the foreign one aliases
+    let mut dst = pool.alloc_device(256).unwrap();
+    let src = pool.alloc_device(256).unwrap();
+    assert_eq!(
+        pool.memset_async(&mut dst, 0, 1, 64, &foreign),
+        Err(Error::ForeignHandle)
+    );
+    assert_eq!(
+        pool.copy_async(&mut dst, 0, &src, 0, 64, &foreign),
+        Err(Error::ForeignHandle)
+    );
+    assert_eq!(
+        pool.alloc_dvpp_on(64, &foreign).map(drop),
+        Err(Error::ForeignHandle)
+    );
+    drop((dst, src));
+    assert_empty(&pool);
+}
+
+/// Dropping the pool gave nothing back: the chunks it kept (empty ones below the release
+/// threshold, and those of regions that outlived the handle) and its events stayed
+/// allocated at the source for the life of the process, though the pool's docs say the
+/// chunks go back when the last region does. Fixed by releasing every chunk and event
+/// when the pool's shared state drops (after waiting for deferred frees' streams).
+#[test]
+fn dropping_the_pool_gives_every_chunk_back() {
+    let sim = Arc::new(SimSource::default());
+    let pool = Pool::new(sim.clone(), PoolConfig::default()).unwrap();
+    let stream = pool.create_stream().unwrap();
+    drop(pool.alloc_host(5000).unwrap()); // its chunk stays cached in the pool
+    let mut queued = pool.alloc_device(1000).unwrap();
+    pool.memset_async(&mut queued, 0, 7, 1000, &stream).unwrap();
+    drop(queued); // freed once the stream passes the fill
+    let outliving = pool.alloc_dvpp(1000).unwrap();
+    drop(pool);
+    assert!(
+        sim.stats().live_blocks > 0,
+        "the live region keeps its chunk"
+    );
+    drop(outliving);
+    drop(stream);
+    let s = sim.stats();
+    assert_eq!((s.live_blocks, s.live_events, s.live_streams), (0, 0, 0));
+}
