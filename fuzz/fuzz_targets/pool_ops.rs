@@ -465,6 +465,26 @@ impl Harness {
         (!self.live.is_empty()).then(|| usize::from(i) % self.live.len())
     }
 
+    /// Destination and source indices and the offsets and length of a copy between two
+    /// live regions; `None` without two distinct ones (the destination is borrowed
+    /// exclusively, so one region cannot be both).
+    fn copy_operands(
+        &self,
+        dst: u8,
+        dst_off: Off,
+        src: u8,
+        src_off: Off,
+        count: Count,
+    ) -> Option<(usize, usize, u64, u64, u64)> {
+        let (d, s) = (self.index(dst)?, self.index(src)?);
+        if d == s {
+            return None;
+        }
+        let (dl, sl) = (self.live[d].len, self.live[s].len);
+        let (doff, soff) = (dst_off.get(dl), src_off.get(sl));
+        Some((d, s, doff, soff, count.get(dl, doff)))
+    }
+
     fn stream_index(s: u8) -> usize {
         usize::from(s) % STREAMS
     }
@@ -959,20 +979,14 @@ impl Harness {
                 src_off,
                 count,
             } => {
-                let (Some(d), Some(s)) = (self.index(dst), self.index(src)) else {
+                let Some((d, s, doff, soff, n)) =
+                    self.copy_operands(dst, dst_off, src, src_off, count)
+                else {
                     return;
                 };
                 self.settle_host(d);
                 self.settle_host(s);
-                let (dl, sl) = (self.live[d].len, self.live[s].len);
-                let (doff, soff) = (dst_off.get(dl), src_off.get(sl));
-                let n = count.get(dl, doff);
                 let pool = &self.pool;
-                // One region cannot be both source and destination: the destination is
-                // borrowed exclusively (a sub-region of it too).
-                if d == s {
-                    return;
-                }
                 let ok = {
                     let (a, b) = pair_mut(&mut self.live, d, s);
                     with!(&mut a.region, dr => with!(&b.region, sr =>
@@ -991,20 +1005,16 @@ impl Harness {
                 stream,
                 check,
             } => {
-                let (Some(d), Some(s)) = (self.index(dst), self.index(src)) else {
+                let Some((d, s, doff, soff, n)) =
+                    self.copy_operands(dst, dst_off, src, src_off, count)
+                else {
                     return;
                 };
                 let si = Self::stream_index(stream);
                 self.settle_for(d, si);
                 self.settle_for(s, si);
-                let (dl, sl) = (self.live[d].len, self.live[s].len);
-                let (doff, soff) = (dst_off.get(dl), src_off.get(sl));
-                let n = count.get(dl, doff);
                 let pool = &self.pool;
                 let st = &self.streams[si];
-                if d == s {
-                    return;
-                }
                 let ok = {
                     let (a, b) = pair_mut(&mut self.live, d, s);
                     with!(&mut a.region, dr => with!(&b.region, sr =>
