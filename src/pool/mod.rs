@@ -732,6 +732,13 @@ impl Drop for Pool {
     }
 }
 
+/// Where a segment's canary lies: its start (the length rounded to the carve rule's granule)
+/// and its length, up to the footprint.
+fn padding_span(len: u64, footprint: u64) -> (u64, u64) {
+    let pad_start = crate::align::align_up(len, crate::align::LEN_GRANULE).unwrap_or(len);
+    (pad_start, footprint - pad_start)
+}
+
 impl Drop for PoolInner {
     /// The pool handle and the last region are gone: every chunk goes back to the source
     /// (once the streams its deferred frees wait on have passed them), and every event.
@@ -924,20 +931,9 @@ impl PoolInner {
         }
         drop(k);
         if self.config.debug {
-            // Canary over the rule's padding and the alignment slack after it (none when
-            // padding 0 leaves the rounded length filling the footprint).
-            let pad_start = crate::align::align_up(len, crate::align::LEN_GRANULE).unwrap_or(len);
-            let pad = alloc.footprint() - pad_start;
-            let armed = match pad {
-                0 => Ok(()),
-                // SAFETY: [addr, addr + footprint) is the segment just carved from a live
-                // block of this source; nothing else uses it yet.
-                _ => unsafe {
-                    self.source
-                        .memset(addr + pad_start as usize, pad, CANARY, pad)
-                },
-            };
-            if let Err(e) = armed {
+            // SAFETY: [addr, addr + footprint) is the segment just carved from a live block
+            // of this source; nothing else uses it yet.
+            if let Err(e) = unsafe { self.arm_canary(addr, len, alloc.footprint()) } {
                 // The caller gets no region: take the segment back rather than lose it.
                 let mut k = lock(&self.kinds[kind.index()]);
                 self.finish_free(&mut k, key, true);
@@ -1504,10 +1500,27 @@ impl PoolInner {
         empty
     }
 
+    /// Writes the canary over a segment's padding: the rule's padding and the alignment
+    /// slack after it, none when padding 0 leaves the rounded length filling the footprint.
+    ///
+    /// # Safety
+    /// `[addr, addr + footprint)` must be a live segment of this pool's source that no one
+    /// else reads or writes meanwhile.
+    unsafe fn arm_canary(&self, addr: usize, len: u64, footprint: u64) -> Result<()> {
+        let (pad_start, pad) = padding_span(len, footprint);
+        if pad == 0 {
+            return Ok(());
+        }
+        // SAFETY: the padding lies inside the segment, which the caller vouches for.
+        unsafe {
+            self.source
+                .memset(addr + pad_start as usize, pad, CANARY, pad)
+        }
+    }
+
     fn check_canary(&self, seg: &RawSegment) -> Result<()> {
-        let len = seg.len();
-        let pad_start = crate::align::align_up(len, crate::align::LEN_GRANULE).unwrap_or(len);
-        let pad = (seg.alloc.footprint() - pad_start) as usize;
+        let (pad_start, pad) = padding_span(seg.len(), seg.alloc.footprint());
+        let pad = pad as usize;
         if pad == 0 {
             return Ok(()); // no padding bytes, nothing to overrun into
         }
@@ -1531,7 +1544,7 @@ impl PoolInner {
             let err = Error::Corruption {
                 kind: seg.kind,
                 offset: seg.alloc.offset(),
-                len,
+                len: seg.len(),
                 first_bad: pad_start + i as u64,
             };
             lock(&self.corruption).push(err.clone());
@@ -1607,17 +1620,8 @@ impl PoolInner {
     fn taken_from_cache(&self, c: CachedSegment, len: u64, align: u64) -> Option<CachedSegment> {
         if self.config.debug {
             let _ = self.check_canary(&c.raw);
-            let pad_start = crate::align::align_up(len, crate::align::LEN_GRANULE).unwrap_or(len);
-            let pad = c.raw.alloc.footprint() - pad_start;
-            let armed = match pad {
-                0 => Ok(()),
-                // SAFETY: the padding lies inside a live segment that only this call holds.
-                _ => unsafe {
-                    self.source
-                        .memset(c.raw.addr + pad_start as usize, pad, CANARY, pad)
-                },
-            };
-            if armed.is_err() {
+            // SAFETY: the segment is live and only this call holds it.
+            if unsafe { self.arm_canary(c.raw.addr, len, c.raw.alloc.footprint()) }.is_err() {
                 // Without a canary the next free would report a false overrun: give the
                 // segment back and carve a fresh one.
                 let mut k = lock(&self.kinds[c.raw.kind.index()]);
