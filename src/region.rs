@@ -172,11 +172,23 @@ impl Segment {
     }
 
     /// Marks the segment as used by work queued on `stream`: its memory is reused only
-    /// after that work has run.
-    pub fn record_stream(&self, stream: &Stream) {
+    /// after that work has run. A stream of another source is refused with
+    /// [`Error::ForeignHandle`]: its handle would name another stream here, or none, and
+    /// the free would wait on the wrong work.
+    pub fn record_stream(&self, stream: &Stream) -> Result<()> {
+        if !Arc::ptr_eq(&stream.source, self.source()) {
+            return Err(Error::ForeignHandle);
+        }
+        self.note_stream(stream.handle);
+        Ok(())
+    }
+
+    /// [`record_stream`](Self::record_stream) for a stream already checked to be this
+    /// source's.
+    fn note_stream(&self, stream: StreamHandle) {
         let mut s = self.streams.lock().unwrap_or_else(|p| p.into_inner());
-        if !s.contains(&stream.handle) {
-            s.push(stream.handle);
+        if !s.contains(&stream) {
+            s.push(stream);
         }
     }
 
@@ -225,8 +237,11 @@ macro_rules! region_common {
         impl$(<$a: AlignMarker>)? $ty$(<$a>)? {
             /// Frees the region now, reporting a padding overrun (debug mode) as an error.
             pub fn free(mut self) -> Result<()> { self.seg.free() }
-            /// Marks the region as used by work queued on `stream` (see [`Segment::record_stream`]).
-            pub fn record_stream(&self, stream: &Stream) { self.seg.record_stream(stream) }
+            /// Marks the region as used by work queued on `stream`; a stream of another
+            /// source is refused (see [`Segment::record_stream`]).
+            pub fn record_stream(&self, stream: &Stream) -> Result<()> {
+                self.seg.record_stream(stream)
+            }
         }
     };
 }
@@ -438,7 +453,7 @@ impl Pool {
         let (raw, pool, after) = self.inner.allocate_on(kind, len, align, stream.handle)?;
         let seg = Segment::new(pool, raw);
         *seg.after.lock().unwrap_or_else(|p| p.into_inner()) = after.map(|ev| (stream.handle, ev));
-        seg.record_stream(stream);
+        seg.note_stream(stream.handle);
         Ok(seg)
     }
 
@@ -567,8 +582,8 @@ impl Pool {
         }
         dst.segment().settle_for_stream(stream.handle)?;
         src.segment().settle_for_stream(stream.handle)?;
-        dst.segment().record_stream(stream);
-        src.segment().record_stream(stream);
+        dst.segment().note_stream(stream.handle);
+        src.segment().note_stream(stream.handle);
         // SAFETY: ranges checked against live regions; both are recorded on the stream, so
         // their memory stays reserved until the stream has passed the copy.
         unsafe {
@@ -609,7 +624,7 @@ impl Pool {
         self.same_source(dst)?;
         check_bounds(offset, len, dst.len())?;
         dst.segment().settle_for_stream(stream.handle)?;
-        dst.segment().record_stream(stream);
+        dst.segment().note_stream(stream.handle);
         // SAFETY: range checked; the region is recorded on the stream so it outlives the fill.
         unsafe {
             self.source().memset_async(

@@ -93,6 +93,25 @@ fn async_work_on_a_foreign_stream_is_refused() {
     assert_empty(&pool);
 }
 
+/// `record_stream` took a stream of another source without a word: its handle names
+/// another stream of this source (or none), so the region's free waited on the wrong
+/// work, or on nothing. Fixed by refusing it with `ForeignHandle`, like the async calls.
+#[test]
+fn recording_a_foreign_stream_is_refused() {
+    let pool = small_pool(PoolConfig::default());
+    let other = Pool::new(Arc::new(SimSource::default()), PoolConfig::default()).unwrap();
+    let foreign = other.create_stream().unwrap();
+    let own = pool.create_stream().unwrap();
+    let region = pool.alloc_device(256).unwrap();
+    assert_eq!(region.record_stream(&foreign), Err(Error::ForeignHandle));
+    assert_eq!(region.record_stream(&own), Ok(()));
+    let host = pool.alloc_host(256).unwrap();
+    assert_eq!(host.record_stream(&foreign), Err(Error::ForeignHandle));
+    drop((region, host));
+    pool.synchronize().unwrap();
+    assert_empty(&pool);
+}
+
 /// Dropping the pool gave nothing back: the chunks it kept (empty ones below the release
 /// threshold, and those of regions that outlived the handle) and its events stayed
 /// allocated at the source for the life of the process, though the pool's docs say the

@@ -155,6 +155,7 @@ enum ForeignOp {
     AllocOn { len: Len, dvpp: bool },
     CopyAsyncOn { dst: u8, src: u8 },
     MemsetAsyncOn { idx: u8 },
+    RecordStreamOn { idx: u8 },
 }
 
 #[derive(Arbitrary, Debug, Clone, Copy)]
@@ -743,6 +744,11 @@ impl Harness {
                 let r = with!(&mut t.region, dr => pool.memset_async(dr, 0, 0xAA, 1, stream));
                 expect(&r, Expect::Foreign, &what);
             }
+            ForeignOp::RecordStreamOn { idx } => {
+                let Some(i) = self.index(idx) else { return };
+                let r = with!(&self.live[i].region, r => r.record_stream(&self.foreign_stream));
+                expect(&r, Expect::Foreign, &what);
+            }
         }
     }
 
@@ -912,7 +918,7 @@ impl Harness {
             } => {
                 if let Some(i) = self.index(idx) {
                     let s = &self.streams[Self::stream_index(stream)];
-                    with!(&self.live[i].region, r => r.record_stream(s));
+                    with!(&self.live[i].region, r => r.record_stream(s)).unwrap();
                     if then_drop {
                         self.live.swap_remove(i);
                     }
