@@ -32,7 +32,7 @@
 //! hashed by offset.
 
 use super::{EngineError, RangeStats, NIL};
-use std::collections::HashMap;
+use std::collections::hash_map::{Entry, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
 
 /// Largest order (log2 bytes) a range may have.
@@ -387,10 +387,12 @@ fn blocks_in_run(mut a: u64, b: u64) -> u64 {
 /// A buddy allocator over `[0, capacity)`, kept as free runs (see the module docs).
 ///
 /// Invariants (checked by [`BuddyRange::validate`]):
-/// - `runs` and `run_ends` hold the same runs, each non-empty, inside the range, and with
-///   both ends multiples of the minimum block;
+/// - `bounds` maps both ends of every free run `[a, b)` to each other (`a -> b`, `b -> a`),
+///   and holds nothing else; each run is non-empty, inside the range, and has both ends
+///   multiples of the minimum block;
 /// - free runs and live allocations never overlap and together cover the range exactly, and
-///   no two runs touch (each is maximal: the buddy blocks in it are coalesced);
+///   no two runs touch (each is maximal: the buddy blocks in it are coalesced), so no offset
+///   is the end of one run and the start of another;
 /// - `by_order[k]` holds exactly the starts (in minimum blocks) of the runs whose
 ///   [`top_order`] is `k`, and keeps its own trie invariants;
 /// - bit `k` of `nonempty` is set iff `by_order[k]` is non-empty;
@@ -401,10 +403,9 @@ pub struct BuddyRange {
     /// log2 of the smallest block; every offset and length is a multiple of it.
     min_order: u32,
     capacity: u64,
-    /// Free runs: start -> end.
-    runs: OffsetMap<u64>,
-    /// Free runs: end -> start.
-    run_ends: OffsetMap<u64>,
+    /// Both ends of each free run, each mapped to the other: a key is a run's start iff its
+    /// value is above it.
+    bounds: OffsetMap<u64>,
     /// `by_order[k]`: starts, in minimum blocks, of the runs whose largest block has order `k`.
     by_order: Vec<StartSet>,
     /// `lowest[k]`: start (bytes) of the lowest run in `by_order[k]` (`u64::MAX` when none).
@@ -430,8 +431,7 @@ impl BuddyRange {
         let mut b = Self {
             min_order: min_block.trailing_zeros(),
             capacity,
-            runs: OffsetMap::default(),
-            run_ends: OffsetMap::default(),
+            bounds: OffsetMap::default(),
             by_order: vec![StartSet::default(); ORDERS],
             lowest: Box::new([u64::MAX; ORDERS]),
             nonempty: 0,
@@ -462,30 +462,44 @@ impl BuddyRange {
             a = a.min(self.lowest[orders.trailing_zeros() as usize]);
             orders &= orders - 1;
         }
-        let b = self.take_run(a);
-        // The block starts at the first `2^order` boundary; keep its head, and the run's
+        // The block starts at the first `2^order` boundary; its head is taken, and the run's
         // bytes on either side stay free (as the block's tail and the smaller blocks below).
         let start = a.next_multiple_of(1 << order);
+        let end = start + size;
+        let bound = self
+            .bounds
+            .get_mut(&a)
+            .expect("the lowest run is in the bounds");
+        let b = *bound;
         debug_assert!(start + (1u64 << order) <= b);
+        let k = top_order(a, b);
         if a < start {
-            self.put_run(a, start);
+            *bound = start;
+            self.bounds.insert(start, a);
+            self.reindex(a, k, top_order(a, start));
+        } else {
+            self.bounds.remove(&a);
+            self.unindex(a, k);
         }
-        if start + size < b {
-            self.put_run(start + size, b);
+        if end < b {
+            self.bounds.insert(end, b);
+            self.bounds.insert(b, end);
+            self.index(end, top_order(end, b));
+        } else {
+            self.bounds.remove(&b);
         }
         self.free_bytes -= size;
         self.live.insert(start, (size, tag));
-        self.high_water = self.high_water.max(start + size);
+        self.high_water = self.high_water.max(end);
         Some(start)
     }
 
     /// Frees the allocation at `offset` that was made with `tag`.
     pub fn free(&mut self, offset: u64, tag: u64) -> Result<u64, EngineError> {
-        let size = match self.live.get(&offset) {
-            Some(&(size, t)) if t == tag => size,
+        let size = match self.live.entry(offset) {
+            Entry::Occupied(e) if e.get().1 == tag => e.remove().0,
             _ => return Err(EngineError::AlreadyFreed { offset }),
         };
-        self.live.remove(&offset);
         self.release(offset, offset + size);
         Ok(size)
     }
@@ -523,7 +537,8 @@ impl BuddyRange {
     /// Bytes of free space at the end of the range: everything above the highest live end
     /// (the free run ending at the capacity, if any), in O(1).
     pub fn free_tail(&self) -> u64 {
-        self.run_ends
+        // No run starts at the capacity, so a value there is the start of the run ending there.
+        self.bounds
             .get(&self.capacity)
             .map_or(0, |&start| self.capacity - start)
     }
@@ -537,12 +552,22 @@ impl BuddyRange {
         if bytes == 0 {
             return;
         }
-        let start = self.run_ends[&self.capacity];
-        self.take_run(start);
+        let old = self.capacity;
+        let a = self
+            .bounds
+            .remove(&old)
+            .expect("a free run ends at the capacity");
+        let k = top_order(a, old);
         self.capacity -= bytes;
         self.free_bytes -= bytes;
-        if start < self.capacity {
-            self.put_run(start, self.capacity);
+        let end = self.capacity;
+        if a < end {
+            self.bounds.insert(a, end);
+            self.bounds.insert(end, a);
+            self.reindex(a, k, top_order(a, end));
+        } else {
+            self.bounds.remove(&a);
+            self.unindex(a, k);
         }
     }
 
@@ -572,7 +597,7 @@ impl BuddyRange {
             capacity: self.capacity,
             free_bytes: self.free_bytes,
             largest_free: self.largest_free(),
-            free_fragments: self.runs.iter().map(|(&a, &b)| blocks_in_run(a, b)).sum(),
+            free_fragments: self.runs().map(|(a, b)| blocks_in_run(a, b)).sum(),
             high_water: self.high_water,
             top: self.capacity - self.free_tail(),
         }
@@ -582,25 +607,24 @@ impl BuddyRange {
     pub fn validate(&self) -> Result<(), EngineError> {
         let fail = |m: String| Err(EngineError::Corrupt(format!("buddy: {m}")));
         let unit = 1u64 << self.min_order;
-        if self.runs.len() != self.run_ends.len() {
-            return fail(format!(
-                "{} runs by start, {} by end",
-                self.runs.len(),
-                self.run_ends.len()
-            ));
-        }
         let mut free_bytes = 0;
-        for (&a, &b) in &self.runs {
-            if a >= b || b > self.capacity || a % unit != 0 || b % unit != 0 {
+        let mut runs = 0;
+        for (a, b) in self.runs() {
+            if b > self.capacity || a % unit != 0 || b % unit != 0 {
                 return fail(format!("free run [{a}, {b}) is misplaced"));
             }
-            if self.run_ends.get(&b) != Some(&a) {
+            if self.bounds.get(&b) != Some(&a) {
                 return fail(format!("free run [{a}, {b}) is missing by its end"));
             }
             if !self.by_order[top_order(a, b) as usize].contains(a >> self.min_order) {
                 return fail(format!("free run [{a}, {b}) is missing from its order"));
             }
             free_bytes += b - a;
+            runs += 1;
+        }
+        // Every start names its end and back, so equal counts leave no stray end.
+        if 2 * runs != self.bounds.len() as u64 {
+            return fail(format!("{runs} runs but {} bounds", self.bounds.len()));
         }
         let mut indexed = 0;
         for (k, set) in self.by_order.iter().enumerate() {
@@ -620,14 +644,10 @@ impl BuddyRange {
             indexed += set.len;
         }
         // Every run is in its own order's set (above), so equal counts leave no stray entry.
-        if indexed != self.runs.len() as u64 {
-            return fail(format!(
-                "{indexed} runs indexed by order, {} exist",
-                self.runs.len()
-            ));
+        if indexed != runs {
+            return fail(format!("{indexed} runs indexed by order, {runs} exist"));
         }
-        let mut spans: Vec<(u64, u64, bool)> =
-            self.runs.iter().map(|(&a, &b)| (a, b, true)).collect();
+        let mut spans: Vec<(u64, u64, bool)> = self.runs().map(|(a, b)| (a, b, true)).collect();
         spans.extend(self.live.iter().map(|(&s, &(l, _))| (s, s + l, false)));
         spans.sort_unstable();
         let mut cursor = 0;
@@ -655,48 +675,67 @@ impl BuddyRange {
         64 - (size - 1).leading_zeros()
     }
 
-    /// Frees `[start, end)`, merging it with the free runs on either side.
-    fn release(&mut self, mut start: u64, mut end: u64) {
-        self.free_bytes += end - start;
-        if let Some(&below) = self.run_ends.get(&start) {
-            self.take_run(below);
-            start = below;
-        }
-        if self.runs.contains_key(&end) {
-            end = self.take_run(end);
-        }
-        self.put_run(start, end);
+    /// Every free run `[a, b)`, in no particular order.
+    fn runs(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.bounds
+            .iter()
+            .filter(|(&a, &b)| a < b)
+            .map(|(&a, &b)| (a, b))
     }
 
-    /// Files the free run `[a, b)` (the byte count is the caller's).
+    /// Frees `[start, end)`, merging it with the free runs on either side.
+    fn release(&mut self, start: u64, end: u64) {
+        self.free_bytes += end - start;
+        // `start` begins no run and `end` ends none (they bound space that was not free), so
+        // a bound found there is the far end of a neighbouring run, and it goes.
+        let below = self.bounds.remove(&start);
+        let above = self.bounds.remove(&end);
+        let (a, b) = (below.unwrap_or(start), above.unwrap_or(end));
+        if let Some(a) = below {
+            self.bounds.insert(a, b);
+            self.reindex(a, top_order(a, start), top_order(a, b));
+        } else {
+            self.bounds.insert(start, b);
+            self.index(start, top_order(start, b));
+        }
+        if let Some(b) = above {
+            self.bounds.insert(b, a);
+            self.unindex(end, top_order(end, b));
+        } else {
+            self.bounds.insert(end, a);
+        }
+    }
+
+    /// Files the run starting at `a` under order `k`.
     #[inline]
-    fn put_run(&mut self, a: u64, b: u64) {
-        self.runs.insert(a, b);
-        self.run_ends.insert(b, a);
-        let k = top_order(a, b);
+    fn index(&mut self, a: u64, k: u32) {
         self.by_order[k as usize].insert(a >> self.min_order);
         self.nonempty |= 1 << k;
         let lowest = &mut self.lowest[k as usize];
         *lowest = (*lowest).min(a);
     }
 
-    /// Takes the free run starting at `a` out of the books (the byte count is the caller's);
-    /// returns its end.
+    /// Takes the run starting at `a` out of order `k`.
     #[inline]
-    fn take_run(&mut self, a: u64) -> u64 {
-        let b = self.runs.remove(&a).expect("a free run starts there");
-        self.run_ends.remove(&b);
-        let k = top_order(a, b) as usize;
-        let set = &mut self.by_order[k];
+    fn unindex(&mut self, a: u64, k: u32) {
+        let set = &mut self.by_order[k as usize];
         let removed = set.remove(a >> self.min_order);
-        debug_assert!(removed, "free run [{a}, {b}) is missing from order {k}");
-        if self.lowest[k] == a {
-            self.lowest[k] = set.first().map_or(u64::MAX, |i| i << self.min_order);
+        debug_assert!(removed, "free run at {a} is missing from order {k}");
+        if self.lowest[k as usize] == a {
+            self.lowest[k as usize] = set.first().map_or(u64::MAX, |i| i << self.min_order);
             if set.len == 0 {
                 self.nonempty &= !(1 << k);
             }
         }
-        b
+    }
+
+    /// Moves the run starting at `a` from order `old` to order `new`, if they differ.
+    #[inline]
+    fn reindex(&mut self, a: u64, old: u32, new: u32) {
+        if old != new {
+            self.unindex(a, old);
+            self.index(a, new);
+        }
     }
 }
 
