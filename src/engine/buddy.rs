@@ -24,303 +24,23 @@
 //! that splits and merges block by block; `tests/buddy_placement.rs` replays random
 //! operations through both and compares.
 //!
-//! All metadata is out of band: runs are hashed by start and by end, and indexed by top
-//! order in a [`StartSet`] per order (a 64-ary trie of bitmaps, made on first use, whose
-//! membership, insertion, removal and lowest member each take one walk of at most 11
-//! levels, 5 for 64-byte blocks in 64 GiB). The lowest run of every order is cached, so
-//! an allocation compares at most 63 numbers to find its block. Live allocations are
-//! hashed by offset.
+//! All metadata is out of band: both ends of each run in one hash map, and the run starts in
+//! one ordered set per top order, with the lowest start of every order cached, so an
+//! allocation compares at most 63 numbers to find its run and then touches one set or two.
+//! These sets are small (mostly under 64 runs on the shared traces) and spread over the
+//! whole range, which suits a B-tree: a 64-ary bitmap trie over block indices was tried
+//! and took two to three times longer on `random-mix`, one cache miss per level.
+//! Live allocations are hashed by offset.
 
-use super::{EngineError, RangeStats, NIL};
+use super::{EngineError, RangeStats};
 use std::collections::hash_map::{Entry, HashMap};
+use std::collections::BTreeSet;
 use std::hash::{BuildHasherDefault, Hasher};
 
 /// Largest order (log2 bytes) a range may have.
 const MAX_ORDER: u32 = 62;
 /// Orders `0..=MAX_ORDER`.
 const ORDERS: usize = MAX_ORDER as usize + 1;
-/// Bits of an index each trie level resolves (64 children per node).
-const DIGIT_BITS: u32 = 6;
-/// Children per trie node, allocated together as one group.
-const FANOUT: usize = 1 << DIGIT_BITS;
-/// Most levels a trie needs: 11 digits of 6 bits cover any 64-bit index.
-const MAX_HEIGHT: usize = 64usize.div_ceil(DIGIT_BITS as usize);
-
-/// The trie digit of index `i` at `level` (0 = the leaves).
-#[inline(always)]
-fn digit(i: u64, level: u32) -> u64 {
-    (i >> (DIGIT_BITS * level)) & (FANOUT as u64 - 1)
-}
-
-/// A node of a [`StartSet`] above the leaves.
-#[derive(Debug, Clone, Copy)]
-struct Inner {
-    /// Bit `d` set iff child `d` holds a member (its bits are non-zero).
-    bits: u64,
-    /// The group of this node's 64 children: nodes `64 * children ..` of the level below
-    /// (`StartSet::leaves` for a node just above the leaves, `StartSet::inner` otherwise);
-    /// [`NIL`] until a member is first inserted below.
-    children: u32,
-}
-
-const EMPTY_INNER: Inner = Inner {
-    bits: 0,
-    children: NIL,
-};
-
-/// A set of indices (run starts, in minimum blocks): a 64-ary trie of bitmaps whose nodes
-/// are made on first use and kept (emptied, never freed) afterwards.
-///
-/// Invariants (checked by [`StartSet::check`]):
-/// - nodes come in groups of 64 siblings; the root is the first of its group and the other
-///   63 are empty, so a new root can adopt the old one's group as its children;
-/// - every node is reachable from the root, exactly once;
-/// - bit `d` of an inner node is set iff it has children and child `d`'s bits are non-zero,
-///   so a subtree under a clear bit is empty all the way down;
-/// - `len` is the number of set leaf bits, and every member is below `64^height`.
-#[derive(Debug, Clone, Default)]
-struct StartSet {
-    /// Levels of the trie, leaves included; 0 until the first insertion.
-    height: u32,
-    /// Index of the root: in `leaves` when `height == 1`, in `inner` above that.
-    root: u32,
-    /// Nodes above the leaves, of every level.
-    inner: Vec<Inner>,
-    /// Leaf `n`, bit `b`: the member whose index ends in digit `b` under leaf `n`'s path.
-    leaves: Vec<u64>,
-    /// Number of members.
-    len: u64,
-}
-
-impl StartSet {
-    /// Whether index `i` is inside the trie's current span (`64^height` indices).
-    #[inline(always)]
-    fn covers(&self, i: u64) -> bool {
-        self.height != 0 && i.checked_shr(DIGIT_BITS * self.height).unwrap_or(0) == 0
-    }
-
-    /// Appends an empty group of 64 nodes to the leaves or the inner nodes; returns its number.
-    fn new_group(&mut self, leaves: bool) -> u32 {
-        let nodes = if leaves {
-            self.leaves.resize(self.leaves.len() + FANOUT, 0);
-            self.leaves.len()
-        } else {
-            self.inner.resize(self.inner.len() + FANOUT, EMPTY_INNER);
-            self.inner.len()
-        };
-        // A group holds 64 nodes of at least 8 bytes: 2^32 groups would take 2 TiB.
-        u32::try_from(nodes / FANOUT - 1).expect("trie node groups fit in u32")
-    }
-
-    /// Adds a level on top: the new root's child 0 is the old root.
-    fn add_level(&mut self) {
-        if self.height == 0 {
-            self.root = self.new_group(true) * FANOUT as u32;
-        } else {
-            let below = self.root / FANOUT as u32;
-            let root = self.new_group(false) * FANOUT as u32;
-            self.inner[root as usize] = Inner {
-                bits: u64::from(self.len != 0),
-                children: below,
-            };
-            self.root = root;
-        }
-        self.height += 1;
-    }
-
-    /// Whether `i` is a member.
-    #[inline]
-    fn contains(&self, i: u64) -> bool {
-        if !self.covers(i) {
-            return false;
-        }
-        let mut node = self.root as usize;
-        for level in (1..self.height).rev() {
-            let n = self.inner[node];
-            let d = digit(i, level);
-            if n.bits >> d & 1 == 0 {
-                return false;
-            }
-            node = n.children as usize * FANOUT + d as usize;
-        }
-        self.leaves[node] >> digit(i, 0) & 1 == 1
-    }
-
-    /// Adds `i`, which must not be a member.
-    #[inline]
-    fn insert(&mut self, i: u64) {
-        while !self.covers(i) {
-            self.add_level();
-        }
-        let mut node = self.root as usize;
-        for level in (1..self.height).rev() {
-            let d = digit(i, level);
-            let mut children = self.inner[node].children;
-            if children == NIL {
-                children = self.new_group(level == 1);
-                self.inner[node].children = children;
-            }
-            self.inner[node].bits |= 1 << d;
-            node = children as usize * FANOUT + d as usize;
-        }
-        let bit = 1u64 << digit(i, 0);
-        debug_assert!(self.leaves[node] & bit == 0, "index {i} inserted twice");
-        self.leaves[node] |= bit;
-        self.len += 1;
-    }
-
-    /// Removes `i`; false (and nothing changed) when it was not a member.
-    #[inline]
-    fn remove(&mut self, i: u64) -> bool {
-        if !self.covers(i) {
-            return false;
-        }
-        // The inner node met at each level, to clear emptied children's bits on the way up.
-        let mut path = [0u32; MAX_HEIGHT];
-        let mut node = self.root as usize;
-        for level in (1..self.height).rev() {
-            let n = self.inner[node];
-            let d = digit(i, level);
-            if n.bits >> d & 1 == 0 {
-                return false;
-            }
-            path[level as usize] = node as u32;
-            node = n.children as usize * FANOUT + d as usize;
-        }
-        let bit = 1u64 << digit(i, 0);
-        if self.leaves[node] & bit == 0 {
-            return false;
-        }
-        self.leaves[node] &= !bit;
-        self.len -= 1;
-        if self.leaves[node] == 0 {
-            for level in 1..self.height {
-                let n = &mut self.inner[path[level as usize] as usize];
-                n.bits &= !(1 << digit(i, level));
-                if n.bits != 0 {
-                    break;
-                }
-            }
-        }
-        true
-    }
-
-    /// The lowest member of the non-empty subtree under `node` at `level`, whose members
-    /// all start with the digits of `base`.
-    #[inline]
-    fn lowest_under(&self, mut level: u32, mut node: usize, mut base: u64) -> u64 {
-        while level > 0 {
-            let n = self.inner[node];
-            let d = u64::from(n.bits.trailing_zeros());
-            base |= d << (DIGIT_BITS * level);
-            node = n.children as usize * FANOUT + d as usize;
-            level -= 1;
-        }
-        base | u64::from(self.leaves[node].trailing_zeros())
-    }
-
-    /// The lowest member, if any.
-    #[inline]
-    fn first(&self) -> Option<u64> {
-        (self.len != 0).then(|| self.lowest_under(self.height - 1, self.root as usize, 0))
-    }
-
-    /// Checks the invariants listed on the type.
-    fn check(&self) -> Result<(), String> {
-        if self.height == 0 {
-            return if self.len == 0 && self.inner.is_empty() && self.leaves.is_empty() {
-                Ok(())
-            } else {
-                Err("nodes without a root".into())
-            };
-        }
-        let group = self.root as usize / FANOUT * FANOUT;
-        if self.root as usize != group {
-            return Err(format!("root {} is not first in its group", self.root));
-        }
-        let siblings_empty = if self.height == 1 {
-            self.leaves[group + 1..group + FANOUT]
-                .iter()
-                .all(|&b| b == 0)
-        } else {
-            self.inner[group + 1..group + FANOUT]
-                .iter()
-                .all(|n| n.bits == 0 && n.children == NIL)
-        };
-        if !siblings_empty {
-            return Err("a sibling of the root is in use".into());
-        }
-        let mut seen = (0usize, 0usize); // (inner, leaf) groups reached
-        let members = self.check_under(self.height - 1, group / FANOUT, &mut seen)?;
-        if (seen.0 * FANOUT, seen.1 * FANOUT) != (self.inner.len(), self.leaves.len()) {
-            return Err(format!(
-                "{} inner and {} leaf nodes, {} and {} reachable",
-                self.inner.len(),
-                self.leaves.len(),
-                seen.0 * FANOUT,
-                seen.1 * FANOUT
-            ));
-        }
-        let root_bits = if self.height == 1 {
-            self.leaves[self.root as usize]
-        } else {
-            self.inner[self.root as usize].bits
-        };
-        if members != self.len || (root_bits != 0) != (self.len != 0) {
-            return Err(format!("{members} members found, {} counted", self.len));
-        }
-        Ok(())
-    }
-
-    /// Checks the group `group` of nodes at `level` and everything under it; returns its
-    /// member count and adds the groups reached to `seen`.
-    fn check_under(
-        &self,
-        level: u32,
-        group: usize,
-        seen: &mut (usize, usize),
-    ) -> Result<u64, String> {
-        if level == 0 {
-            seen.1 += 1;
-            let leaves = self.leaves.get(group * FANOUT..(group + 1) * FANOUT);
-            let leaves = leaves.ok_or_else(|| format!("leaf group {group} is missing"))?;
-            return Ok(leaves.iter().map(|b| u64::from(b.count_ones())).sum());
-        }
-        seen.0 += 1;
-        let nodes = self.inner.get(group * FANOUT..(group + 1) * FANOUT);
-        let nodes = nodes.ok_or_else(|| format!("inner group {group} is missing"))?;
-        let mut members = 0;
-        for (at, n) in nodes.iter().enumerate() {
-            if n.children == NIL {
-                if n.bits != 0 {
-                    return Err(format!(
-                        "node {} has bits but no children",
-                        group * FANOUT + at
-                    ));
-                }
-                continue;
-            }
-            let child_bits = |d: usize| -> u64 {
-                let c = n.children as usize * FANOUT + d;
-                if level == 1 {
-                    self.leaves.get(c).copied().unwrap_or(0)
-                } else {
-                    self.inner.get(c).map_or(0, |c| c.bits)
-                }
-            };
-            let expected = (0..FANOUT).fold(0u64, |b, d| b | u64::from(child_bits(d) != 0) << d);
-            if n.bits != expected {
-                return Err(format!(
-                    "node {} at level {level} has bits {:#x}, its children {expected:#x}",
-                    group * FANOUT + at,
-                    n.bits
-                ));
-            }
-            members += self.check_under(level - 1, n.children as usize, seen)?;
-        }
-        Ok(members)
-    }
-}
 
 /// Hashes offsets: one multiply, folded so the low bits (always zero in an offset, and
 /// what the table indexes by) depend on every bit of the key.
@@ -393,8 +113,7 @@ fn blocks_in_run(mut a: u64, b: u64) -> u64 {
 /// - free runs and live allocations never overlap and together cover the range exactly, and
 ///   no two runs touch (each is maximal: the buddy blocks in it are coalesced), so no offset
 ///   is the end of one run and the start of another;
-/// - `by_order[k]` holds exactly the starts (in minimum blocks) of the runs whose
-///   [`top_order`] is `k`, and keeps its own trie invariants;
+/// - `by_order[k]` holds exactly the starts of the runs whose [`top_order`] is `k`;
 /// - bit `k` of `nonempty` is set iff `by_order[k]` is non-empty;
 /// - `lowest[k]` is the lowest start (bytes) in `by_order[k]`, `u64::MAX` when it is empty;
 /// - `free_bytes` is the total length of the runs.
@@ -406,8 +125,8 @@ pub struct BuddyRange {
     /// Both ends of each free run, each mapped to the other: a key is a run's start iff its
     /// value is above it.
     bounds: OffsetMap<u64>,
-    /// `by_order[k]`: starts, in minimum blocks, of the runs whose largest block has order `k`.
-    by_order: Vec<StartSet>,
+    /// `by_order[k]`: starts of the runs whose largest block has order `k`.
+    by_order: Vec<BTreeSet<u64>>,
     /// `lowest[k]`: start (bytes) of the lowest run in `by_order[k]` (`u64::MAX` when none).
     lowest: Box<[u64; ORDERS]>,
     /// Bit `k` set iff `by_order[k]` is non-empty.
@@ -432,7 +151,7 @@ impl BuddyRange {
             min_order: min_block.trailing_zeros(),
             capacity,
             bounds: OffsetMap::default(),
-            by_order: vec![StartSet::default(); ORDERS],
+            by_order: vec![BTreeSet::new(); ORDERS],
             lowest: Box::new([u64::MAX; ORDERS]),
             nonempty: 0,
             live: OffsetMap::default(),
@@ -616,7 +335,7 @@ impl BuddyRange {
             if self.bounds.get(&b) != Some(&a) {
                 return fail(format!("free run [{a}, {b}) is missing by its end"));
             }
-            if !self.by_order[top_order(a, b) as usize].contains(a >> self.min_order) {
+            if !self.by_order[top_order(a, b) as usize].contains(&a) {
                 return fail(format!("free run [{a}, {b}) is missing from its order"));
             }
             free_bytes += b - a;
@@ -628,20 +347,17 @@ impl BuddyRange {
         }
         let mut indexed = 0;
         for (k, set) in self.by_order.iter().enumerate() {
-            if let Err(m) = set.check() {
-                return fail(format!("runs of order {k}: {m}"));
-            }
-            if (self.nonempty >> k & 1 == 1) == (set.len == 0) {
+            if (self.nonempty >> k & 1 == 1) == set.is_empty() {
                 return fail(format!("nonempty bit {k} is stale"));
             }
-            let lowest = set.first().map_or(u64::MAX, |i| i << self.min_order);
+            let lowest = set.first().copied().unwrap_or(u64::MAX);
             if self.lowest[k] != lowest {
                 return fail(format!(
                     "lowest run of order {k} is cached as {}, is {lowest}",
                     self.lowest[k]
                 ));
             }
-            indexed += set.len;
+            indexed += set.len() as u64;
         }
         // Every run is in its own order's set (above), so equal counts leave no stray entry.
         if indexed != runs {
@@ -709,7 +425,7 @@ impl BuddyRange {
     /// Files the run starting at `a` under order `k`.
     #[inline]
     fn index(&mut self, a: u64, k: u32) {
-        self.by_order[k as usize].insert(a >> self.min_order);
+        self.by_order[k as usize].insert(a);
         self.nonempty |= 1 << k;
         let lowest = &mut self.lowest[k as usize];
         *lowest = (*lowest).min(a);
@@ -719,11 +435,11 @@ impl BuddyRange {
     #[inline]
     fn unindex(&mut self, a: u64, k: u32) {
         let set = &mut self.by_order[k as usize];
-        let removed = set.remove(a >> self.min_order);
+        let removed = set.remove(&a);
         debug_assert!(removed, "free run at {a} is missing from order {k}");
         if self.lowest[k as usize] == a {
-            self.lowest[k as usize] = set.first().map_or(u64::MAX, |i| i << self.min_order);
-            if set.len == 0 {
+            self.lowest[k as usize] = set.first().copied().unwrap_or(u64::MAX);
+            if set.is_empty() {
                 self.nonempty &= !(1 << k);
             }
         }
@@ -742,92 +458,6 @@ impl BuddyRange {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::BTreeSet;
-
-    #[test]
-    fn start_set_lowest_survives_removals_across_node_boundaries() {
-        let mut set = StartSet::default();
-        assert_eq!(set.first(), None);
-        assert!(!set.contains(0) && !set.remove(0));
-        // Members on both sides of leaf (64) and inner-node (4096, 2^18) boundaries; the
-        // later, larger ones add levels above the first root.
-        let members = [
-            63,
-            64,
-            4095,
-            4096,
-            1 << 18,
-            (1 << 18) - 1,
-            1 << 30,
-            1 << 40,
-            u64::MAX,
-        ];
-        for &i in &members {
-            set.insert(i);
-            set.check().unwrap();
-        }
-        assert_eq!(set.height, 11);
-        assert_eq!(set.len, members.len() as u64);
-        let mut sorted = members.to_vec();
-        sorted.sort_unstable();
-        for (n, &i) in sorted.iter().enumerate() {
-            assert_eq!(set.first(), Some(i));
-            assert!(set.contains(i));
-            for j in [i.wrapping_sub(1), i.wrapping_add(1), i ^ 64, i ^ 4096] {
-                assert_eq!(set.contains(j), sorted[n..].contains(&j), "{j} next to {i}");
-            }
-            assert!(set.remove(i));
-            assert!(!set.remove(i), "a second removal finds nothing");
-            set.check().unwrap();
-            assert_eq!(set.len, (sorted.len() - n - 1) as u64);
-        }
-        assert_eq!(set.first(), None);
-        // Emptied nodes are reused.
-        let nodes = (set.inner.len(), set.leaves.len());
-        set.insert(4096);
-        assert_eq!((set.inner.len(), set.leaves.len()), nodes);
-        assert_eq!(set.first(), Some(4096));
-        set.check().unwrap();
-    }
-
-    #[test]
-    fn start_set_matches_an_ordered_set() {
-        let mut set = StartSet::default();
-        let mut shadow = BTreeSet::new();
-        let mut x = 0x2545_F491_4F6C_DD1Du64;
-        for step in 0..20_000 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            // Clustered indices, so leaves fill and empty, plus a few far ones.
-            let i = if x % 16 == 0 { x >> 20 } else { x % 5000 };
-            if x >> 62 == 0 {
-                assert_eq!(set.remove(i), shadow.remove(&i), "step {step}");
-            } else if shadow.insert(i) {
-                set.insert(i);
-            }
-            assert_eq!(set.first(), shadow.first().copied(), "step {step}");
-            assert_eq!(set.contains(i), shadow.contains(&i));
-        }
-        assert_eq!(set.len, shadow.len() as u64);
-        set.check().unwrap();
-    }
-
-    #[test]
-    fn start_set_check_catches_a_stale_summary_bit() {
-        let mut set = StartSet::default();
-        set.insert(5000);
-        set.insert(70);
-        set.check().unwrap();
-        // Clear the leaf under 5000 behind the trie's back: its parent's bit is now stale.
-        let leaf = set
-            .leaves
-            .iter()
-            .position(|&b| b == 1 << (5000 % 64))
-            .unwrap();
-        set.leaves[leaf] = 0;
-        assert!(set.check().is_err());
-    }
 
     #[test]
     fn top_order_and_block_count_match_the_greedy_cut() {
