@@ -29,7 +29,7 @@
 //! allocation compares at most 63 numbers to find its run and then touches one set or two.
 //! These sets are small (mostly under 64 runs on the shared traces) and spread over the
 //! whole range, which suits a B-tree: a 64-ary bitmap trie over block indices was tried
-//! and took two to three times longer on `random-mix`, one cache miss per level.
+//! and took about twice as long per operation on `random-mix`: one cache miss per level.
 //! Live allocations are hashed by offset.
 
 use super::{EngineError, RangeStats};
