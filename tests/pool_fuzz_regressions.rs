@@ -3,7 +3,7 @@
 
 use ascend_pool::engine::{EngineConfig, RangeTier};
 use ascend_pool::source::sim::{SimConfig, SimSource};
-use ascend_pool::{Error, MallocPolicy, MemKind, Pool, PoolConfig};
+use ascend_pool::{Error, MallocPolicy, MemKind, Pool, PoolConfig, Stream};
 use std::sync::Arc;
 
 const MIB: u64 = 1 << 20;
@@ -11,6 +11,12 @@ const MIB: u64 = 1 << 20;
 fn small_pool(config: PoolConfig) -> Pool {
     let sim = SimSource::new(SimConfig::default().with_device_capacity(18 * MIB)).unwrap();
     Pool::new(Arc::new(sim), config).unwrap()
+}
+
+/// A stream of a pool on another simulator, whose handle numbers start where this one's do.
+fn foreign_stream() -> Stream {
+    let other = Pool::new(Arc::new(SimSource::default()), PoolConfig::default()).unwrap();
+    other.create_stream().unwrap()
 }
 
 fn assert_empty(pool: &Pool) {
@@ -72,8 +78,7 @@ fn debug_canary_with_no_padding_at_chunk_end() {
 #[test]
 fn async_work_on_a_foreign_stream_is_refused() {
     let pool = small_pool(PoolConfig::default());
-    let other = Pool::new(Arc::new(SimSource::default()), PoolConfig::default()).unwrap();
-    let foreign = other.create_stream().unwrap();
+    let foreign = foreign_stream();
     let _own = pool.create_stream().unwrap(); // the handle the foreign one aliases
     let mut dst = pool.alloc_device(256).unwrap();
     let src = pool.alloc_device(256).unwrap();
@@ -99,8 +104,7 @@ fn async_work_on_a_foreign_stream_is_refused() {
 #[test]
 fn recording_a_foreign_stream_is_refused() {
     let pool = small_pool(PoolConfig::default());
-    let other = Pool::new(Arc::new(SimSource::default()), PoolConfig::default()).unwrap();
-    let foreign = other.create_stream().unwrap();
+    let foreign = foreign_stream();
     let own = pool.create_stream().unwrap();
     let region = pool.alloc_device(256).unwrap();
     assert_eq!(region.record_stream(&foreign), Err(Error::ForeignHandle));
