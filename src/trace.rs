@@ -1126,6 +1126,75 @@ impl ReplayerFactory for EngineFactory {
     }
 }
 
+/// Our engine as any thread-safe pool must at least wrap it: behind a mutex, with every live
+/// segment holding a counted handle on the engine (as a pool region holds its pool).
+///
+/// Not a backend users would run: a floor, the time an uncontended lock and one reference
+/// count per call add to [`EngineReplayer`], for reading the pool's time per operation
+/// against the peers', which take neither.
+#[derive(Debug)]
+pub struct LockedEngineReplayer(std::sync::Arc<std::sync::Mutex<EngineReplayer>>);
+
+/// A segment of a [`LockedEngineReplayer`]: the engine's handle and a counted handle on the engine.
+#[derive(Debug, Clone)]
+pub struct LockedSegment(
+    crate::engine::Allocation,
+    std::sync::Arc<std::sync::Mutex<EngineReplayer>>,
+);
+
+impl LockedEngineReplayer {
+    fn engine(&self) -> std::sync::MutexGuard<'_, EngineReplayer> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl RangeReplayer for LockedEngineReplayer {
+    type Token = LockedSegment;
+
+    fn alloc(&mut self, len: u64, rule: CarveRule) -> Option<(u64, LockedSegment)> {
+        let (offset, a) = self.engine().alloc(len, rule)?;
+        Some((offset, LockedSegment(a, std::sync::Arc::clone(&self.0))))
+    }
+
+    fn free(&mut self, token: LockedSegment) {
+        let LockedSegment(a, owner) = token;
+        owner.lock().unwrap_or_else(|p| p.into_inner()).free(a);
+    }
+
+    fn high_water(&self) -> u64 {
+        self.engine().high_water()
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        self.engine().validate()
+    }
+}
+
+/// Builds [`LockedEngineReplayer`]s with one [`EngineConfig`](crate::engine::EngineConfig).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LockedEngineFactory {
+    /// The configuration of every engine.
+    pub config: crate::engine::EngineConfig,
+}
+
+impl ReplayerFactory for LockedEngineFactory {
+    type Replayer = LockedEngineReplayer;
+
+    fn name(&self) -> &str {
+        "ascend-pool (locked)"
+    }
+
+    fn new_range(&self, kind: MemKind, capacity: u64) -> Result<LockedEngineReplayer, String> {
+        let inner = EngineFactory {
+            config: self.config,
+        }
+        .new_range(kind, capacity)?;
+        Ok(LockedEngineReplayer(std::sync::Arc::new(
+            std::sync::Mutex::new(inner),
+        )))
+    }
+}
+
 /// A segment the pool carved during a replay: an opaque handle for [`PoolRange::free`].
 #[derive(Debug, Clone)]
 pub struct PoolSegment(

@@ -5,7 +5,8 @@ use std::process::{Command, Output};
 
 use ascend_pool::peers::{BuddyFactory, OffsetAllocatorFactory, RlsfFactory};
 use ascend_pool::trace::{
-    replay, RejectKind, ReplayReport, ReplayerFactory, TraceConfig, TraceItem, TraceReader,
+    replay, EngineFactory, LockedEngineFactory, RejectKind, ReplayReport, ReplayerFactory,
+    TraceConfig, TraceItem, TraceReader,
 };
 use serde_json::Value;
 
@@ -267,6 +268,18 @@ fn peers_replay_the_hand_trace() {
     // Buddy: host 64 at 0, 192 -> a 256-byte block at 256: high water 256 + 192 = 448.
     let host = b.per_kind.iter().find(|k| k.mem == "host").unwrap();
     assert_eq!(host.peak_reserved_bytes, 448);
+}
+
+#[test]
+fn the_locked_engine_places_exactly_as_the_engine() {
+    // The lock-and-handle floor must time the same placement, or its time would mean nothing.
+    let plain = check_peer(&EngineFactory::default());
+    let locked = check_peer(&LockedEngineFactory::default());
+    assert_eq!(locked.peak_reserved_bytes, plain.peak_reserved_bytes);
+    for (l, p) in locked.per_kind.iter().zip(&plain.per_kind) {
+        assert_eq!(l.peak_reserved_bytes, p.peak_reserved_bytes, "{}", l.mem);
+    }
+    assert_eq!(locked.backend, "ascend-pool (locked)");
 }
 
 #[test]

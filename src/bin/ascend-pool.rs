@@ -31,8 +31,8 @@ use ascend_pool::engine::{EngineConfig, RangeTier};
 use ascend_pool::peers::{BuddyFactory, OffsetAllocatorFactory, RlsfFactory};
 use ascend_pool::pool::PoolConfig;
 use ascend_pool::trace::{
-    fullest_op, replay, EngineFactory, PoolFactory, ReplayReport, ReplaySource, ReplayerFactory,
-    TraceConfig, DEFAULT_DEVICE_SIZE,
+    fullest_op, replay, EngineFactory, LockedEngineFactory, PoolFactory, ReplayReport,
+    ReplaySource, ReplayerFactory, TraceConfig, DEFAULT_DEVICE_SIZE,
 };
 
 #[derive(Debug, Parser)]
@@ -123,6 +123,10 @@ enum Backend {
     Carve,
     /// Our CarveEngine with the buddy range tier.
     CarveBuddy,
+    /// Our CarveEngine behind a mutex, each segment holding a counted handle on it: the least
+    /// a thread-safe pool over the engine pays per call (a floor for the pool's time, not a
+    /// backend to run).
+    CarveLocked,
     /// The offset-allocator crate.
     OffsetAllocator,
     /// The rlsf crate (TLSF).
@@ -132,10 +136,11 @@ enum Backend {
 }
 
 impl Backend {
-    const ALL: [Backend; 6] = [
+    const ALL: [Backend; 7] = [
         Backend::Pool,
         Backend::Carve,
         Backend::CarveBuddy,
+        Backend::CarveLocked,
         Backend::OffsetAllocator,
         Backend::Rlsf,
         Backend::Buddy,
@@ -209,6 +214,7 @@ fn replay_one(
         }
         Backend::Carve => go(path, config, &engine(RangeTier::Tlsf), passes, bar),
         Backend::CarveBuddy => go(path, config, &engine(RangeTier::Buddy), passes, bar),
+        Backend::CarveLocked => go(path, config, &LockedEngineFactory::default(), passes, bar),
         Backend::OffsetAllocator => go(path, config, &OffsetAllocatorFactory, passes, bar),
         Backend::Rlsf => go(path, config, &RlsfFactory::default(), passes, bar),
         Backend::Buddy => go(path, config, &BuddyFactory, passes, bar),
