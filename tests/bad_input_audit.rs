@@ -1,0 +1,95 @@
+//! Bad input the earlier audits missed: one test per defect, each failing before its fix.
+//! Tests marked `#[ignore]` need a fix in a file another change owns; the reason says which.
+
+use ascend_pool::engine::{CarveEngine, EngineConfig, EngineError};
+use ascend_pool::share::{Access, ShareDescriptor, SharedMapping, SharedPiece};
+use ascend_pool::source::sim::{SimConfig, SimSource};
+use ascend_pool::source::vmm::{VmmConfig, VmmSource};
+use ascend_pool::source::{Block, BlockSource, MemcpyKind};
+use ascend_pool::trace::{TraceConfig, TraceItem, TraceReader};
+use ascend_pool::{region::Region, AclError, CarveRule, Error, MallocPolicy, MemKind, Pool};
+use ascend_pool::{PoolConfig, Result};
+use std::sync::Arc;
+use std::time::Duration;
+
+const MIB: u64 = 1 << 20;
+
+fn sim(device_capacity: u64) -> Arc<SimSource> {
+    Arc::new(SimSource::new(SimConfig::default().with_device_capacity(device_capacity)).unwrap())
+}
+
+fn assert_empty(pool: &Pool) {
+    pool.trim();
+    pool.validate().unwrap();
+    assert!(pool.leak_report().is_empty(), "{:?}", pool.leak_report());
+    for s in pool.all_stats() {
+        assert_eq!((s.live_regions, s.reserved_bytes), (0, 0), "{s:?}");
+    }
+}
+
+// Used to panic with "attempt to add with overflow" on the piece's end (wrap in release).
+#[test]
+fn share_descriptor_with_an_overflowing_piece_is_refused() {
+    let g = 2 * MIB;
+    let desc = ShareDescriptor {
+        exporter: 1,
+        base: 0x1000_0000,
+        span: g,
+        pieces: vec![
+            SharedPiece {
+                offset: 0,
+                len: g,
+                handle: 1,
+            },
+            SharedPiece {
+                offset: u64::MAX - g + 1,
+                len: 2 * g,
+                handle: 2,
+            },
+        ],
+        offset: 0,
+        len: g,
+    };
+    let sim = sim(256 * MIB);
+    assert!(matches!(
+        SharedMapping::open(Arc::clone(&sim), 0, &desc),
+        Err(Error::Config(_))
+    ));
+    let st = sim.stats();
+    assert_eq!((st.reservations, st.physical_handles), (0, 0));
+}
+
+// Used to hand the runtime's memcpy a range of reserved, unmapped addresses between two pieces
+// (breaking its safety contract); the simulator refused it with aclrtMemcpy INVALID_PARAM.
+#[test]
+fn shared_mapping_refuses_copies_into_holes_between_pieces() {
+    let sim = sim(256 * MIB);
+    let vmm = Arc::new(VmmSource::new(Arc::clone(&sim), 0, VmmConfig::default()).unwrap());
+    let pool = Pool::new(vmm.clone(), PoolConfig::default()).unwrap();
+    // Two kinds grow side by side in the reservation, with free addresses between them.
+    let mut a = pool.alloc_device(1000).unwrap();
+    let b = pool
+        .alloc_device_kind(MemKind::Cached(MallocPolicy::HugeFirst), 1000)
+        .unwrap();
+    pool.copy_from_host(&mut a, 0, b"first piece").unwrap();
+    let desc = vmm.publish_all(&Access::AnyProcess).unwrap();
+    assert_eq!(desc.pieces.len(), 2);
+    let hole = desc.pieces[0].offset + desc.pieces[0].len;
+    assert!(hole < desc.pieces[1].offset, "{desc:?}");
+
+    let m = SharedMapping::open(Arc::clone(&sim), 0, &desc).unwrap();
+    let mut buf = [0u8; 64];
+    let refused = |r: Result<()>| matches!(r, Err(Error::OutOfBounds { .. }));
+    assert!(refused(m.read(hole, &mut buf)));
+    assert!(refused(m.write(hole, &buf)));
+    // Straddling the end of the first piece into the hole.
+    assert!(refused(m.read(hole - 8, &mut buf)));
+    // Inside the pieces, copies still work.
+    let mut got = [0u8; 11];
+    m.read(0, &mut got).unwrap();
+    assert_eq!(&got, b"first piece");
+    m.read(desc.pieces[1].offset, &mut buf).unwrap();
+    m.close().unwrap();
+    drop((a, b));
+    pool.validate().unwrap();
+}
