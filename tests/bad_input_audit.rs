@@ -93,3 +93,15 @@ fn shared_mapping_refuses_copies_into_holes_between_pieces() {
     drop((a, b));
     pool.validate().unwrap();
 }
+
+// Used to panic in `align_up` (debug) when the reservation was rounded to a 6 MiB granule.
+#[test]
+fn vmm_source_refuses_a_granule_that_is_not_a_power_of_two() {
+    let sim = sim(256 * MIB);
+    let config = VmmConfig::default().with_granule(6 * MIB);
+    assert!(matches!(
+        VmmSource::new(Arc::clone(&sim), 0, config),
+        Err(Error::Config(_))
+    ));
+    assert_eq!(sim.stats().reservations, 0);
+}
