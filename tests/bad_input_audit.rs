@@ -94,6 +94,17 @@ fn shared_mapping_refuses_copies_into_holes_between_pieces() {
     pool.validate().unwrap();
 }
 
+// Used to panic on `debug_assert!(align.is_power_of_two())` (and compute garbage in release).
+#[test]
+fn align_up_refuses_an_alignment_that_is_not_a_power_of_two() {
+    use ascend_pool::align::align_up;
+    assert_eq!(align_up(100, 0), None);
+    assert_eq!(align_up(100, 3), None);
+    assert_eq!(align_up(100, 96), None);
+    assert_eq!(align_up(100, 64), Some(128));
+    assert_eq!(align_up(0, 64), Some(0));
+}
+
 // Used to panic in `align_up` (debug) when the reservation was rounded to a 6 MiB granule.
 #[test]
 fn vmm_source_refuses_a_granule_that_is_not_a_power_of_two() {
@@ -104,4 +115,28 @@ fn vmm_source_refuses_a_granule_that_is_not_a_power_of_two() {
         Err(Error::Config(_))
     ));
     assert_eq!(sim.stats().reservations, 0);
+}
+
+// Used to deserialize into a rule its constructor refuses (padding 7, alignment 3), whose
+// `footprint` then panicked.
+#[test]
+fn carve_rule_deserialization_checks_the_rule() {
+    for json in [
+        r#"{"padding":7,"align":64}"#,
+        r#"{"padding":32,"align":3}"#,
+        r#"{"padding":32,"align":0}"#,
+        r#"{"padding":32,"align":4294967296}"#,
+    ] {
+        assert!(
+            serde_json::from_str::<CarveRule>(json).is_err(),
+            "{json} accepted"
+        );
+    }
+    let ok: CarveRule = serde_json::from_str(r#"{"padding":0,"align":128}"#).unwrap();
+    assert_eq!(ok, CarveRule::new(0, 128).unwrap());
+    let round = serde_json::to_string(&CarveRule::model_input()).unwrap();
+    assert_eq!(
+        serde_json::from_str::<CarveRule>(&round).unwrap(),
+        CarveRule::model_input()
+    );
 }
