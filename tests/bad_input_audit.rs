@@ -140,3 +140,44 @@ fn carve_rule_deserialization_checks_the_rule() {
         CarveRule::model_input()
     );
 }
+
+// Used to pass validation; the first allocation above 64 KiB then asked the range tier for
+// a slab page of 0 bytes and panicked on its assertion.
+#[test]
+fn pool_config_refuses_slab_max_past_a_slab_page() {
+    assert!(matches!(
+        PoolConfig::parse("slab_max:1m"),
+        Err(Error::Config(_))
+    ));
+    let config = PoolConfig::default().with_engine(EngineConfig {
+        slab_max: 128 << 10,
+        ..EngineConfig::default()
+    });
+    assert!(matches!(config.validate(), Err(Error::Config(_))));
+    assert!(PoolConfig::parse("slab_max:64k").is_ok());
+}
+
+// Used to build the engine, which then panicked on its first slab allocation past 64 KiB (and
+// aborted the process for a slab_max of 1 TiB: one size class per 64 bytes up to it).
+#[test]
+fn carve_engine_refuses_slab_max_past_a_slab_page() {
+    let config = EngineConfig {
+        slab_max: MIB,
+        ..EngineConfig::default()
+    };
+    assert!(matches!(
+        CarveEngine::new(8 * MIB, config),
+        Err(EngineError::SlabMaxTooLarge { .. })
+    ));
+    let mut e = CarveEngine::new(
+        8 * MIB,
+        EngineConfig {
+            slab_max: 64 << 10,
+            ..EngineConfig::default()
+        },
+    )
+    .unwrap();
+    let a = e.alloc(60_000, CarveRule::default()).unwrap();
+    e.free(a).unwrap();
+    e.validate().unwrap();
+}
