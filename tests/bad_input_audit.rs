@@ -181,3 +181,53 @@ fn carve_engine_refuses_slab_max_past_a_slab_page() {
     e.free(a).unwrap();
     e.validate().unwrap();
 }
+
+// Used to write the host region while a copy queued earlier on a stream still had to read it
+// (a data race with the stream's worker); the queued copy then read the new bytes.
+#[test]
+fn sync_copies_wait_for_work_queued_on_the_region() {
+    let sim = sim(256 * MIB);
+    let pool = Pool::new(sim.clone(), PoolConfig::default()).unwrap();
+    let stream = pool.create_stream().unwrap();
+    let mut host = pool.alloc_host(4096).unwrap();
+    host.as_mut_slice().fill(1);
+    let mut dev = pool.alloc_device(4096).unwrap();
+
+    let hold = sim.hold_stream(stream.handle()).unwrap();
+    pool.copy_async(&mut dev, 0, &host, 0, 4096, &stream)
+        .unwrap();
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            hold.release();
+        });
+        // Without the wait this write lands first and the held copy reads it.
+        pool.copy_from_host(&mut host, 0, &[2u8; 4096]).unwrap();
+    });
+    stream.synchronize().unwrap();
+    let mut back = [0u8; 4096];
+    pool.copy_to_host(&dev, 0, &mut back).unwrap();
+    assert!(
+        back.iter().all(|&b| b == 1),
+        "the queued copy read later data"
+    );
+
+    // The same for a fill of a region a held stream still reads.
+    let hold = sim.hold_stream(stream.handle()).unwrap();
+    pool.copy_async(&mut host, 0, &dev, 0, 4096, &stream)
+        .unwrap();
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            hold.release();
+        });
+        pool.memset(&mut dev, 0, 9, 4096).unwrap();
+    });
+    assert!(
+        host.as_slice().iter().all(|&b| b == 1),
+        "the queued copy read the fill"
+    );
+    drop((host, dev));
+    pool.synchronize().unwrap();
+    assert_empty(&pool);
+}
