@@ -231,3 +231,40 @@ fn sync_copies_wait_for_work_queued_on_the_region() {
     pool.synchronize().unwrap();
     assert_empty(&pool);
 }
+
+// `aclrtFree` used to accept the data of a shared buffer (`acltdtAllocBuf`): the memory went
+// away under the buffer's handles, and `acltdtFreeBuf` then failed with the handle gone.
+#[test]
+fn sim_free_block_refuses_the_memory_of_a_shared_buffer() {
+    let sim = SimSource::default();
+    let buf = sim.alloc_buf(0, 4096, 0).unwrap();
+    let (addr, size) = sim.buf_data(buf).unwrap();
+    let block = Block {
+        addr,
+        size,
+        kind: MemKind::DEVICE,
+        device: 0,
+    };
+    assert_eq!(
+        sim.free_block(block),
+        Err(Error::Runtime {
+            func: "aclrtFree",
+            code: AclError::RT_MEMORY_FREE
+        })
+    );
+    // The buffer is intact: its data is still device memory, and it frees normally.
+    let bytes = [7u8; 16];
+    // SAFETY: the first 16 bytes of the buffer's live data area; `bytes` is 16 bytes.
+    unsafe {
+        sim.memcpy(
+            addr,
+            16,
+            bytes.as_ptr() as usize,
+            16,
+            MemcpyKind::HostToDevice,
+        )
+        .unwrap();
+    }
+    sim.free_buf(buf).unwrap();
+    assert_eq!(sim.stats().live_blocks, 0);
+}
