@@ -330,3 +330,26 @@ fn a_trace_of_huge_live_allocations_does_not_overflow_the_counts() {
         assert!(matches!(item.unwrap(), TraceItem::Op(_)));
     }
 }
+
+// Used to answer `Ok` with a block of 0 bytes (nothing given back), which no allocation
+// hands out; the block's size then disagreed with every other view of it.
+#[test]
+fn vmm_shrink_to_zero_bytes_is_refused() {
+    let sim = sim(256 * MIB);
+    let vmm = VmmSource::new(Arc::clone(&sim), 0, VmmConfig::default()).unwrap();
+    let block = vmm.alloc_block(0, MemKind::DEVICE, 6 * MIB).unwrap();
+    assert_eq!(
+        vmm.shrink_block(block, 0),
+        Err(Error::Runtime {
+            func: "aclrtUnmapMem",
+            code: AclError::INVALID_PARAM
+        })
+    );
+    assert_eq!(vmm.stats().mapped_bytes, 6 * MIB);
+    // One physical allocation backs the block: it stays whole behind a 1-byte block.
+    let kept = vmm.shrink_block(block, 1).unwrap();
+    assert_eq!((kept.addr, kept.size), (block.addr, 1));
+    vmm.validate().unwrap();
+    vmm.free_block(kept).unwrap();
+    assert_eq!(vmm.stats().mapped_bytes, 0);
+}

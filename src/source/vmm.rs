@@ -616,8 +616,12 @@ impl<R: VmmRuntime + 'static> BlockSource for VmmSource<R> {
         }
         let mut s = lock(&self.state);
         let b = self.known(&s, "aclrtUnmapMem", block)?;
+        if new_size == 0 {
+            // A block of 0 bytes is nothing `alloc_block` hands out: freeing is the way.
+            return Err(runtime_error("aclrtUnmapMem", AclError::INVALID_PARAM));
+        }
         // Keep every extent that starts before the new end (one may straddle it).
-        let keep_to = align_up(new_size.max(1), self.granule).unwrap_or(b.mapped);
+        let keep_to = align_up(new_size, self.granule).unwrap_or(b.mapped);
         let cut = block.addr + keep_to as usize;
         let from = s
             .extents
