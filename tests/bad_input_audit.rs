@@ -353,3 +353,38 @@ fn vmm_shrink_to_zero_bytes_is_refused() {
     vmm.free_block(kept).unwrap();
     assert_eq!(vmm.stats().mapped_bytes, 0);
 }
+
+// Used to panic with "attempt to subtract with overflow" (and add) on a snapshot whose
+// segments were not made by a pool: a footprint below the length, an end past u64::MAX.
+#[test]
+fn pool_picture_of_a_hand_made_snapshot_does_not_panic() {
+    use ascend_pool::engine::EngineStats;
+    use ascend_pool::pool::{ChunkInfo, KindSnapshot, PoolSnapshot, SegmentInfo};
+    let pool = Pool::new(sim(64 * MIB), PoolConfig::default()).unwrap();
+    let stats = pool.stats(MemKind::DEVICE);
+    let seg = |offset: u64, len: u64, footprint: u64| SegmentInfo {
+        kind: MemKind::DEVICE,
+        addr: 0x1000,
+        offset,
+        len,
+        footprint,
+        pending: false,
+        cached: false,
+    };
+    let snap = PoolSnapshot {
+        source: "hand-made".into(),
+        device: 0,
+        kinds: vec![KindSnapshot {
+            stats,
+            chunks: vec![ChunkInfo {
+                addr: 0x1000,
+                size: 2 * MIB,
+                dedicated: false,
+                engine: EngineStats::default(),
+                segments: vec![seg(0, 100, 64), seg(u64::MAX - 10, u64::MAX, u64::MAX)],
+            }],
+        }],
+    };
+    let svg = ascend_pool::svg::pool_state(&snap, "hand-made");
+    assert!(svg.ends_with("</svg>\n"));
+}
