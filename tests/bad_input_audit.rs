@@ -388,3 +388,29 @@ fn pool_picture_of_a_hand_made_snapshot_does_not_panic() {
     let svg = ascend_pool::svg::pool_state(&snap, "hand-made");
     assert!(svg.ends_with("</svg>\n"));
 }
+
+// Used to hand a second free of a copied token (and any made-up token) to rlsf's
+// `deallocate` from safe code: rlsf's debug assertion fired, release builds corrupted it.
+#[test]
+fn rlsf_peer_refuses_tokens_of_no_live_segment() {
+    use ascend_pool::peers::RlsfRange;
+    use ascend_pool::trace::RangeReplayer;
+    let mut r = RlsfRange::new(MIB).unwrap();
+    let rule = CarveRule::default();
+    let (_, first) = r.alloc(1000, rule).unwrap();
+    let (_, second) = r.alloc(1000, rule).unwrap();
+    r.free(first); // tokens are `Copy`: the driver keeps copies
+    r.free(first); // a second free of the same segment
+    r.free((12_345, 64)); // no segment there
+    r.free((second.0, 4096)); // a live segment, under another alignment
+    assert_eq!(
+        r.validate(),
+        Err("3 frees were refused".to_string()),
+        "refused frees are reported"
+    );
+    // The range is intact: the live segment frees, and new ones do not overlap.
+    r.free(second);
+    let (a, _) = r.alloc(1000, rule).unwrap();
+    let (b, _) = r.alloc(1000, rule).unwrap();
+    assert!(a.abs_diff(b) >= rule.footprint(1000).unwrap());
+}
