@@ -15,14 +15,28 @@ use static_assertions::const_assert_eq;
 
 /// `ALIGN_UP(len, k) = ((len - 1) / k + 1) * k` as documented, for a power of two `k`.
 ///
-/// Returns `None` on overflow. `align_up(0, k)` is 0.
+/// Returns `None` on overflow, and for a `k` that is not a power of two (0 included).
+/// `align_up(0, k)` is 0.
 ///
 /// ```
 /// assert_eq!(ascend_pool::align::align_up(33, 32), Some(64));
 /// assert_eq!(ascend_pool::align::align_up(u64::MAX, 64), None);
+/// assert_eq!(ascend_pool::align::align_up(33, 48), None);
 /// ```
 #[inline]
 pub const fn align_up(value: u64, align: u64) -> Option<u64> {
+    // Rounding by a mask is only right for a power of two; a constant alignment folds
+    // the test away.
+    if !align.is_power_of_two() {
+        return None;
+    }
+    align_up_pow2(value, align)
+}
+
+/// [`align_up`] for an alignment known to be a power of two (a [`CarveRule`]'s, by its
+/// invariant): no test of it on the allocation path.
+#[inline]
+const fn align_up_pow2(value: u64, align: u64) -> Option<u64> {
     debug_assert!(align.is_power_of_two());
     let mask = align - 1;
     match value.checked_add(mask) {
@@ -118,11 +132,28 @@ impl std::error::Error for CarveRuleError {}
 /// assert!(rule.footprint(0).is_err());
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(try_from = "RuleFields")]
 pub struct CarveRule {
     /// Bytes added after `ALIGN_UP(len, 32)`; a multiple of 32.
     padding: u64,
     /// Start alignment of every segment; a power of two >= 64.
     align: u64,
+}
+
+/// A [`CarveRule`] as serialized, checked by [`CarveRule::new`] when deserialized: the
+/// invariants hold for every rule, read or built.
+#[derive(serde::Deserialize)]
+struct RuleFields {
+    padding: u64,
+    align: u64,
+}
+
+impl TryFrom<RuleFields> for CarveRule {
+    type Error = CarveRuleError;
+
+    fn try_from(f: RuleFields) -> Result<Self, CarveRuleError> {
+        Self::new(f.padding, f.align)
+    }
 }
 
 impl Default for CarveRule {
@@ -195,7 +226,7 @@ impl CarveRule {
             Ok(m) => {
                 // With padding 0 a 32-byte segment still takes one aligned slot.
                 let m = if m < self.align { self.align } else { m };
-                match align_up(m, self.align) {
+                match align_up_pow2(m, self.align) {
                     Some(f) => Ok(f),
                     None => Err(CarveRuleError::LengthOverflow { len }),
                 }

@@ -134,12 +134,39 @@ impl Reservation {
 /// 128 GiB), 32 second-level classes each.
 type RlsfTlsf = rlsf::Tlsf<'static, u32, u32, 32, 32>;
 
+/// Hashes the 64-aligned offsets of live rlsf segments: one multiply, so the check that
+/// guards each free adds little to what the replay times.
+#[derive(Default)]
+struct OffsetHasher(u64);
+
+impl std::hash::Hasher for OffsetHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (n >> 6).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
 /// One range of the `rlsf` crate over an `mmap(MAP_NORESERVE)` region.
+///
+/// A token that names no live segment of this range (a second free of a clone, one
+/// made up) is refused, not given to rlsf, whose `deallocate` it would corrupt; refused
+/// frees fail [`validate`](RangeReplayer::validate).
 pub struct RlsfRange {
     // Field order matters: `tlsf` points into `region` and is dropped first.
     tlsf: RlsfTlsf,
     region: Rc<Reservation>,
     high_water: u64,
+    /// Offset and alignment of every live segment: what `deallocate` needs back, exactly.
+    live: HashMap<u64, usize, std::hash::BuildHasherDefault<OffsetHasher>>,
+    /// Frees refused because their token named no live segment.
+    refused_frees: u64,
 }
 
 impl std::fmt::Debug for RlsfRange {
@@ -172,6 +199,8 @@ impl RlsfRange {
             tlsf,
             region,
             high_water: 0,
+            live: HashMap::default(),
+            refused_frees: 0,
         })
     }
 }
@@ -187,13 +216,20 @@ impl RangeReplayer for RlsfRange {
         let p = self.tlsf.allocate(layout)?;
         let offset = (p.as_ptr() as usize - self.region.base.as_ptr() as usize) as u64;
         self.high_water = self.high_water.max(offset + footprint as u64);
+        self.live.insert(offset, align);
         Some((offset, (offset, align)))
     }
 
     fn free(&mut self, (offset, align): Self::Token) {
-        // SAFETY: `offset` came from `alloc` on this range, so base + offset is inside the
-        // region and is a pointer `tlsf.allocate` returned with alignment `align`; the
-        // driver frees each token once.
+        // Tokens are plain numbers and clones: only a live segment's goes to rlsf.
+        if self.live.get(&offset) != Some(&align) {
+            self.refused_frees += 1;
+            return;
+        }
+        self.live.remove(&offset);
+        // SAFETY: `live` holds `offset` with `align`, so base + offset is inside the region
+        // and is a pointer `tlsf.allocate` returned for alignment `align` that has not been
+        // deallocated since (each is removed from `live` before it is).
         unsafe {
             let p = NonNull::new_unchecked(self.region.base.as_ptr().add(offset as usize));
             self.tlsf.deallocate(p, align);
@@ -202,6 +238,13 @@ impl RangeReplayer for RlsfRange {
 
     fn high_water(&self) -> u64 {
         self.high_water
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        if self.refused_frees > 0 {
+            return Err(format!("{} frees were refused", self.refused_frees));
+        }
+        Ok(())
     }
 }
 

@@ -137,10 +137,10 @@ impl Segment {
         Ok(())
     }
 
-    /// Before host code reads or writes the bytes directly (a host region's slices): waits
-    /// for the previous owner's work and for every stream with work queued on the segment,
-    /// so no stream touches the bytes while a slice lives. A stream destroyed since it was
-    /// recorded has run its work already (a `Stream` waits before it is destroyed).
+    /// Before the host reads or writes the bytes (a host region's slices, the synchronous
+    /// copies and fills): waits for the previous owner's work and for every stream with work
+    /// queued on the segment, so no stream touches the bytes meanwhile. A stream destroyed
+    /// since it was recorded has run its work already (a `Stream` waits before it is destroyed).
     fn settle_streams_for_host(&self) -> Result<()> {
         self.settle_for_host()?;
         let queued = self
@@ -487,13 +487,18 @@ impl Pool {
     }
 
     /// Copies `src` into `dst` at `offset` and waits.
+    ///
+    /// Like every synchronous copy and fill here, it first waits for the streams with work
+    /// queued on the regions it touches (see [`Pool::copy_async`]): that work was queued
+    /// first, and the bytes are not touched under it.
     pub fn copy_from_host(&self, dst: &mut impl Region, offset: u64, src: &[u8]) -> Result<()> {
         self.same_source(dst)?;
         check_bounds(offset, src.len() as u64, dst.len())?;
-        dst.segment().settle_for_host()?;
+        dst.segment().settle_streams_for_host()?;
         let kind = copy_kind(dst.kind(), MemKind::Host);
         // SAFETY: bounds checked above; `dst` is a live region of this source, exclusively
-        // borrowed; `src` is a live host slice of `src.len()` bytes.
+        // borrowed, with no stream work left on it (settled above); `src` is a live host
+        // slice of `src.len()` bytes.
         unsafe {
             self.source().memcpy(
                 dst.addr() + offset as usize,
@@ -509,9 +514,10 @@ impl Pool {
     pub fn copy_to_host(&self, src: &impl Region, offset: u64, dst: &mut [u8]) -> Result<()> {
         self.same_source(src)?;
         check_bounds(offset, dst.len() as u64, src.len())?;
-        src.segment().settle_for_host()?;
+        src.segment().settle_streams_for_host()?;
         let kind = copy_kind(MemKind::Host, src.kind());
-        // SAFETY: bounds checked; `src` is a live region of this source; `dst` a live slice.
+        // SAFETY: bounds checked; `src` is a live region of this source that no stream
+        // writes any more (settled above); `dst` a live slice.
         unsafe {
             self.source().memcpy(
                 dst.as_mut_ptr() as usize,
@@ -536,10 +542,11 @@ impl Pool {
         self.same_source(src)?;
         check_bounds(dst_offset, len, dst.len())?;
         check_bounds(src_off, len, src.len())?;
-        dst.segment().settle_for_host()?;
-        src.segment().settle_for_host()?;
-        // SAFETY: both ranges checked against live regions of this source; `dst` is
-        // exclusively borrowed, so the two do not alias.
+        dst.segment().settle_streams_for_host()?;
+        src.segment().settle_streams_for_host()?;
+        // SAFETY: both ranges checked against live regions of this source, with no stream
+        // work left on either (settled above); `dst` is exclusively borrowed, so the two do
+        // not alias.
         unsafe {
             self.source().memcpy(
                 dst.addr() + dst_offset as usize,
@@ -602,8 +609,9 @@ impl Pool {
     pub fn memset(&self, dst: &mut impl Region, offset: u64, value: u8, len: u64) -> Result<()> {
         self.same_source(dst)?;
         check_bounds(offset, len, dst.len())?;
-        dst.segment().settle_for_host()?;
-        // SAFETY: range checked against a live, exclusively borrowed region of this source.
+        dst.segment().settle_streams_for_host()?;
+        // SAFETY: range checked against a live, exclusively borrowed region of this source
+        // with no stream work left on it (settled above).
         unsafe {
             self.source()
                 .memset(dst.addr() + offset as usize, dst.len() - offset, value, len)

@@ -247,7 +247,11 @@ impl<R: VmmRuntime> SharedMapping<R> {
             if p.offset < end || p.len == 0 || p.offset % granule != 0 || p.len % granule != 0 {
                 return Err(bad("pieces overlap or are not whole granules"));
             }
-            end = p.offset + p.len;
+            // The descriptor comes from another process: its numbers are not trusted.
+            end = p
+                .offset
+                .checked_add(p.len)
+                .ok_or_else(|| bad("a piece ends past the address space"))?;
         }
         if end != desc.span {
             return Err(bad("span disagrees with the pieces"));
@@ -307,23 +311,52 @@ impl<R: VmmRuntime> SharedMapping<R> {
         ((off as u64) < self.desc.len).then(|| self.addr() + off)
     }
 
+    /// The local address of `len` published bytes at `offset`, if they are all mapped:
+    /// inside the published window, and on pieces with no hole between them (what
+    /// [`VmmSource::publish_all`] publishes may span unmapped addresses between chunks).
     fn check(&self, offset: u64, len: usize) -> Result<usize> {
         let len = len as u64;
+        let out = Error::OutOfBounds {
+            offset,
+            len,
+            capacity: self.desc.len,
+        };
         match offset.checked_add(len) {
-            Some(end) if end <= self.desc.len && len > 0 => Ok(self.addr() + offset as usize),
-            _ => Err(Error::OutOfBounds {
-                offset,
-                len,
-                capacity: self.desc.len,
-            }),
+            Some(end) if end <= self.desc.len && len > 0 => {
+                // `open` checked that the window lies within the span.
+                let from = self.desc.offset + offset;
+                if !self.mapped(from, from + len) {
+                    return Err(out);
+                }
+                Ok(self.addr() + offset as usize)
+            }
+            _ => Err(out),
         }
     }
 
-    /// Copies published bytes from `offset` into `out`.
+    /// Whether `from..to` (offsets from `base`) lies on pieces that follow each other
+    /// without a hole. Pieces are sorted, do not overlap and do not overflow (see `open`).
+    fn mapped(&self, from: u64, to: u64) -> bool {
+        let mut at = from;
+        for p in &self.desc.pieces {
+            if p.offset > at {
+                return false;
+            }
+            at = at.max(p.offset + p.len);
+            if at >= to {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Copies published bytes from `offset` into `out`. A range past the published bytes,
+    /// or reaching addresses between two pieces, is refused with [`Error::OutOfBounds`].
     pub fn read(&self, offset: u64, out: &mut [u8]) -> Result<()> {
         let src = self.check(offset, out.len())?;
         let n = out.len() as u64;
-        // SAFETY: `src..src + n` lies in memory this mapping keeps mapped; `out` is n bytes.
+        // SAFETY: `check` found `src..src + n` on pieces this mapping keeps mapped, with no
+        // hole; `out` is n bytes.
         unsafe {
             self.runtime.memcpy(
                 out.as_mut_ptr() as usize,
@@ -335,11 +368,12 @@ impl<R: VmmRuntime> SharedMapping<R> {
         }
     }
 
-    /// Copies `data` into the published bytes at `offset`.
+    /// Copies `data` into the published bytes at `offset`; refused as [`read`](Self::read) is.
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
         let dst = self.check(offset, data.len())?;
         let n = data.len() as u64;
-        // SAFETY: `dst..dst + n` lies in memory this mapping keeps mapped; `data` is n bytes.
+        // SAFETY: `check` found `dst..dst + n` on pieces this mapping keeps mapped, with no
+        // hole; `data` is n bytes.
         unsafe {
             self.runtime
                 .memcpy(dst, n, data.as_ptr() as usize, n, MemcpyKind::HostToDevice)

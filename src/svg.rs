@@ -72,9 +72,11 @@ fn chunk_columns(chunk: &ChunkInfo, columns: usize) -> Vec<[f64; 3]> {
         }
     };
     // A segment parked in a thread cache is free memory as far as users go.
+    // Saturating: a snapshot's fields are public, so one may be made by hand.
     for seg in chunk.segments.iter().filter(|g| !g.cached) {
-        add(seg.offset, seg.offset + seg.len, 0);
-        add(seg.offset + seg.len, seg.offset + seg.footprint, 1);
+        let end = seg.offset.saturating_add(seg.len);
+        add(seg.offset, end, 0);
+        add(end, seg.offset.saturating_add(seg.footprint), 1);
     }
     for col in &mut cols {
         col[2] = (per - col[0] - col[1]).max(0.0);
@@ -170,8 +172,11 @@ pub fn pool_state(snap: &PoolSnapshot, title: &str) -> String {
         y += ROW_H;
         for chunk in &kind.chunks {
             let live = || chunk.segments.iter().filter(|g| !g.cached);
-            let used: u64 = live().map(|g| g.len).sum();
-            let pad: u64 = live().map(|g| g.footprint - g.len).sum();
+            // Saturating, as in `chunk_columns`.
+            let used = live().fold(0u64, |a, g| a.saturating_add(g.len));
+            let pad = live().fold(0u64, |a, g| {
+                a.saturating_add(g.footprint.saturating_sub(g.len))
+            });
             let pct = |b: u64| 100.0 * b as f64 / chunk.size.max(1) as f64;
             let _ = writeln!(
                 out,
@@ -181,7 +186,7 @@ pub fn pool_state(snap: &PoolSnapshot, title: &str) -> String {
                 if chunk.dedicated { " dedicated" } else { "" },
                 pct(used),
                 pct(pad),
-                pct(chunk.size.saturating_sub(used + pad))
+                pct(chunk.size.saturating_sub(used.saturating_add(pad)))
             );
             bar(&mut out, chunk, LABEL_W, y, bar_w);
             y += ROW_H;

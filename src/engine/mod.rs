@@ -64,6 +64,13 @@ pub enum EngineError {
         /// The unit it must be a multiple of.
         unit: u64,
     },
+    /// A slab limit past the largest footprint a slab page holds.
+    SlabMaxTooLarge {
+        /// The `slab_max` asked for.
+        slab_max: u64,
+        /// The largest the slabs take ([`slab::MAX_SLAB_FOOTPRINT`]).
+        max: u64,
+    },
     /// An invariant does not hold; the message says which.
     Corrupt(String),
 }
@@ -90,6 +97,12 @@ impl std::fmt::Display for EngineError {
                 write!(
                     f,
                     "capacity {capacity} is not a non-zero multiple of {unit}"
+                )
+            }
+            Self::SlabMaxTooLarge { slab_max, max } => {
+                write!(
+                    f,
+                    "slab_max {slab_max} is past the largest slab footprint, {max}"
                 )
             }
             Self::Corrupt(m) => write!(f, "engine invariant violated: {m}"),
@@ -120,7 +133,8 @@ pub enum RangeTier {
 pub struct EngineConfig {
     /// The range tier.
     pub range: RangeTier,
-    /// Largest footprint served by slabs (a multiple of 64; 0 turns slabs off).
+    /// Largest footprint served by slabs (a multiple of 64, rounded down if not; 0 turns
+    /// slabs off; at most [`slab::MAX_SLAB_FOOTPRINT`]).
     pub slab_max: u64,
 }
 
@@ -351,9 +365,18 @@ pub struct CarveEngine {
 impl CarveEngine {
     /// An engine over `[0, capacity)`; `capacity` must be a non-zero multiple of 64, and
     /// with the TLSF tier at most `(2^32 - 1) * 64` bytes (just under 256 GiB, more than any
-    /// Ascend device holds): [`EngineError::CapacityTooLarge`] past that.
+    /// Ascend device holds): [`EngineError::CapacityTooLarge`] past that. A `slab_max` past
+    /// [`slab::MAX_SLAB_FOOTPRINT`] is [`EngineError::SlabMaxTooLarge`].
     pub fn new(capacity: u64, config: EngineConfig) -> Result<Self, EngineError> {
         const UNIT: u64 = crate::align::DEFAULT_ALIGN;
+        if config.slab_max > slab::MAX_SLAB_FOOTPRINT {
+            // Past it a slab page holds no object (and the size classes alone would take
+            // 1/64 of `slab_max` in memory).
+            return Err(EngineError::SlabMaxTooLarge {
+                slab_max: config.slab_max,
+                max: slab::MAX_SLAB_FOOTPRINT,
+            });
+        }
         let range = match config.range {
             RangeTier::Tlsf => Range::Tlsf(Box::new(tlsf::TlsfRange::new(capacity, UNIT)?)),
             RangeTier::Buddy => Range::Buddy(buddy::BuddyRange::new(capacity, UNIT)?),

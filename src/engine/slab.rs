@@ -14,6 +14,9 @@ use slab::Slab;
 
 /// The granule of footprints: classes are `64, 128, 192, ...`.
 pub const CLASS_GRANULE: u64 = 64;
+/// Largest footprint slabs can serve: a page holds at least one object and at most 64 KiB
+/// (see [`SlabAllocator::page_shape`]).
+pub const MAX_SLAB_FOOTPRINT: u64 = 64 << 10;
 /// Bits of an object's slot in a handle: a page holds at most 64 objects (see `page_shape`).
 pub const SLOT_BITS: u32 = 6;
 /// Pages the layer may hold at once, so a page index and a slot fit in 31 bits.
@@ -90,9 +93,10 @@ pub struct SlabAllocator {
 }
 
 impl SlabAllocator {
-    /// Slabs for footprints up to `max_footprint` (a multiple of 64; 0 turns slabs off).
+    /// Slabs for footprints up to `max_footprint` (a multiple of 64; 0 turns slabs off),
+    /// and never past [`MAX_SLAB_FOOTPRINT`], where a page would hold no object.
     pub fn new(max_footprint: u64) -> Self {
-        let max_footprint = max_footprint / CLASS_GRANULE * CLASS_GRANULE;
+        let max_footprint = max_footprint.min(MAX_SLAB_FOOTPRINT) / CLASS_GRANULE * CLASS_GRANULE;
         Self {
             max_footprint,
             classes: (0..max_footprint / CLASS_GRANULE)

@@ -21,7 +21,7 @@ pub const CONF_ENV: &str = "ASCEND_POOL_CONF";
 /// | `debug` | [`debug`](Self::debug): canaries in the padding, checked on free | `0` |
 /// | `thread_cache` | [`thread_cache`](Self::thread_cache): bytes of free segments each thread may keep (`off` or `0` = no caches) | `2m` |
 /// | `thread_cache_max` | [`thread_cache_max`](Self::thread_cache_max): largest footprint a thread cache keeps | `256k` |
-/// | `slab_max` | largest footprint served by slabs | `1024` |
+/// | `slab_max` | largest footprint served by slabs (at most `64k`) | `1024` |
 /// | `range` | `tlsf` or `buddy` | `tlsf` |
 /// | `policy` | `huge_first`, `huge_only`, `normal_only`, `huge1g_only` | `huge_first` |
 /// | `device` | device id | `0` |
@@ -223,10 +223,14 @@ impl PoolConfig {
                 self.thread_cache_max, self.thread_cache, self.large_threshold
             )));
         }
-        if self.engine.slab_max % 64 != 0 || self.engine.slab_max > self.chunk_size / 64 {
+        let slab_max = self.engine.slab_max;
+        if slab_max % 64 != 0
+            || slab_max > self.chunk_size / 64
+            || slab_max > crate::engine::slab::MAX_SLAB_FOOTPRINT
+        {
             return Err(Error::Config(format!(
-                "slab_max {} is not a multiple of 64 well below chunk_size",
-                self.engine.slab_max
+                "slab_max {slab_max} is not a multiple of 64 well below chunk_size, up to {}",
+                crate::engine::slab::MAX_SLAB_FOOTPRINT
             )));
         }
         Ok(())

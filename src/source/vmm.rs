@@ -120,8 +120,8 @@ pub trait VmmRuntime: BlockSource {
 pub struct VmmConfig {
     /// Bytes of device addresses reserved once; 0 (default) reserves 4x the device's memory.
     pub reserve: u64,
-    /// Bytes per mapped granule, a multiple of the runtime's minimum granularity; 0 (default)
-    /// uses the recommended granularity.
+    /// Bytes per mapped granule, a power-of-two multiple of the runtime's minimum
+    /// granularity; 0 (default) uses the recommended granularity.
     pub granule: u64,
 }
 
@@ -253,17 +253,18 @@ pub fn is_virtual(kind: MemKind) -> bool {
 impl<R: VmmRuntime> VmmSource<R> {
     /// Reserves the address range on `device` (see [`VmmConfig`]).
     ///
-    /// Fails with [`Error::Config`] for a granule that is not a multiple of the runtime's
-    /// minimum granularity, or with the runtime's error.
+    /// Fails with [`Error::Config`] for a granule that is not a power-of-two multiple of the
+    /// runtime's minimum granularity, or with the runtime's error.
     pub fn new(runtime: Arc<R>, device: DeviceId, config: VmmConfig) -> Result<Self> {
         let minimum = runtime.allocation_granularity(device, false)?;
         let granule = match config.granule {
             0 => runtime.allocation_granularity(device, true)?,
             g => g,
         };
-        if minimum == 0 || granule == 0 || granule % minimum != 0 {
+        // Addresses and sizes are rounded to the granule by masking: a power of two only.
+        if minimum == 0 || !granule.is_power_of_two() || granule % minimum != 0 {
             return Err(Error::Config(format!(
-                "granule {granule} is not a multiple of the runtime's granularity {minimum}"
+                "granule {granule} is not a power-of-two multiple of the runtime's granularity {minimum}"
             )));
         }
         let reserve = match config.reserve {
@@ -615,8 +616,12 @@ impl<R: VmmRuntime + 'static> BlockSource for VmmSource<R> {
         }
         let mut s = lock(&self.state);
         let b = self.known(&s, "aclrtUnmapMem", block)?;
+        if new_size == 0 {
+            // A block of 0 bytes is nothing `alloc_block` hands out: freeing is the way.
+            return Err(runtime_error("aclrtUnmapMem", AclError::INVALID_PARAM));
+        }
         // Keep every extent that starts before the new end (one may straddle it).
-        let keep_to = align_up(new_size.max(1), self.granule).unwrap_or(b.mapped);
+        let keep_to = align_up(new_size, self.granule).unwrap_or(b.mapped);
         let cut = block.addr + keep_to as usize;
         let from = s
             .extents

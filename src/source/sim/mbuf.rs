@@ -68,7 +68,7 @@ impl SimSource {
                 1 => MemKind::Dvpp,
                 _ => return Err(AclError::INVALID_PARAM),
             };
-            let block = self.alloc(device, kind, size)?;
+            let block = self.alloc(device, kind, size, true)?;
             let id = self.next_handle.fetch_add(1, Ordering::Relaxed);
             let data = BufData {
                 block,
@@ -99,7 +99,7 @@ impl SimSource {
                 (d.handles == 0).then_some(d.block)
             };
             match last {
-                Some(block) => self.free(block),
+                Some(block) => self.free(block, true),
                 None => Ok(()),
             }
         })

@@ -36,7 +36,7 @@
 //! | size 0, `count > dst_max`, a device range outside every live block, a null address | `ACL_ERROR_INVALID_PARAM` (100000) |
 //! | device id out of range; recording an event on a stream of another device | `ACL_ERROR_RT_PARAM_INVALID` (107000) |
 //! | device, DVPP or host capacity exceeded (or the host refuses the mapping) | `ACL_ERROR_RT_MEMORY_ALLOCATION` (207001) |
-//! | free of an unknown address, a double free, or the wrong free function (`aclrtFree` on DVPP memory) | `ACL_ERROR_RT_MEMORY_FREE` (207002) |
+//! | free of an unknown address, a double free, or the wrong free function (`aclrtFree` on DVPP memory, or on the data of a shared buffer) | `ACL_ERROR_RT_MEMORY_FREE` (207002) |
 //! | free with the right function but a [`Block`] whose kind, size or device differ from what was handed out | `ACL_ERROR_INVALID_PARAM` (100000) |
 //! | async device-to-device copy with an address not 64-aligned | `ACL_ERROR_RT_ADDR_UNALIGNED` (107008) |
 //! | unknown or destroyed stream or event | `ACL_ERROR_RT_INVALID_HANDLE` (107017) |
@@ -224,6 +224,9 @@ struct BlockRecord {
     /// `aclrtFree`, accounted with its physical memory, and contiguous with the mappings
     /// next to it in the same reservation.
     vmm: bool,
+    /// The data of a shared buffer (`acltdtAllocBuf`): its handles own it, so only
+    /// `acltdtFreeBuf` frees it, never `aclrtFree`.
+    buffer: bool,
 }
 
 impl BlockRecord {
@@ -673,7 +676,14 @@ impl SimSource {
             .ok_or(AclError::RT_INVALID_HANDLE)
     }
 
-    fn alloc(&self, device: DeviceId, kind: MemKind, size: u64) -> Result<Block, AclError> {
+    /// Allocates a block; `buffer` for the data of a shared buffer (see `BlockRecord`).
+    fn alloc(
+        &self,
+        device: DeviceId,
+        kind: MemKind,
+        size: u64,
+        buffer: bool,
+    ) -> Result<Block, AclError> {
         if size == 0 {
             return Err(AclError::INVALID_PARAM);
         }
@@ -729,6 +739,7 @@ impl SimSource {
                 size,
                 rounded,
                 vmm: false,
+                buffer,
             },
         );
         debug_assert!(previous.is_none(), "two live mappings at one address");
@@ -740,13 +751,17 @@ impl SimSource {
         })
     }
 
-    fn free(&self, block: Block) -> Result<(), AclError> {
+    /// Frees a block; `buffer` when a shared buffer's last handle frees its data.
+    fn free(&self, block: Block, buffer: bool) -> Result<(), AclError> {
         let mut mem = lock(&self.mem);
         let rec = mem
             .blocks
             .get(&block.addr)
             .ok_or(AclError::RT_MEMORY_FREE)?;
-        if rec.vmm || AclFunc::free_for(rec.kind) != AclFunc::free_for(block.kind) {
+        if rec.vmm
+            || rec.buffer != buffer
+            || AclFunc::free_for(rec.kind) != AclFunc::free_for(block.kind)
+        {
             return Err(AclError::RT_MEMORY_FREE);
         }
         if rec.kind != block.kind || rec.size != block.size || rec.device != block.device {
@@ -889,11 +904,13 @@ impl BlockSource for SimSource {
     }
 
     fn alloc_block(&self, device: DeviceId, kind: MemKind, size: u64) -> Result<Block> {
-        self.call(AclFunc::alloc_for(kind), || self.alloc(device, kind, size))
+        self.call(AclFunc::alloc_for(kind), || {
+            self.alloc(device, kind, size, false)
+        })
     }
 
     fn free_block(&self, block: Block) -> Result<()> {
-        self.call(AclFunc::free_for(block.kind), || self.free(block))
+        self.call(AclFunc::free_for(block.kind), || self.free(block, false))
     }
 
     fn mem_info(&self, device: DeviceId, kind: MemKind) -> Result<(u64, u64)> {

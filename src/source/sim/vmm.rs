@@ -287,6 +287,7 @@ impl SimSource {
                     size,
                     rounded: size,
                     vmm: true,
+                    buffer: false,
                 },
             );
             debug_assert!(previous.is_none(), "a mapping over a live block");

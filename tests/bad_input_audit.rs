@@ -1,0 +1,438 @@
+//! Bad input the earlier audits missed: one test per defect, each failing before its fix.
+//! Tests marked `#[ignore]` need a fix in a file another change owns; the reason says which.
+
+use ascend_pool::engine::{CarveEngine, EngineConfig, EngineError};
+use ascend_pool::share::{Access, ShareDescriptor, SharedMapping, SharedPiece};
+use ascend_pool::source::sim::{SimConfig, SimSource};
+use ascend_pool::source::vmm::{VmmConfig, VmmSource};
+use ascend_pool::source::{Block, BlockSource, MemcpyKind};
+use ascend_pool::trace::{RejectKind, Rejection, TraceConfig, TraceItem, TraceReader};
+use ascend_pool::{region::Region, AclError, CarveRule, Error, MallocPolicy, MemKind, Pool};
+use ascend_pool::{PoolConfig, Result};
+use std::sync::Arc;
+use std::time::Duration;
+
+const MIB: u64 = 1 << 20;
+
+fn sim(device_capacity: u64) -> Arc<SimSource> {
+    Arc::new(SimSource::new(SimConfig::default().with_device_capacity(device_capacity)).unwrap())
+}
+
+fn assert_empty(pool: &Pool) {
+    pool.trim();
+    pool.validate().unwrap();
+    assert!(pool.leak_report().is_empty(), "{:?}", pool.leak_report());
+    for s in pool.all_stats() {
+        assert_eq!((s.live_regions, s.reserved_bytes), (0, 0), "{s:?}");
+    }
+}
+
+// Used to panic with "attempt to add with overflow" on the piece's end (wrap in release).
+#[test]
+fn share_descriptor_with_an_overflowing_piece_is_refused() {
+    let g = 2 * MIB;
+    let desc = ShareDescriptor {
+        exporter: 1,
+        base: 0x1000_0000,
+        span: g,
+        pieces: vec![
+            SharedPiece {
+                offset: 0,
+                len: g,
+                handle: 1,
+            },
+            SharedPiece {
+                offset: u64::MAX - g + 1,
+                len: 2 * g,
+                handle: 2,
+            },
+        ],
+        offset: 0,
+        len: g,
+    };
+    let sim = sim(256 * MIB);
+    assert!(matches!(
+        SharedMapping::open(Arc::clone(&sim), 0, &desc),
+        Err(Error::Config(_))
+    ));
+    let st = sim.stats();
+    assert_eq!((st.reservations, st.physical_handles), (0, 0));
+}
+
+// Used to hand the runtime's memcpy a range of reserved, unmapped addresses between two pieces
+// (breaking its safety contract); the simulator refused it with aclrtMemcpy INVALID_PARAM.
+#[test]
+fn shared_mapping_refuses_copies_into_holes_between_pieces() {
+    let sim = sim(256 * MIB);
+    let vmm = Arc::new(VmmSource::new(Arc::clone(&sim), 0, VmmConfig::default()).unwrap());
+    let pool = Pool::new(vmm.clone(), PoolConfig::default()).unwrap();
+    // Two kinds grow side by side in the reservation, with free addresses between them.
+    let mut a = pool.alloc_device(1000).unwrap();
+    let b = pool
+        .alloc_device_kind(MemKind::Cached(MallocPolicy::HugeFirst), 1000)
+        .unwrap();
+    pool.copy_from_host(&mut a, 0, b"first piece").unwrap();
+    let desc = vmm.publish_all(&Access::AnyProcess).unwrap();
+    assert_eq!(desc.pieces.len(), 2);
+    let hole = desc.pieces[0].offset + desc.pieces[0].len;
+    assert!(hole < desc.pieces[1].offset, "{desc:?}");
+
+    let m = SharedMapping::open(Arc::clone(&sim), 0, &desc).unwrap();
+    let mut buf = [0u8; 64];
+    let refused = |r: Result<()>| matches!(r, Err(Error::OutOfBounds { .. }));
+    assert!(refused(m.read(hole, &mut buf)));
+    assert!(refused(m.write(hole, &buf)));
+    // Straddling the end of the first piece into the hole.
+    assert!(refused(m.read(hole - 8, &mut buf)));
+    // Inside the pieces, copies still work.
+    let mut got = [0u8; 11];
+    m.read(0, &mut got).unwrap();
+    assert_eq!(&got, b"first piece");
+    m.read(desc.pieces[1].offset, &mut buf).unwrap();
+    m.close().unwrap();
+    drop((a, b));
+    pool.validate().unwrap();
+}
+
+// Used to panic on `debug_assert!(align.is_power_of_two())` (and compute garbage in release).
+#[test]
+fn align_up_refuses_an_alignment_that_is_not_a_power_of_two() {
+    use ascend_pool::align::align_up;
+    assert_eq!(align_up(100, 0), None);
+    assert_eq!(align_up(100, 3), None);
+    assert_eq!(align_up(100, 96), None);
+    assert_eq!(align_up(100, 64), Some(128));
+    assert_eq!(align_up(0, 64), Some(0));
+}
+
+// Used to panic in `align_up` (debug) when the reservation was rounded to a 6 MiB granule.
+#[test]
+fn vmm_source_refuses_a_granule_that_is_not_a_power_of_two() {
+    let sim = sim(256 * MIB);
+    let config = VmmConfig::default().with_granule(6 * MIB);
+    assert!(matches!(
+        VmmSource::new(Arc::clone(&sim), 0, config),
+        Err(Error::Config(_))
+    ));
+    assert_eq!(sim.stats().reservations, 0);
+}
+
+// Used to deserialize into a rule its constructor refuses (padding 7, alignment 3), whose
+// `footprint` then panicked.
+#[test]
+fn carve_rule_deserialization_checks_the_rule() {
+    for json in [
+        r#"{"padding":7,"align":64}"#,
+        r#"{"padding":32,"align":3}"#,
+        r#"{"padding":32,"align":0}"#,
+        r#"{"padding":32,"align":4294967296}"#,
+    ] {
+        assert!(
+            serde_json::from_str::<CarveRule>(json).is_err(),
+            "{json} accepted"
+        );
+    }
+    let ok: CarveRule = serde_json::from_str(r#"{"padding":0,"align":128}"#).unwrap();
+    assert_eq!(ok, CarveRule::new(0, 128).unwrap());
+    let round = serde_json::to_string(&CarveRule::model_input()).unwrap();
+    assert_eq!(
+        serde_json::from_str::<CarveRule>(&round).unwrap(),
+        CarveRule::model_input()
+    );
+}
+
+// Used to pass validation; the first allocation above 64 KiB then asked the range tier for
+// a slab page of 0 bytes and panicked on its assertion.
+#[test]
+fn pool_config_refuses_slab_max_past_a_slab_page() {
+    assert!(matches!(
+        PoolConfig::parse("slab_max:1m"),
+        Err(Error::Config(_))
+    ));
+    let config = PoolConfig::default().with_engine(EngineConfig {
+        slab_max: 128 << 10,
+        ..EngineConfig::default()
+    });
+    assert!(matches!(config.validate(), Err(Error::Config(_))));
+    assert!(PoolConfig::parse("slab_max:64k").is_ok());
+}
+
+// Used to build the engine, which then panicked on its first slab allocation past 64 KiB (and
+// aborted the process for a slab_max of 1 TiB: one size class per 64 bytes up to it).
+#[test]
+fn carve_engine_refuses_slab_max_past_a_slab_page() {
+    let config = EngineConfig {
+        slab_max: MIB,
+        ..EngineConfig::default()
+    };
+    assert!(matches!(
+        CarveEngine::new(8 * MIB, config),
+        Err(EngineError::SlabMaxTooLarge { .. })
+    ));
+    let mut e = CarveEngine::new(
+        8 * MIB,
+        EngineConfig {
+            slab_max: 64 << 10,
+            ..EngineConfig::default()
+        },
+    )
+    .unwrap();
+    let a = e.alloc(60_000, CarveRule::default()).unwrap();
+    e.free(a).unwrap();
+    e.validate().unwrap();
+}
+
+// Used to write the host region while a copy queued earlier on a stream still had to read it
+// (a data race with the stream's worker); the queued copy then read the new bytes.
+#[test]
+fn sync_copies_wait_for_work_queued_on_the_region() {
+    let sim = sim(256 * MIB);
+    let pool = Pool::new(sim.clone(), PoolConfig::default()).unwrap();
+    let stream = pool.create_stream().unwrap();
+    let mut host = pool.alloc_host(4096).unwrap();
+    host.as_mut_slice().fill(1);
+    let mut dev = pool.alloc_device(4096).unwrap();
+
+    let hold = sim.hold_stream(stream.handle()).unwrap();
+    pool.copy_async(&mut dev, 0, &host, 0, 4096, &stream)
+        .unwrap();
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            hold.release();
+        });
+        // Without the wait this write lands first and the held copy reads it.
+        pool.copy_from_host(&mut host, 0, &[2u8; 4096]).unwrap();
+    });
+    stream.synchronize().unwrap();
+    let mut back = [0u8; 4096];
+    pool.copy_to_host(&dev, 0, &mut back).unwrap();
+    assert!(
+        back.iter().all(|&b| b == 1),
+        "the queued copy read later data"
+    );
+
+    // The same for a fill of a region a held stream still reads.
+    let hold = sim.hold_stream(stream.handle()).unwrap();
+    pool.copy_async(&mut host, 0, &dev, 0, 4096, &stream)
+        .unwrap();
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            hold.release();
+        });
+        pool.memset(&mut dev, 0, 9, 4096).unwrap();
+    });
+    assert!(
+        host.as_slice().iter().all(|&b| b == 1),
+        "the queued copy read the fill"
+    );
+    drop((host, dev));
+    pool.synchronize().unwrap();
+    assert_empty(&pool);
+}
+
+// `aclrtFree` used to accept the data of a shared buffer (`acltdtAllocBuf`): the memory went
+// away under the buffer's handles, and `acltdtFreeBuf` then failed with the handle gone.
+#[test]
+fn sim_free_block_refuses_the_memory_of_a_shared_buffer() {
+    let sim = SimSource::default();
+    let buf = sim.alloc_buf(0, 4096, 0).unwrap();
+    let (addr, size) = sim.buf_data(buf).unwrap();
+    let block = Block {
+        addr,
+        size,
+        kind: MemKind::DEVICE,
+        device: 0,
+    };
+    assert_eq!(
+        sim.free_block(block),
+        Err(Error::Runtime {
+            func: "aclrtFree",
+            code: AclError::RT_MEMORY_FREE
+        })
+    );
+    // The buffer is intact: its data is still device memory, and it frees normally.
+    let bytes = [7u8; 16];
+    // SAFETY: the first 16 bytes of the buffer's live data area; `bytes` is 16 bytes.
+    unsafe {
+        sim.memcpy(
+            addr,
+            16,
+            bytes.as_ptr() as usize,
+            16,
+            MemcpyKind::HostToDevice,
+        )
+        .unwrap();
+    }
+    sim.free_buf(buf).unwrap();
+    assert_eq!(sim.stats().live_blocks, 0);
+}
+
+// Used to panic with "attempt to add with overflow" in the limit check of a new chunk
+// (`reserved_bytes + size`), and to wrap past the limit in release.
+#[test]
+#[ignore = "needs fix in src/pool/mod.rs: grow_and_carve's limit check must use checked_add"]
+fn a_huge_request_under_a_limit_is_refused_without_overflow() {
+    let pool = Pool::new(sim(64 * MIB), PoolConfig::default().with_limit(1 << 30)).unwrap();
+    // Fills its 2 MiB chunk to the end, so growing that chunk in place cannot help.
+    let full = pool.alloc_device(2 * MIB - 64).unwrap();
+    // Footprint 2^64 - 2 MiB: a whole number of 2 MiB granules, and past any limit.
+    let res = pool.alloc_device(u64::MAX - 2 * MIB - 31);
+    assert!(
+        matches!(res, Err(Error::LimitExceeded { .. })),
+        "{:?}",
+        res.map(|r| r.addr())
+    );
+    pool.validate().unwrap();
+    drop(full);
+    assert_empty(&pool);
+}
+
+// Used to keep the segment live for good: the free stopped at the error, the region had
+// handed its pool handle over, and the memory never went back (a leaked live segment).
+#[test]
+#[ignore = "needs fix in src/pool/mod.rs: release_to_kind and before_cache_put must free the segment \
+            even when check_canary reports an overrun"]
+fn a_padding_overrun_is_reported_and_the_segment_still_freed() {
+    let pool = Pool::new(sim(64 * MIB), PoolConfig::default().with_debug(true)).unwrap();
+    for len in [100, 1 << 20] {
+        // 1 MiB is past the thread caches' largest footprint: the kind pool's free path.
+        let d = pool.alloc_device(len).unwrap();
+        let junk = [0x55u8; 8];
+        let at = d.addr() + len.next_multiple_of(32) as usize + 2;
+        // SAFETY: 8 bytes inside the segment's padding (32 bytes past its rounded length).
+        unsafe {
+            pool.source()
+                .memcpy(at, 8, junk.as_ptr() as usize, 8, MemcpyKind::HostToDevice)
+                .unwrap();
+        }
+        assert!(matches!(d.free(), Err(Error::Corruption { .. })));
+    }
+    assert_eq!(pool.take_corruption_reports().len(), 2);
+    assert_empty(&pool);
+}
+
+// Used to panic with "attempt to add with overflow" on the live byte counts when the
+// configured device size lets two huge allocations live at once.
+#[test]
+#[ignore = "needs fix in src/trace.rs: TraceReader::parse_line must refuse (SizeTooLarge) an alloc \
+            whose live byte counts would overflow, before recording it"]
+fn a_trace_of_huge_live_allocations_does_not_overflow_the_counts() {
+    let trace = "{\"op\":\"alloc\",\"id\":1,\"size\":9223372036854775808,\"mem\":\"device\"}\n\
+                 {\"op\":\"alloc\",\"id\":2,\"size\":9223372036854775808,\"mem\":\"device\"}\n\
+                 {\"op\":\"free\",\"id\":1}\n\
+                 {\"op\":\"free\",\"id\":2}\n";
+    let config = TraceConfig {
+        device_size: u64::MAX,
+        ..TraceConfig::default()
+    };
+    let mut r = TraceReader::new(trace.as_bytes(), config);
+    let items: Vec<TraceItem> = std::iter::from_fn(|| r.next_item())
+        .map(|i| i.unwrap())
+        .collect();
+    // The second allocation cannot be counted: refused as too large, and its free unknown.
+    assert!(matches!(items[0], TraceItem::Op(_)));
+    assert!(matches!(
+        items[1],
+        TraceItem::Rejected(Rejection {
+            kind: RejectKind::SizeTooLarge,
+            ..
+        })
+    ));
+    assert!(matches!(items[2], TraceItem::Op(_)));
+    assert!(matches!(
+        items[3],
+        TraceItem::Rejected(Rejection {
+            kind: RejectKind::UnknownId,
+            ..
+        })
+    ));
+    let device = r.kind_stats()[MemKind::DEVICE.index()];
+    assert_eq!((device.live_requested, device.live_required), (0, 0));
+    assert_eq!(device.peak_requested, 1 << 63);
+}
+
+// Used to answer `Ok` with a block of 0 bytes (nothing given back), which no allocation
+// hands out; the block's size then disagreed with every other view of it.
+#[test]
+fn vmm_shrink_to_zero_bytes_is_refused() {
+    let sim = sim(256 * MIB);
+    let vmm = VmmSource::new(Arc::clone(&sim), 0, VmmConfig::default()).unwrap();
+    let block = vmm.alloc_block(0, MemKind::DEVICE, 6 * MIB).unwrap();
+    assert_eq!(
+        vmm.shrink_block(block, 0),
+        Err(Error::Runtime {
+            func: "aclrtUnmapMem",
+            code: AclError::INVALID_PARAM
+        })
+    );
+    assert_eq!(vmm.stats().mapped_bytes, 6 * MIB);
+    // One physical allocation backs the block: it stays whole behind a 1-byte block.
+    let kept = vmm.shrink_block(block, 1).unwrap();
+    assert_eq!((kept.addr, kept.size), (block.addr, 1));
+    vmm.validate().unwrap();
+    vmm.free_block(kept).unwrap();
+    assert_eq!(vmm.stats().mapped_bytes, 0);
+}
+
+// Used to panic with "attempt to subtract with overflow" (and add) on a snapshot whose
+// segments were not made by a pool: a footprint below the length, an end past u64::MAX.
+#[test]
+fn pool_picture_of_a_hand_made_snapshot_does_not_panic() {
+    use ascend_pool::engine::EngineStats;
+    use ascend_pool::pool::{ChunkInfo, KindSnapshot, PoolSnapshot, SegmentInfo};
+    let pool = Pool::new(sim(64 * MIB), PoolConfig::default()).unwrap();
+    let stats = pool.stats(MemKind::DEVICE);
+    let seg = |offset: u64, len: u64, footprint: u64| SegmentInfo {
+        kind: MemKind::DEVICE,
+        addr: 0x1000,
+        offset,
+        len,
+        footprint,
+        pending: false,
+        cached: false,
+    };
+    let snap = PoolSnapshot {
+        source: "hand-made".into(),
+        device: 0,
+        kinds: vec![KindSnapshot {
+            stats,
+            chunks: vec![ChunkInfo {
+                addr: 0x1000,
+                size: 2 * MIB,
+                dedicated: false,
+                engine: EngineStats::default(),
+                segments: vec![seg(0, 100, 64), seg(u64::MAX - 10, u64::MAX, u64::MAX)],
+            }],
+        }],
+    };
+    let svg = ascend_pool::svg::pool_state(&snap, "hand-made");
+    assert!(svg.ends_with("</svg>\n"));
+}
+
+// Used to hand a second free of a copied token (and any made-up token) to rlsf's
+// `deallocate` from safe code: rlsf's debug assertion fired, release builds corrupted it.
+#[test]
+fn rlsf_peer_refuses_tokens_of_no_live_segment() {
+    use ascend_pool::peers::RlsfRange;
+    use ascend_pool::trace::RangeReplayer;
+    let mut r = RlsfRange::new(MIB).unwrap();
+    let rule = CarveRule::default();
+    let (_, first) = r.alloc(1000, rule).unwrap();
+    let (_, second) = r.alloc(1000, rule).unwrap();
+    r.free(first); // tokens are `Copy`: the driver keeps copies
+    r.free(first); // a second free of the same segment
+    r.free((12_345, 64)); // no segment there
+    r.free((second.0, 4096)); // a live segment, under another alignment
+    assert_eq!(
+        r.validate(),
+        Err("3 frees were refused".to_string()),
+        "refused frees are reported"
+    );
+    // The range is intact: the live segment frees, and new ones do not overlap.
+    r.free(second);
+    let (a, _) = r.alloc(1000, rule).unwrap();
+    let (b, _) = r.alloc(1000, rule).unwrap();
+    assert!(a.abs_diff(b) >= rule.footprint(1000).unwrap());
+}
