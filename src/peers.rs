@@ -134,37 +134,32 @@ impl Reservation {
 /// 128 GiB), 32 second-level classes each.
 type RlsfTlsf = rlsf::Tlsf<'static, u32, u32, 32, 32>;
 
-/// Hashes the 64-aligned offsets of live rlsf segments: one multiply, so the check that
-/// guards each free adds little to what the replay times.
-#[derive(Default)]
-struct OffsetHasher(u64);
-
-impl std::hash::Hasher for OffsetHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(b);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = (n >> 6).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-    fn finish(&self) -> u64 {
-        self.0
-    }
+/// A segment of an [`RlsfRange`]: where it is, and the slot that vouches for it.
+///
+/// Fields are private, so a token comes only from [`RlsfRange`]'s `alloc`; a copy freed
+/// twice, or a token of another range, is refused (see [`RlsfRange`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RlsfToken {
+    offset: u64,
+    align: usize,
+    /// Key of the segment's entry in the range's `live` slab.
+    slot: usize,
 }
 
 /// One range of the `rlsf` crate over an `mmap(MAP_NORESERVE)` region.
 ///
-/// A token that names no live segment of this range (a second free of a clone, one
-/// made up) is refused, not given to rlsf, whose `deallocate` it would corrupt; refused
-/// frees fail [`validate`](RangeReplayer::validate).
+/// A token that names no live segment of this range (a second free of a copy, a token of
+/// another range) is refused, not given to rlsf, whose `deallocate` it would corrupt; refused
+/// frees fail [`validate`](RangeReplayer::validate). The check is a slab slot read per free,
+/// not a hash lookup, so it adds next to nothing to the time a replay measures for rlsf.
 pub struct RlsfRange {
     // Field order matters: `tlsf` points into `region` and is dropped first.
     tlsf: RlsfTlsf,
     region: Rc<Reservation>,
     high_water: u64,
-    /// Offset and alignment of every live segment: what `deallocate` needs back, exactly.
-    live: HashMap<u64, usize, std::hash::BuildHasherDefault<OffsetHasher>>,
+    /// Offset and alignment of every live segment, at the slot its token names: what
+    /// `deallocate` needs back, exactly. An entry is removed before its segment is freed.
+    live: slab::Slab<(u64, usize)>,
     /// Frees refused because their token named no live segment.
     refused_frees: u64,
 }
@@ -199,15 +194,14 @@ impl RlsfRange {
             tlsf,
             region,
             high_water: 0,
-            live: HashMap::default(),
+            live: slab::Slab::new(),
             refused_frees: 0,
         })
     }
 }
 
 impl RangeReplayer for RlsfRange {
-    /// Offset from the region base and the alignment used.
-    type Token = (u64, usize);
+    type Token = RlsfToken;
 
     fn alloc(&mut self, len: u64, rule: CarveRule) -> Option<(u64, Self::Token)> {
         let footprint = usize::try_from(rule.footprint(len).ok()?).ok()?;
@@ -216,20 +210,29 @@ impl RangeReplayer for RlsfRange {
         let p = self.tlsf.allocate(layout)?;
         let offset = (p.as_ptr() as usize - self.region.base.as_ptr() as usize) as u64;
         self.high_water = self.high_water.max(offset + footprint as u64);
-        self.live.insert(offset, align);
-        Some((offset, (offset, align)))
+        let slot = self.live.insert((offset, align));
+        Some((
+            offset,
+            RlsfToken {
+                offset,
+                align,
+                slot,
+            },
+        ))
     }
 
-    fn free(&mut self, (offset, align): Self::Token) {
-        // Tokens are plain numbers and clones: only a live segment's goes to rlsf.
-        if self.live.get(&offset) != Some(&align) {
+    fn free(&mut self, token: RlsfToken) {
+        // Tokens are copies: only one whose slot still holds its segment goes to rlsf. (A
+        // stale copy whose slot now holds a new segment at the same place frees that one:
+        // wrong for the caller, but still a block rlsf handed out with this layout.)
+        if self.live.get(token.slot) != Some(&(token.offset, token.align)) {
             self.refused_frees += 1;
             return;
         }
-        self.live.remove(&offset);
-        // SAFETY: `live` holds `offset` with `align`, so base + offset is inside the region
-        // and is a pointer `tlsf.allocate` returned for alignment `align` that has not been
-        // deallocated since (each is removed from `live` before it is).
+        let (offset, align) = self.live.remove(token.slot);
+        // SAFETY: `live` held `(offset, align)`, so base + offset is inside the region and is
+        // a pointer `tlsf.allocate` returned for alignment `align` that has not been
+        // deallocated since (its entry is removed before it is).
         unsafe {
             let p = NonNull::new_unchecked(self.region.base.as_ptr().add(offset as usize));
             self.tlsf.deallocate(p, align);

@@ -371,6 +371,14 @@ impl<R: BufRead> TraceReader<R> {
                 if self.live.contains_key(&id) {
                     return Err(RejectKind::IdReused);
                 }
+                let s = &self.kinds[kind.index()];
+                // A kind's live bytes stay within an equal share of `u64::MAX`, so every sum
+                // over kinds (live now, peaks) fits too. Only a device size past 2^61 bytes
+                // lets a trace get here.
+                match s.live_required.checked_add(footprint) {
+                    Some(r) if r <= LIVE_BYTES_PER_KIND_MAX => {}
+                    _ => return Err(RejectKind::SizeTooLarge),
+                }
                 self.freed.remove(&id);
                 self.live.insert(
                     id,
@@ -434,6 +442,10 @@ impl<R: BufRead> TraceReader<R> {
         self.live.len()
     }
 }
+
+/// Most live bytes (required, hence requested too) one kind may count: a share of
+/// `u64::MAX` per kind, so that sums over kinds cannot overflow.
+const LIVE_BYTES_PER_KIND_MAX: u64 = u64::MAX / KIND_COUNT as u64;
 
 /// Checks the fields of an allocation event that need no trace state.
 fn validate_alloc(

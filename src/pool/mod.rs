@@ -991,6 +991,12 @@ impl PoolInner {
         None
     }
 
+    /// Whether holding `more` bytes beside `reserved` passes `limit` (a sum past `u64::MAX`
+    /// does: a huge request must be refused, not wrap under the limit).
+    fn past_limit(reserved: u64, more: u64, limit: u64) -> bool {
+        reserved.checked_add(more).is_none_or(|r| r > limit)
+    }
+
     /// Bytes of the next ordinary chunk of `k`.
     ///
     /// A kind keeps about `sqrt(8 * granule * reserved)` bytes of headroom: each chunk
@@ -1094,7 +1100,9 @@ impl PoolInner {
                 if i > 0 && size == sizes[0] {
                     break;
                 }
-                if self.config.limit != 0 && k.stats.reserved_bytes + size > self.config.limit {
+                if self.config.limit != 0
+                    && Self::past_limit(k.stats.reserved_bytes, size, self.config.limit)
+                {
                     last_err = Some(Error::LimitExceeded {
                         kind: k.kind,
                         requested: len,
@@ -1205,7 +1213,9 @@ impl PoolInner {
             let Some(additional) = crate::align::align_up(need.max(1), granule) else {
                 continue;
             };
-            if self.config.limit != 0 && k.stats.reserved_bytes + additional > self.config.limit {
+            if self.config.limit != 0
+                && Self::past_limit(k.stats.reserved_bytes, additional, self.config.limit)
+            {
                 return Err(Error::LimitExceeded {
                     kind: k.kind,
                     requested: len,
@@ -1364,7 +1374,11 @@ impl PoolInner {
         // segment exactly once, so the registry check below is not needed to get here.)
         if streams.is_empty() && owner.cacheable(seg.alloc.footprint()) {
             if !owner.plain {
-                owner.before_cache_put(seg)?;
+                if let Err(e) = owner.before_cache_put(seg) {
+                    // Reported; the segment still goes back (its region has let go of it).
+                    owner.release_to_kind(seg, streams)?;
+                    return Err(e);
+                }
             }
             // The handle moves into the cache with the segment: no reference-count traffic.
             let mut cached = Some(CachedSegment { raw: *seg, owner });
@@ -1399,12 +1413,25 @@ impl PoolInner {
             Some(e) if e.alloc == seg.alloc => return Err(Error::AlreadyFreed),
             _ => return Err(Error::AlreadyFreed),
         }
-        if self.config.debug && !(streams.is_empty() && self.cacheable(seg.alloc.footprint())) {
-            self.check_canary(seg)?;
-        }
+        // An overrun is reported, but the segment still goes back: its region has let go of
+        // it, so stopping here would lose it for good.
+        let overrun = if self.config.debug
+            && !(streams.is_empty() && self.cacheable(seg.alloc.footprint()))
+        {
+            self.check_canary(seg).err()
+        } else {
+            None
+        };
+        self.free_registered(&mut k, seg, streams);
+        overrun.map_or(Ok(()), Err)
+    }
+
+    /// Frees a registered, not pending segment: at once, or once work queued so far on
+    /// `streams` has run.
+    fn free_registered(&self, k: &mut KindPool, seg: &RawSegment, streams: &[StreamHandle]) {
         if streams.is_empty() {
-            self.finish_free(&mut k, seg.key(), true);
-            return Ok(());
+            self.finish_free(k, seg.key(), true);
+            return;
         }
         let mut events = SmallVec::new();
         for &s in streams {
@@ -1432,12 +1459,11 @@ impl PoolInner {
             });
             // Keep the list bounded without querying events on every call.
             if k.pending.len() % PENDING_RECLAIM_BATCH == 0 {
-                self.reclaim(&mut k, false);
+                self.reclaim(k, false);
             }
-            return Ok(());
+            return;
         }
-        self.finish_free(&mut k, seg.key(), true);
-        Ok(())
+        self.finish_free(k, seg.key(), true);
     }
 
     /// Gives a segment back to its chunk's engine; `user_free` counts it as a free (not
