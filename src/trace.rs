@@ -1182,12 +1182,9 @@ impl RangeReplayer for LockedEngineReplayer {
     }
 }
 
-/// Builds [`LockedEngineReplayer`]s with one [`EngineConfig`](crate::engine::EngineConfig).
+/// Builds [`LockedEngineReplayer`]s, each over an engine its [`EngineFactory`] makes.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct LockedEngineFactory {
-    /// The configuration of every engine.
-    pub config: crate::engine::EngineConfig,
-}
+pub struct LockedEngineFactory(pub EngineFactory);
 
 impl ReplayerFactory for LockedEngineFactory {
     type Replayer = LockedEngineReplayer;
@@ -1197,10 +1194,7 @@ impl ReplayerFactory for LockedEngineFactory {
     }
 
     fn new_range(&self, kind: MemKind, capacity: u64) -> Result<LockedEngineReplayer, String> {
-        let inner = EngineFactory {
-            config: self.config,
-        }
-        .new_range(kind, capacity)?;
+        let inner = self.0.new_range(kind, capacity)?;
         Ok(LockedEngineReplayer(std::sync::Arc::new(
             std::sync::Mutex::new(inner),
         )))

@@ -2,7 +2,7 @@
 
 use ascend_pool::engine::{CarveEngine, EngineConfig, EngineError};
 use ascend_pool::share::{Access, ShareDescriptor, SharedMapping, SharedPiece};
-use ascend_pool::source::sim::{SimConfig, SimSource};
+use ascend_pool::source::sim::{SimConfig, SimSource, StreamHold};
 use ascend_pool::source::vmm::{VmmConfig, VmmSource};
 use ascend_pool::source::{Block, BlockSource, MemcpyKind};
 use ascend_pool::trace::{RejectKind, Rejection, TraceConfig, TraceItem, TraceReader};
@@ -11,19 +11,26 @@ use ascend_pool::{PoolConfig, Result};
 use std::sync::Arc;
 use std::time::Duration;
 
+#[path = "common/empty.rs"]
+mod common_empty;
+use common_empty::assert_empty;
+
 const MIB: u64 = 1 << 20;
 
 fn sim(device_capacity: u64) -> Arc<SimSource> {
     Arc::new(SimSource::new(SimConfig::default().with_device_capacity(device_capacity)).unwrap())
 }
 
-fn assert_empty(pool: &Pool) {
-    pool.trim();
-    pool.validate().unwrap();
-    assert!(pool.leak_report().is_empty(), "{:?}", pool.leak_report());
-    for s in pool.all_stats() {
-        assert_eq!((s.live_regions, s.reserved_bytes), (0, 0), "{s:?}");
-    }
+/// Runs `act` while `hold` keeps its stream from running; releases it 50 ms later from
+/// another thread (so an `act` that waits for the stream returns).
+fn release_later_while(hold: StreamHold<'_>, act: impl FnOnce()) {
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            hold.release();
+        });
+        act();
+    });
 }
 
 // Used to panic with "attempt to add with overflow" on the piece's end (wrap in release).
@@ -195,13 +202,9 @@ fn sync_copies_wait_for_work_queued_on_the_region() {
     let hold = sim.hold_stream(stream.handle()).unwrap();
     pool.copy_async(&mut dev, 0, &host, 0, 4096, &stream)
         .unwrap();
-    std::thread::scope(|s| {
-        s.spawn(move || {
-            std::thread::sleep(Duration::from_millis(50));
-            hold.release();
-        });
-        // Without the wait this write lands first and the held copy reads it.
-        pool.copy_from_host(&mut host, 0, &[2u8; 4096]).unwrap();
+    // Without the wait this write lands first and the held copy reads it.
+    release_later_while(hold, || {
+        pool.copy_from_host(&mut host, 0, &[2u8; 4096]).unwrap()
     });
     stream.synchronize().unwrap();
     let mut back = [0u8; 4096];
@@ -215,13 +218,7 @@ fn sync_copies_wait_for_work_queued_on_the_region() {
     let hold = sim.hold_stream(stream.handle()).unwrap();
     pool.copy_async(&mut host, 0, &dev, 0, 4096, &stream)
         .unwrap();
-    std::thread::scope(|s| {
-        s.spawn(move || {
-            std::thread::sleep(Duration::from_millis(50));
-            hold.release();
-        });
-        pool.memset(&mut dev, 0, 9, 4096).unwrap();
-    });
+    release_later_while(hold, || pool.memset(&mut dev, 0, 9, 4096).unwrap());
     assert!(
         host.as_slice().iter().all(|&b| b == 1),
         "the queued copy read the fill"

@@ -6,6 +6,10 @@ use ascend_pool::source::sim::{SimConfig, SimSource};
 use ascend_pool::{Error, MallocPolicy, MemKind, Pool, PoolConfig, Stream};
 use std::sync::Arc;
 
+#[path = "common/empty.rs"]
+mod common_empty;
+use common_empty::assert_empty;
+
 const MIB: u64 = 1 << 20;
 
 fn small_pool(config: PoolConfig) -> Pool {
@@ -17,15 +21,6 @@ fn small_pool(config: PoolConfig) -> Pool {
 fn foreign_stream() -> Stream {
     let other = Pool::new(Arc::new(SimSource::default()), PoolConfig::default()).unwrap();
     other.create_stream().unwrap()
-}
-
-fn assert_empty(pool: &Pool) {
-    pool.trim();
-    pool.validate().unwrap();
-    assert!(pool.leak_report().is_empty(), "{:?}", pool.leak_report());
-    for s in pool.all_stats() {
-        assert_eq!((s.live_regions, s.reserved_bytes), (0, 0), "{s:?}");
-    }
 }
 
 /// A buddy range holds a segment only in a block of the next power of two: the dedicated
