@@ -127,6 +127,17 @@ fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
     }
 }
 
+/// Waits until this process holds no more memory objects than `objects`.
+///
+/// An exporter's memory outlives its free while a child still imports it; the child's exit
+/// reaches us on a watcher thread, after the child is reaped. A test that shared memory
+/// waits for that here, or the next test's count of memory objects would see it go.
+fn all_given_back(objects: usize) {
+    eventually("the importers' exits reach the exporter", || {
+        memory_objects() == objects
+    });
+}
+
 /// An exporter: a pool over the VMM source over the simulator.
 fn exporter() -> (Arc<SimSource>, Arc<VmmSource<SimSource>>, Pool) {
     let sim = sim();
@@ -197,6 +208,7 @@ fn a_whitelisted_process_reads_answers_and_keeps_the_memory_after_the_exporter_f
 #[test]
 fn a_process_off_the_whitelist_is_refused_and_any_process_opens_without_validation() {
     let _g = serial();
+    let objects = memory_objects();
     let (sim, vmm, pool) = exporter();
     let region = filled(&pool, MIB);
     let me = sim.bare_tgid().unwrap();
@@ -214,7 +226,7 @@ fn a_process_off_the_whitelist_is_refused_and_any_process_opens_without_validati
     outsider.send(&desc.to_json());
     assert_eq!(outsider.line(), format!("err refused {tgid}"));
     outsider.finish();
-    drop(region);
+    drop((region, pool, vmm, sim));
 
     // A whole pool published to any process (pid validation off), opened through the
     // AscendCL path: AclSource over the drop-in library in the child.
@@ -230,7 +242,8 @@ fn a_process_off_the_whitelist_is_refused_and_any_process_opens_without_validati
     reader.send(&window);
     assert_eq!(reader.line(), "read ok");
     reader.finish();
-    drop((region, other));
+    drop((region, other, pool, vmm));
+    all_given_back(objects);
 }
 
 #[test]
@@ -265,6 +278,7 @@ fn memory_outlives_the_exporting_process_until_the_importer_frees_it() {
 #[test]
 fn a_secondary_process_reads_a_buffer_the_primary_authorised() {
     let _g = serial();
+    let objects = memory_objects();
     let (_sim, vmm, pool) = exporter();
     let pool = Arc::new(pool);
     let buf = Mbuf::alloc(&pool, 64 << 10, MbufKind::Normal).unwrap();
@@ -282,6 +296,8 @@ fn a_secondary_process_reads_a_buffer_the_primary_authorised() {
     secondary.send(&desc.to_json());
     assert_eq!(secondary.line(), "mbuf 65536 16 stream=3 decoded frame 42");
     secondary.finish();
+    drop((buf, pool, vmm));
+    all_given_back(objects);
 }
 
 /// The other process. Does nothing in a normal test run.
