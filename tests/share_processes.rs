@@ -129,9 +129,9 @@ fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
 
 /// Waits until this process holds no more memory objects than `objects`.
 ///
-/// An exporter's memory outlives its free while a child still imports it; the child's exit
-/// reaches us on a watcher thread, after the child is reaped. A test that shared memory
-/// waits for that here, or the next test's count of memory objects would see it go.
+/// The exporter's service thread holds a duplicate of each memory object it sends from just
+/// before the send until just after, and the child may be done with it and reaped inside that
+/// window. A test that shared memory waits here, or the next test's count would see it close.
 fn all_given_back(objects: usize) {
     eventually("the importers' exits reach the exporter", || {
         memory_objects() == objects
