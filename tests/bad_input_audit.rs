@@ -147,7 +147,7 @@ fn carve_rule_deserialization_checks_the_rule() {
     );
 }
 
-// Used to pass validation; the first allocation above 64 KiB then asked the range tier for
+// Used to pass validation; the first allocation above the slab limit (then 64 KiB) asked the range tier for
 // a slab page of 0 bytes and panicked on its assertion.
 #[test]
 fn pool_config_refuses_slab_max_past_a_slab_page() {
@@ -156,11 +156,11 @@ fn pool_config_refuses_slab_max_past_a_slab_page() {
         Err(Error::Config(_))
     ));
     let config = PoolConfig::default().with_engine(EngineConfig {
-        slab_max: 128 << 10,
+        slab_max: 512 << 10,
         ..EngineConfig::default()
     });
     assert!(matches!(config.validate(), Err(Error::Config(_))));
-    assert!(PoolConfig::parse("slab_max:64k").is_ok());
+    assert!(PoolConfig::parse("slab_max:256k").is_ok());
 }
 
 // Used to build the engine, which then panicked on its first slab allocation past 64 KiB (and

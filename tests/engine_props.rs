@@ -173,6 +173,11 @@ proptest! {
     }
 
     #[test]
+    fn tlsf_with_mid_sized_slabs_matches_shadow(ops in prop::collection::vec(op(), 1..400)) {
+        run(ops, RangeTier::Tlsf, 128 << 10);
+    }
+
+    #[test]
     fn tlsf_without_slabs_matches_shadow(ops in prop::collection::vec(op(), 1..300)) {
         run(ops, RangeTier::Tlsf, 0);
     }

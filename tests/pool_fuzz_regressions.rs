@@ -32,7 +32,7 @@ fn buddy_dedicated_chunk_holds_its_request() {
     let pool = small_pool(PoolConfig::default().with_chunk_size(6 * MIB).with_engine(
         EngineConfig {
             range: RangeTier::Buddy,
-            ..EngineConfig::default()
+            slab_max: 1024,
         },
     ));
     for len in [11 * MIB, 5 * MIB + 1, 3 * MIB] {

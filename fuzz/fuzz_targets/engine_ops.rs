@@ -30,7 +30,8 @@ fuzz_target!(|input: Input| {
     let mut capacity = 1u64 << (12 + input.capacity_log % 16);
     let config = EngineConfig {
         range: if input.buddy { RangeTier::Buddy } else { RangeTier::Tlsf },
-        slab_max: u64::from(input.slab_max % 8192),
+        // Up to 256 KiB in steps of 4 bytes: exact classes, eighth-of-a-doubling ones above.
+        slab_max: u64::from(input.slab_max) * 4,
     };
     let mut engine = CarveEngine::new(capacity, config).unwrap();
     let mut other = CarveEngine::new(1 << 16, config).unwrap();

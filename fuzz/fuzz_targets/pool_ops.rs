@@ -1209,7 +1209,7 @@ fn build(input: &Input) -> Harness {
             } else {
                 RangeTier::Tlsf
             },
-            ..EngineConfig::default()
+            slab_max: 1024,
         });
     let pool = Pool::new(sim.clone(), config).unwrap();
     let streams = (0..STREAMS)

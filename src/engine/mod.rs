@@ -134,7 +134,9 @@ pub struct EngineConfig {
     /// The range tier.
     pub range: RangeTier,
     /// Largest footprint served by slabs (a multiple of 64, rounded down if not; 0 turns
-    /// slabs off; at most [`slab::MAX_SLAB_FOOTPRINT`]).
+    /// slabs off; at most [`slab::MAX_SLAB_FOOTPRINT`]). 128 KiB by default: bitstream
+    /// packets, activations and other sizes that vary take an O(1) slab object and leave
+    /// the range tier to frames and blocks that recur (see [`slab`] for the classes).
     pub slab_max: u64,
 }
 
@@ -142,7 +144,7 @@ impl Default for EngineConfig {
     fn default() -> Self {
         Self {
             range: RangeTier::Tlsf,
-            slab_max: 1024,
+            slab_max: 128 << 10,
         }
     }
 }
@@ -197,7 +199,7 @@ pub struct EngineStats {
     /// Bytes in slab pages.
     pub slab_bytes: u64,
     /// Bytes taken from the range tier that no live footprint covers
-    /// (free slab objects, cached slab pages).
+    /// (free slab objects, cached slab pages, slab objects' rounding to their class).
     pub internal_waste: u64,
 }
 
@@ -424,11 +426,21 @@ impl CarveEngine {
                     }
                 }
             };
-            let Some((off, slab_place)) = got else {
-                return Err(self.out_of_space(footprint));
-            };
-            offset = off;
-            place = SLAB_PLACE | slab_place;
+            match got {
+                Some((off, slab_place)) => {
+                    offset = off;
+                    place = SLAB_PLACE | slab_place;
+                }
+                // No room for a whole page (a small or full range): the segment alone may fit.
+                None => {
+                    let Some((off, key)) = self.range.alloc(footprint, align, tag) else {
+                        return Err(self.out_of_space(footprint));
+                    };
+                    self.range_live_bytes += footprint;
+                    offset = off;
+                    place = key;
+                }
+            }
         } else {
             let Some((off, key)) = self.range.alloc(footprint, align, tag) else {
                 return Err(self.out_of_space(footprint));

@@ -1,8 +1,10 @@
-//! Slabs for small footprints: O(1) allocate and free, one size class per footprint.
+//! Slabs for small and mid-sized footprints: O(1) allocate and free.
 //!
-//! Footprints under the carve rule are multiples of 64, so every footprint up to
-//! the slab limit gets its own class and a slab object wastes nothing beyond the
-//! rule itself. Pages come from the range engine and go back to it when empty
+//! Footprints under the carve rule are multiples of 64. Up to [`EXACT_MAX`] every footprint
+//! gets its own class, so a slab object wastes nothing beyond the rule itself. Above it a
+//! class spans an eighth of a doubling (objects round up by less than 12.5%), so the many
+//! sizes of bitstream packets or activations share a few well-filled pages instead of one
+//! sparse page per footprint. Pages come from the range engine and go back to it when empty
 //! (one empty page per class is kept to avoid thrashing on alloc/free pairs).
 //!
 //! A page holds at most 64 objects, so one `u64` is its free map, and the tags of all
@@ -12,11 +14,37 @@
 use super::{EngineError, NIL};
 use slab::Slab;
 
-/// The granule of footprints: classes are `64, 128, 192, ...`.
+/// The granule of footprints: classes are `64, 128, 192, ...` up to [`EXACT_MAX`].
 pub const CLASS_GRANULE: u64 = 64;
-/// Largest footprint slabs can serve: a page holds at least one object and at most 64 KiB
-/// (see [`SlabAllocator::page_shape`]).
-pub const MAX_SLAB_FOOTPRINT: u64 = 64 << 10;
+/// Footprints up to this each have their own class; above it a class spans an eighth of a
+/// doubling (objects round up by less than 12.5%), so recurring and random sizes alike
+/// share a few well-filled pages instead of one sparse page per footprint.
+pub const EXACT_MAX: u64 = 1024;
+/// log2 of the classes per doubling above [`EXACT_MAX`].
+const STEP_SHIFT: u32 = 3;
+/// Bytes a page above [`EXACT_MAX`] aims at (at least 4 objects, at most 64).
+const LARGE_PAGE: u64 = 256 << 10;
+
+/// Class of a footprint (a non-zero multiple of 64) and the bytes of its objects.
+#[inline]
+pub fn class_of(footprint: u64) -> (usize, u64) {
+    if footprint <= EXACT_MAX {
+        ((footprint / CLASS_GRANULE - 1) as usize, footprint)
+    } else {
+        // 2^k < footprint <= 2^(k+1), k >= 10: eight steps of 2^(k-3) bytes.
+        let k = 63 - (footprint - 1).leading_zeros();
+        let step_shift = k - STEP_SHIFT;
+        let sub = (footprint - (1 << k) + (1 << step_shift) - 1) >> step_shift;
+        let exact = (EXACT_MAX / CLASS_GRANULE) as usize;
+        let class =
+            exact + ((k - EXACT_MAX.trailing_zeros()) << STEP_SHIFT) as usize + sub as usize - 1;
+        (class, (1 << k) + (sub << step_shift))
+    }
+}
+/// Largest footprint slabs serve: past it a page of four objects passes a megabyte, and a
+/// page mostly empty costs more memory than the O(1) path is worth (see
+/// [`SlabAllocator::page_shape`]).
+pub const MAX_SLAB_FOOTPRINT: u64 = 256 << 10;
 /// Bits of an object's slot in a handle: a page holds at most 64 objects (see `page_shape`).
 pub const SLOT_BITS: u32 = 6;
 /// Pages the layer may hold at once, so a page index and a slot fit in 31 bits.
@@ -94,12 +122,16 @@ pub struct SlabAllocator {
 
 impl SlabAllocator {
     /// Slabs for footprints up to `max_footprint` (a multiple of 64; 0 turns slabs off),
-    /// and never past [`MAX_SLAB_FOOTPRINT`], where a page would hold no object.
+    /// capped at [`MAX_SLAB_FOOTPRINT`].
     pub fn new(max_footprint: u64) -> Self {
         let max_footprint = max_footprint.min(MAX_SLAB_FOOTPRINT) / CLASS_GRANULE * CLASS_GRANULE;
         Self {
             max_footprint,
-            classes: (0..max_footprint / CLASS_GRANULE)
+            classes: (0..if max_footprint == 0 {
+                0
+            } else {
+                class_of(max_footprint).0 + 1
+            })
                 .map(|_| SizeClass::default())
                 .collect(),
             pages: Slab::new(),
@@ -120,9 +152,15 @@ impl SlabAllocator {
     }
 
     /// Page geometry for a footprint: (bytes, objects, alignment). At most 64 objects:
-    /// 4 KiB of 64-byte objects, else 32 objects up to 64 KiB.
+    /// 4 KiB of 64-byte objects, else 32 objects up to 64 KiB; above [`EXACT_MAX`], pages of
+    /// about 256 KiB holding 4 to 64 objects of the class's size.
     pub fn page_shape(footprint: u64) -> (u64, u32, u64) {
-        let objects = (footprint * 32).clamp(4096, 65536) / footprint;
+        let footprint = class_of(footprint).1;
+        let objects = if footprint <= EXACT_MAX {
+            (footprint * 32).clamp(4096, 65536) / footprint
+        } else {
+            (LARGE_PAGE / footprint).clamp(4, 64)
+        };
         debug_assert!(objects <= 1 << SLOT_BITS);
         let align = if footprint % 128 == 0 { 128 } else { 64 };
         (objects * footprint, objects as u32, align)
@@ -132,7 +170,7 @@ impl SlabAllocator {
     /// place is `page << SLOT_BITS | slot`.
     #[inline(always)]
     pub fn alloc(&mut self, footprint: u64, tag: u32) -> Option<(u64, u32)> {
-        let class = (footprint / CLASS_GRANULE - 1) as usize;
+        let (class, footprint) = class_of(footprint);
         let c = &mut self.classes[class];
         let page_idx = match c.partial.last() {
             Some(&p) => p,
@@ -161,7 +199,7 @@ impl SlabAllocator {
 
     /// Adds a fresh page for `footprint` at `base` taken from the range engine.
     pub fn add_page(&mut self, footprint: u64, base: u64, range_key: u32, range_tag: u32) {
-        let class = (footprint / CLASS_GRANULE - 1) as usize;
+        let (class, footprint) = class_of(footprint);
         let (bytes, objects, _) = Self::page_shape(footprint);
         let c = &mut self.classes[class];
         let idx = self.pages.insert(SlabPage {
@@ -261,7 +299,7 @@ impl SlabAllocator {
             if p.objects == 0
                 || p.objects > SLOTS as u32
                 || p.free_bits >> (p.objects - 1) > 1
-                || p.footprint != (u64::from(p.class) + 1) * CLASS_GRANULE
+                || class_of(p.footprint) != (p.class as usize, p.footprint)
             {
                 return fail(format!(
                     "page {i}: {} objects, free map {:#x}",
@@ -341,6 +379,29 @@ impl SlabAllocator {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn classes_round_up_by_less_than_an_eighth() {
+        // Exact up to 1 KiB, then eight steps per doubling.
+        assert_eq!(class_of(64), (0, 64));
+        assert_eq!(class_of(1024), (15, 1024));
+        assert_eq!(class_of(1088), (16, 1152));
+        assert_eq!(class_of(2048), (23, 2048));
+        assert_eq!(class_of(2112), (24, 2304));
+        assert_eq!(class_of(100_032), (68, 106_496));
+        assert_eq!(class_of(MAX_SLAB_FOOTPRINT), (79, MAX_SLAB_FOOTPRINT));
+        let mut last = (0, 0);
+        for f in (64..=MAX_SLAB_FOOTPRINT).step_by(64) {
+            let (class, size) = class_of(f);
+            assert!(size >= f && (size - f) * 8 < f, "{f} -> {size}");
+            assert!(f <= EXACT_MAX || size % 128 == 0, "{f} -> {size}");
+            assert!(class == last.0 && size == last.1 || class == last.0 + 1 || f == 64);
+            last = (class, size);
+            let (bytes, objects, align) = SlabAllocator::page_shape(f);
+            assert!((1..=64).contains(&objects) && bytes == u64::from(objects) * size);
+            assert!(f <= EXACT_MAX || (objects >= 4 && align == 128));
+        }
+    }
 
     #[test]
     fn pages_fill_release_and_refuse_stale_places() {

@@ -21,7 +21,7 @@ pub const CONF_ENV: &str = "ASCEND_POOL_CONF";
 /// | `debug` | [`debug`](Self::debug): canaries in the padding, checked on free | `0` |
 /// | `thread_cache` | [`thread_cache`](Self::thread_cache): bytes of free segments each thread may keep (`off` or `0` = no caches) | `2m` |
 /// | `thread_cache_max` | [`thread_cache_max`](Self::thread_cache_max): largest footprint a thread cache keeps | `256k` |
-/// | `slab_max` | largest footprint served by slabs (at most `64k`) | `1024` |
+/// | `slab_max` | largest footprint served by slabs (at most `256k`) | `1024` |
 /// | `range` | `tlsf` or `buddy` | `tlsf` |
 /// | `policy` | `huge_first`, `huge_only`, `normal_only`, `huge1g_only` | `huge_first` |
 /// | `device` | device id | `0` |
@@ -87,7 +87,13 @@ impl Default for PoolConfig {
             debug: false,
             thread_cache: 2 << 20,
             thread_cache_max: 256 << 10,
-            engine: EngineConfig::default(),
+            // Slabs only up to 1 KiB, not the bare engine's 128 KiB: each chunk's engine keeps
+            // its own partial pages, so mid-sized classes cost the pool more than they save
+            // (video utilization 0.83, random-mix 0.85 at 128 KiB, against 0.876 and 0.874).
+            engine: EngineConfig {
+                slab_max: 1024,
+                ..EngineConfig::default()
+            },
             policy: MallocPolicy::HugeFirst,
             device: 0,
             record: None,
