@@ -431,8 +431,11 @@ impl CarveEngine {
                     offset = off;
                     place = SLAB_PLACE | slab_place;
                 }
-                // No room for a whole page (a small or full range): the segment alone may fit.
-                None => {
+                // No room for a page of a mid-sized class (up to a megabyte): the segment
+                // alone may still fit. A page of an exact class is at most 64 KiB, so a range
+                // without room for one is full; the pool, whose slabs stop at 1 KiB, then
+                // looks in its other chunks.
+                None if footprint > slab::EXACT_MAX => {
                     let Some((off, key)) = self.range.alloc(footprint, align, tag) else {
                         return Err(self.out_of_space(footprint));
                     };
@@ -440,6 +443,7 @@ impl CarveEngine {
                     offset = off;
                     place = key;
                 }
+                None => return Err(self.out_of_space(footprint)),
             }
         } else {
             let Some((off, key)) = self.range.alloc(footprint, align, tag) else {
