@@ -436,23 +436,12 @@ impl CarveEngine {
                 // without room for one is full; the pool, whose slabs stop at 1 KiB, then
                 // looks in its other chunks.
                 None if footprint > slab::EXACT_MAX => {
-                    let Some((off, key)) = self.range.alloc(footprint, align, tag) else {
-                        return Err(self.out_of_space(footprint));
-                    };
-                    self.range_live_bytes += footprint;
-                    offset = off;
-                    place = key;
+                    (offset, place) = self.alloc_in_range(footprint, align, tag)?;
                 }
                 None => return Err(self.out_of_space(footprint)),
             }
         } else {
-            let Some((off, key)) = self.range.alloc(footprint, align, tag) else {
-                return Err(self.out_of_space(footprint));
-            };
-            debug_assert!(key & SLAB_PLACE == 0, "range keys stay below 2^31");
-            self.range_live_bytes += footprint;
-            offset = off;
-            place = key;
+            (offset, place) = self.alloc_in_range(footprint, align, tag)?;
         }
         let c = &mut self.counters;
         c.live += 1;
@@ -470,6 +459,22 @@ impl CarveEngine {
             tag,
             engine: self.id,
         })
+    }
+
+    /// A segment straight from the range tier: its offset and key (the handle's place).
+    #[inline(always)]
+    fn alloc_in_range(
+        &mut self,
+        footprint: u64,
+        align: u64,
+        tag: u32,
+    ) -> Result<(u64, u32), EngineError> {
+        let Some((offset, key)) = self.range.alloc(footprint, align, tag) else {
+            return Err(self.out_of_space(footprint));
+        };
+        debug_assert!(key & SLAB_PLACE == 0, "range keys stay below 2^31");
+        self.range_live_bytes += footprint;
+        Ok((offset, key))
     }
 
     /// Gives a segment back. A handle from another engine, or one already freed, is refused.
