@@ -7,12 +7,15 @@
 //! sparse page per footprint. Pages come from the range engine and go back to it when empty
 //! (one empty page per class is kept to avoid thrashing on alloc/free pairs).
 //!
-//! A page holds at most 64 objects, so one `u64` is its free map, and the tags of all
-//! objects live in one flat table indexed like a handle's place (`page << 6 | slot`):
-//! an allocation or a free touches the page record and one tag, nothing else.
+//! A page holds at most 64 objects, so one `u64` is its free map. Each page record holds
+//! the tags of its objects too, after the fields an allocation or a free reads: the first
+//! nine tags share that first cache line. So a page of at most nine objects (a class above
+//! 28 KiB) costs one line per allocation or free besides its class, any other page two;
+//! and the tag's place follows from the slot without a branch. (The records are a plain
+//! `Vec` with a vacancy chain, not a `slab::Slab`, whose entry tag would shift a record
+//! off its cache line.)
 
 use super::{EngineError, NIL};
-use slab::Slab;
 
 /// The granule of footprints: classes are `64, 128, 192, ...` up to [`EXACT_MAX`].
 pub const CLASS_GRANULE: u64 = 64;
@@ -28,18 +31,25 @@ const LARGE_PAGE: u64 = 256 << 10;
 /// Class of a footprint (a non-zero multiple of 64) and the bytes of its objects.
 #[inline]
 pub fn class_of(footprint: u64) -> (usize, u64) {
-    if footprint <= EXACT_MAX {
-        ((footprint / CLASS_GRANULE - 1) as usize, footprint)
-    } else {
-        // 2^k < footprint <= 2^(k+1), k >= 10: eight steps of 2^(k-3) bytes.
-        let k = 63 - (footprint - 1).leading_zeros();
-        let step_shift = k - STEP_SHIFT;
-        let sub = (footprint - (1 << k) + (1 << step_shift) - 1) >> step_shift;
-        let exact = (EXACT_MAX / CLASS_GRANULE) as usize;
-        let class =
-            exact + ((k - EXACT_MAX.trailing_zeros()) << STEP_SHIFT) as usize + sub as usize - 1;
-        (class, (1 << k) + (sub << step_shift))
-    }
+    // Both forms are computed and one is selected, without a branch: random sizes fall
+    // on either side of `EXACT_MAX` unpredictably.
+    let exact = (footprint / CLASS_GRANULE).wrapping_sub(1);
+    // Above it, 2^k < footprint <= 2^(k+1) with k >= 10: eight steps of 2^(k-3) bytes.
+    // (Below, these wrap harmlessly and are not used.)
+    let k = u64::from(63 - (footprint.max(2) - 1).leading_zeros());
+    let step_shift = k.wrapping_sub(u64::from(STEP_SHIFT)) & 63;
+    let sub = (footprint.wrapping_sub(1 << k) + (1 << step_shift) - 1) >> step_shift;
+    let geometric = (EXACT_MAX / CLASS_GRANULE)
+        .wrapping_add((k.wrapping_sub(u64::from(EXACT_MAX.trailing_zeros()))) << STEP_SHIFT)
+        .wrapping_add(sub)
+        .wrapping_sub(1);
+    let bytes = (1u64 << k).wrapping_add(sub << step_shift);
+    // All ones when exact; a mask, since the compiler would keep a branch for an `if`.
+    let is_exact = u64::from(footprint <= EXACT_MAX).wrapping_neg();
+    (
+        (exact & is_exact | geometric & !is_exact) as usize,
+        footprint & is_exact | bytes & !is_exact,
+    )
 }
 /// Largest footprint slabs serve: past it a page of four objects passes a megabyte, and a
 /// page mostly empty costs more memory than the O(1) path is worth (see
@@ -52,40 +62,96 @@ pub const MAX_PAGES: usize = 1 << (31 - SLOT_BITS);
 /// Slots per page in the tag table.
 const SLOTS: usize = 1 << SLOT_BITS;
 
-/// One page of objects of a single footprint.
-#[derive(Debug)]
+/// One page of objects of a single footprint, or a vacant record (`objects == 0`).
+///
+/// Aligned to a cache line, with the fields an allocation or a free reads first and the
+/// first tags beside them (see the module docs).
+#[derive(Debug, Clone, Copy)]
+#[repr(C, align(64))]
 struct SlabPage {
     /// Offset of the page in the range (aligned to 128 when the footprint is a multiple of 128).
     base: u64,
-    /// Bytes of one object.
-    footprint: u64,
     /// Bit `i` set iff object `i` is free; bits at and past `objects` are clear.
     free_bits: u64,
+    /// Bytes of one object (at most [`MAX_SLAB_FOOTPRINT`]).
+    footprint: u32,
+    /// Position in its class's `partial` list, or `NIL` when full (or cached empty); in a
+    /// vacant record, the next vacant record (`NIL` ends the chain).
+    partial_pos: u32,
+    /// Class index.
+    class: u16,
+    /// Objects in use; `0 ..= objects`.
+    used: u8,
+    /// Object count, `1 ..= 64`; 0 in a vacant record.
+    objects: u8,
+    /// Allocation tag of each object; 0 when free (and past `objects`).
+    tags: [u32; SLOTS],
     /// Range-engine key and tag, to give the page back.
     range_key: u32,
     range_tag: u32,
-    /// Class index.
-    class: u32,
-    /// Objects in use; `0 ..= objects`.
-    used: u32,
-    /// Object count, `1 ..= 64`.
-    objects: u32,
-    /// Position in its class's `partial` list, or `NIL` when full (or cached empty).
-    partial_pos: u32,
 }
 
+// The hot fields and the first nine tags share the first line.
+static_assertions::const_assert_eq!(std::mem::offset_of!(SlabPage, tags), 28);
+static_assertions::const_assert_eq!(std::mem::size_of::<SlabPage>(), 320);
+
 impl SlabPage {
+    const VACANT: Self = Self {
+        base: 0,
+        free_bits: 0,
+        footprint: 0,
+        partial_pos: NIL,
+        class: 0,
+        used: 0,
+        objects: 0,
+        tags: [0; SLOTS],
+        range_key: 0,
+        range_tag: 0,
+    };
+
     fn bytes(&self) -> u64 {
-        u64::from(self.objects) * self.footprint
+        u64::from(self.objects) * u64::from(self.footprint)
     }
 }
 
-#[derive(Debug, Default)]
+/// The pages of one class that have room.
+#[derive(Debug)]
 struct SizeClass {
+    /// `partial`'s last entry (`NIL` when empty), kept here so that an allocation reads
+    /// only this record, not the list's buffer.
+    top: u32,
+    /// A wholly free page kept back from the range engine (`NIL` when none).
+    cached_empty: u32,
     /// Pages with at least one free object; the last one serves next.
     partial: Vec<u32>,
-    /// A wholly free page kept back from the range engine.
-    cached_empty: Option<u32>,
+}
+
+impl Default for SizeClass {
+    fn default() -> Self {
+        Self {
+            top: NIL,
+            cached_empty: NIL,
+            partial: Vec::new(),
+        }
+    }
+}
+
+impl SizeClass {
+    /// Appends `page` to `partial`; returns its position.
+    #[inline]
+    fn push(&mut self, page: u32) -> u32 {
+        self.partial.push(page);
+        self.top = page;
+        (self.partial.len() - 1) as u32
+    }
+
+    /// Removes the entry at `pos` (the last one moves there); returns the moved page, if any.
+    #[inline]
+    fn swap_remove(&mut self, pos: usize) -> Option<u32> {
+        self.partial.swap_remove(pos);
+        self.top = self.partial.last().copied().unwrap_or(NIL);
+        self.partial.get(pos).copied()
+    }
 }
 
 /// What the slab layer hands back to the range engine.
@@ -104,18 +170,21 @@ pub struct PageRelease {
 /// Invariants (checked by [`SlabAllocator::validate`]):
 /// - a page is in its class's `partial` list iff `0 < used < objects`, or `used == 0`
 ///   and it is not the class's cached empty page, which never happens outside a call
-///   (empty pages are released or cached at once);
+///   (empty pages are released or cached at once); a class's `top` is its list's last entry;
 /// - `used` equals the number of clear bits below `objects` in `free_bits`;
-/// - `tags[page << SLOT_BITS | i] != 0` iff object `i` of a held page is in use; every
-///   other entry (free objects, slots past `objects`, vacant page indices) is 0.
+/// - the tag of object `i` of a held page is non-zero iff the object is in use; every
+///   other tag (free objects, slots past `objects`, vacant records) is 0;
+/// - the vacant records form one chain from `vacant` through `partial_pos`, and `held`
+///   counts the others.
 #[derive(Debug)]
 pub struct SlabAllocator {
     max_footprint: u64,
     classes: Vec<SizeClass>,
-    pages: Slab<SlabPage>,
-    /// Allocation tag of every object, at `page << SLOT_BITS | slot`; 0 when free.
-    /// Grows with the highest page index, [`SLOTS`] entries per page.
-    tags: Vec<u32>,
+    pages: Vec<SlabPage>,
+    /// First vacant record of `pages` (`NIL` when none).
+    vacant: u32,
+    /// Records of `pages` that hold a page.
+    held: usize,
     /// Bytes of all pages held (in use and cached).
     page_bytes: u64,
 }
@@ -134,8 +203,9 @@ impl SlabAllocator {
             })
                 .map(|_| SizeClass::default())
                 .collect(),
-            pages: Slab::new(),
-            tags: Vec::new(),
+            pages: Vec::new(),
+            vacant: NIL,
+            held: 0,
             page_bytes: 0,
         }
     }
@@ -144,11 +214,12 @@ impl SlabAllocator {
     /// [`MAX_PAGES`] pages are held, so page indices stay below it).
     #[inline]
     pub fn serves(&self, footprint: u64, align: u64) -> bool {
-        // `align` is a power of two: a mask, not a division, on the hot path.
-        footprint <= self.max_footprint
-            && align <= 128
-            && footprint & (align - 1) == 0
-            && self.pages.len() < MAX_PAGES
+        // `align` is a power of two: a mask, not a division, on the hot path. Non-short-
+        // circuit `&`: one branch for the caller to predict, not four.
+        (footprint <= self.max_footprint)
+            & (align <= 128)
+            & (footprint & (align - 1) == 0)
+            & (self.held < MAX_PAGES)
     }
 
     /// Page geometry for a footprint: (bytes, objects, alignment). At most 64 objects:
@@ -172,14 +243,16 @@ impl SlabAllocator {
     pub fn alloc(&mut self, footprint: u64, tag: u32) -> Option<(u64, u32)> {
         let (class, footprint) = class_of(footprint);
         let c = &mut self.classes[class];
-        let page_idx = match c.partial.last() {
-            Some(&p) => p,
-            None => {
-                let p = c.cached_empty.take()?;
-                self.pages[p as usize].partial_pos = c.partial.len() as u32;
-                c.partial.push(p);
-                p
+        let page_idx = if c.top != NIL {
+            c.top
+        } else {
+            let p = c.cached_empty;
+            if p == NIL {
+                return None;
             }
+            c.cached_empty = NIL;
+            self.pages[p as usize].partial_pos = c.push(p);
+            p
         };
         let page = &mut self.pages[page_idx as usize];
         debug_assert!(page.free_bits != 0, "a partial page has a free object");
@@ -191,37 +264,44 @@ impl SlabAllocator {
             // Full: out of the partial list (it is the last entry).
             page.partial_pos = NIL;
             c.partial.pop();
+            c.top = c.partial.last().copied().unwrap_or(NIL);
         }
-        let place = page_idx << SLOT_BITS | slot;
-        self.tags[place as usize] = tag;
-        Some((offset, place))
+        page.tags[slot as usize] = tag;
+        Some((offset, page_idx << SLOT_BITS | slot))
     }
 
     /// Adds a fresh page for `footprint` at `base` taken from the range engine.
     pub fn add_page(&mut self, footprint: u64, base: u64, range_key: u32, range_tag: u32) {
         let (class, footprint) = class_of(footprint);
         let (bytes, objects, _) = Self::page_shape(footprint);
+        let idx = if self.vacant != NIL {
+            let idx = self.vacant;
+            self.vacant = self.pages[idx as usize].partial_pos;
+            idx
+        } else {
+            self.pages.push(SlabPage::VACANT);
+            (self.pages.len() - 1) as u32
+        };
         let c = &mut self.classes[class];
-        let idx = self.pages.insert(SlabPage {
+        self.pages[idx as usize] = SlabPage {
             base,
-            footprint,
             free_bits: if objects == 64 {
                 !0
             } else {
                 (1 << objects) - 1
             },
+            // Both fit: a footprint is at most `MAX_SLAB_FOOTPRINT`, a class below 2^16,
+            // a page at most 64 objects.
+            footprint: footprint as u32,
+            partial_pos: c.push(idx),
+            class: class as u16,
+            used: 0,
+            objects: objects as u8,
+            tags: [0; SLOTS],
             range_key,
             range_tag,
-            class: class as u32,
-            used: 0,
-            objects,
-            partial_pos: c.partial.len() as u32,
-        });
-        c.partial.push(idx as u32);
-        let end = (idx + 1) * SLOTS;
-        if self.tags.len() < end {
-            self.tags.resize(end, 0);
-        }
+        };
+        self.held += 1;
         self.page_bytes += bytes;
     }
 
@@ -235,13 +315,17 @@ impl SlabAllocator {
         tag: u32,
     ) -> Result<Option<PageRelease>, EngineError> {
         let page_idx = place >> SLOT_BITS;
-        let slot = place & (SLOTS as u32 - 1);
+        let slot = (place & (SLOTS as u32 - 1)) as usize;
         let Some(page) = self.pages.get_mut(page_idx as usize) else {
             return Err(EngineError::AlreadyFreed { offset });
         };
-        // A held page's tag entries exist; a tag is never 0, so a free slot never matches.
-        let stored = &mut self.tags[place as usize];
-        if tag == 0 || *stored != tag || page.base + u64::from(slot) * page.footprint != offset {
+        // A tag is never 0: so a free slot, a slot past the page's objects or a vacant
+        // record never matches.
+        let stored = &mut page.tags[slot];
+        if tag == 0
+            || *stored != tag
+            || page.base + slot as u64 * u64::from(page.footprint) != offset
+        {
             return Err(EngineError::AlreadyFreed { offset });
         }
         *stored = 0;
@@ -249,9 +333,7 @@ impl SlabAllocator {
         page.free_bits |= 1 << slot;
         page.used -= 1;
         if was_full {
-            let c = &mut self.classes[page.class as usize];
-            page.partial_pos = c.partial.len() as u32;
-            c.partial.push(page_idx);
+            page.partial_pos = self.classes[usize::from(page.class)].push(page_idx);
         }
         if page.used > 0 {
             return Ok(None);
@@ -263,10 +345,10 @@ impl SlabAllocator {
     /// older cached page back.
     #[inline(never)]
     fn retire(&mut self, page_idx: u32) -> Option<PageRelease> {
-        let class = self.pages[page_idx as usize].class as usize;
+        let class = usize::from(self.pages[page_idx as usize].class);
         self.unlist(page_idx);
-        let older = self.classes[class].cached_empty.replace(page_idx);
-        older.map(|p| self.remove_page(p))
+        let older = std::mem::replace(&mut self.classes[class].cached_empty, page_idx);
+        (older != NIL).then(|| self.remove_page(older))
     }
 
     /// Gives back every cached empty page.
@@ -274,7 +356,8 @@ impl SlabAllocator {
         let cached: Vec<u32> = self
             .classes
             .iter_mut()
-            .filter_map(|c| c.cached_empty.take())
+            .map(|c| std::mem::replace(&mut c.cached_empty, NIL))
+            .filter(|&p| p != NIL)
             .collect();
         cached.into_iter().map(|p| self.remove_page(p)).collect()
     }
@@ -286,66 +369,78 @@ impl SlabAllocator {
 
     /// Number of pages held.
     pub fn page_count(&self) -> usize {
-        self.pages.len()
+        self.held
     }
 
     /// Checks every invariant listed on the type.
     pub fn validate(&self) -> Result<(), EngineError> {
         let fail = |m: String| Err(EngineError::Corrupt(format!("slab: {m}")));
+        let mut on_chain = vec![false; self.pages.len()];
+        let mut v = self.vacant;
+        while v != NIL {
+            match on_chain.get_mut(v as usize) {
+                Some(seen) if !*seen && self.pages[v as usize].objects == 0 => *seen = true,
+                _ => return fail(format!("vacancy chain is broken at {v}")),
+            }
+            v = self.pages[v as usize].partial_pos;
+        }
         let mut bytes = 0;
-        let mut held = vec![false; self.tags.len() / SLOTS];
-        for (i, p) in self.pages.iter() {
+        let mut held = 0;
+        for (i, p) in self.pages.iter().enumerate() {
+            if p.objects == 0 {
+                if !on_chain[i] || p.tags.iter().any(|&t| t != 0) || p.free_bits != 0 {
+                    return fail(format!("vacant record {i} is off the chain or has tags"));
+                }
+                continue;
+            }
+            held += 1;
             bytes += p.bytes();
-            if p.objects == 0
-                || p.objects > SLOTS as u32
+            if usize::from(p.objects) > SLOTS
                 || p.free_bits >> (p.objects - 1) > 1
-                || class_of(p.footprint) != (p.class as usize, p.footprint)
+                || class_of(u64::from(p.footprint))
+                    != (usize::from(p.class), u64::from(p.footprint))
             {
                 return fail(format!(
                     "page {i}: {} objects, free map {:#x}",
                     p.objects, p.free_bits
                 ));
             }
-            if p.free_bits.count_ones() + p.used != p.objects {
+            if p.free_bits.count_ones() + u32::from(p.used) != u32::from(p.objects) {
                 return fail(format!(
                     "page {i}: {} free + {} used",
                     p.free_bits.count_ones(),
                     p.used
                 ));
             }
-            let Some(tags) = self.tags.get(i * SLOTS..(i + 1) * SLOTS) else {
-                return fail(format!("page {i} has no tag entries"));
-            };
-            held[i] = true;
-            for (slot, &t) in tags.iter().enumerate() {
-                let in_use = slot < p.objects as usize && p.free_bits & (1 << slot) == 0;
+            for (slot, &t) in p.tags.iter().enumerate() {
+                let in_use = slot < usize::from(p.objects) && p.free_bits & (1 << slot) == 0;
                 if (t != 0) != in_use {
                     return fail(format!("page {i} slot {slot}: tag {t}, in use {in_use}"));
                 }
             }
-            let c = &self.classes[p.class as usize];
+            let c = &self.classes[usize::from(p.class)];
             let listed = c.partial.get(p.partial_pos as usize) == Some(&(i as u32));
-            let cached = c.cached_empty == Some(i as u32);
+            let cached = c.cached_empty == i as u32;
             let should_list = p.used < p.objects && !cached;
             if listed != should_list || (cached && p.used != 0) {
                 return fail(format!("page {i} is misfiled (used {})", p.used));
+            }
+        }
+        if held != self.held {
+            return fail(format!("{held} pages held, counter says {}", self.held));
+        }
+        for (n, c) in self.classes.iter().enumerate() {
+            if c.top != c.partial.last().copied().unwrap_or(NIL) {
+                return fail(format!("class {n}: top is not the list's last page"));
             }
         }
         let listed: usize = self.classes.iter().map(|c| c.partial.len()).sum();
         let cached = self
             .classes
             .iter()
-            .filter(|c| c.cached_empty.is_some())
+            .filter(|c| c.cached_empty != NIL)
             .count();
-        let stray = held.iter().enumerate().any(|(i, h)| {
-            !h && self.tags[i * SLOTS..(i + 1) * SLOTS]
-                .iter()
-                .any(|t| *t != 0)
-        });
-        if stray {
-            return fail("a page index not held has tags".into());
-        }
-        if listed + cached > self.pages.len() || bytes != self.page_bytes {
+        if listed + cached > self.held || bytes != self.page_bytes {
             return fail("class lists name more pages than exist".into());
         }
         Ok(())
@@ -358,15 +453,19 @@ impl SlabAllocator {
             return;
         }
         page.partial_pos = NIL;
-        let c = &mut self.classes[page.class as usize];
-        c.partial.swap_remove(pos as usize);
-        if let Some(&moved) = c.partial.get(pos as usize) {
+        let c = &mut self.classes[usize::from(page.class)];
+        if let Some(moved) = c.swap_remove(pos as usize) {
             self.pages[moved as usize].partial_pos = pos;
         }
     }
 
     fn remove_page(&mut self, page_idx: u32) -> PageRelease {
-        let p = self.pages.remove(page_idx as usize);
+        let i = page_idx as usize;
+        let p = std::mem::replace(&mut self.pages[i], SlabPage::VACANT);
+        debug_assert!(p.used == 0, "only empty pages go back");
+        self.pages[i].partial_pos = self.vacant;
+        self.vacant = page_idx;
+        self.held -= 1;
         self.page_bytes -= p.bytes();
         PageRelease {
             base: p.base,
@@ -449,6 +548,43 @@ mod tests {
         let (o2, p2) = s.alloc(1024, 500).unwrap();
         assert!(s.free(o2, p2, 1).is_err());
         s.free(o2, p2, 500).unwrap();
+        assert_eq!(s.trim().len(), 1);
+        assert_eq!((s.page_count(), s.page_bytes()), (0, 0));
+        s.validate().unwrap();
+    }
+
+    #[test]
+    fn released_page_records_are_reused_and_stale_handles_stay_refused() {
+        // 64 KiB objects: 4 per page, every tag in the record's first line.
+        let f = 64 << 10;
+        let mut s = SlabAllocator::new(f);
+        s.add_page(f, 0, 1, 1);
+        s.add_page(f, 1 << 20, 2, 2);
+        s.add_page(f, 2 << 20, 3, 3);
+        let live: Vec<_> = (1..=12).map(|t| (s.alloc(f, t).unwrap(), t)).collect();
+        // Empty the three pages: one is cached, two go back and their records fall vacant.
+        let mut released = vec![];
+        for &((o, p), t) in &live {
+            released.extend(s.free(o, p, t).unwrap());
+        }
+        assert_eq!(released.len(), 2);
+        s.validate().unwrap();
+        // New pages take the vacant records rather than growing the table.
+        s.add_page(f, 5 << 20, 4, 4);
+        s.add_page(f, 6 << 20, 5, 5);
+        assert_eq!(s.pages.len(), 3);
+        s.validate().unwrap();
+        let fresh: Vec<_> = (20..32).map(|t| (s.alloc(f, t).unwrap(), t)).collect();
+        // A handle from a released page names a reused record: refused all the same.
+        for &((o, p), t) in &live {
+            assert!(s.free(o, p, t).is_err());
+        }
+        let mut released = 0;
+        for &((o, p), t) in &fresh {
+            released += s.free(o, p, t).unwrap().into_iter().count();
+            s.validate().unwrap();
+        }
+        assert_eq!((released, s.page_count()), (2, 1));
         assert_eq!(s.trim().len(), 1);
         assert_eq!((s.page_count(), s.page_bytes()), (0, 0));
         s.validate().unwrap();
