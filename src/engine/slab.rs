@@ -31,25 +31,18 @@ const LARGE_PAGE: u64 = 256 << 10;
 /// Class of a footprint (a non-zero multiple of 64) and the bytes of its objects.
 #[inline]
 pub fn class_of(footprint: u64) -> (usize, u64) {
-    // Both forms are computed and one is selected, without a branch: random sizes fall
-    // on either side of `EXACT_MAX` unpredictably.
-    let exact = (footprint / CLASS_GRANULE).wrapping_sub(1);
-    // Above it, 2^k < footprint <= 2^(k+1) with k >= 10: eight steps of 2^(k-3) bytes.
-    // (Below, these wrap harmlessly and are not used.)
-    let k = u64::from(63 - (footprint.max(2) - 1).leading_zeros());
-    let step_shift = k.wrapping_sub(u64::from(STEP_SHIFT)) & 63;
-    let sub = (footprint.wrapping_sub(1 << k) + (1 << step_shift) - 1) >> step_shift;
-    let geometric = (EXACT_MAX / CLASS_GRANULE)
-        .wrapping_add((k.wrapping_sub(u64::from(EXACT_MAX.trailing_zeros()))) << STEP_SHIFT)
-        .wrapping_add(sub)
-        .wrapping_sub(1);
-    let bytes = (1u64 << k).wrapping_add(sub << step_shift);
-    // All ones when exact; a mask, since the compiler would keep a branch for an `if`.
-    let is_exact = u64::from(footprint <= EXACT_MAX).wrapping_neg();
-    (
-        (exact & is_exact | geometric & !is_exact) as usize,
-        footprint & is_exact | bytes & !is_exact,
-    )
+    if footprint <= EXACT_MAX {
+        ((footprint / CLASS_GRANULE - 1) as usize, footprint)
+    } else {
+        // 2^k < footprint <= 2^(k+1), k >= 10: eight steps of 2^(k-3) bytes.
+        let k = 63 - (footprint - 1).leading_zeros();
+        let step_shift = k - STEP_SHIFT;
+        let sub = (footprint - (1 << k) + (1 << step_shift) - 1) >> step_shift;
+        let exact = (EXACT_MAX / CLASS_GRANULE) as usize;
+        let class =
+            exact + ((k - EXACT_MAX.trailing_zeros()) << STEP_SHIFT) as usize + sub as usize - 1;
+        (class, (1 << k) + (sub << step_shift))
+    }
 }
 /// Largest footprint slabs serve: past it a page of four objects passes a megabyte, and a
 /// page mostly empty costs more memory than the O(1) path is worth (see
