@@ -52,7 +52,7 @@ pub const MAX_SLAB_FOOTPRINT: u64 = 256 << 10;
 pub const SLOT_BITS: u32 = 6;
 /// Pages the layer may hold at once, so a page index and a slot fit in 31 bits.
 pub const MAX_PAGES: usize = 1 << (31 - SLOT_BITS);
-/// Slots per page in the tag table.
+/// Most objects a page holds: the tags in each page record.
 const SLOTS: usize = 1 << SLOT_BITS;
 
 /// One page of objects of a single footprint, or a vacant record (`objects == 0`).
