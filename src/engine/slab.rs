@@ -138,6 +138,13 @@ impl SizeClass {
         (self.partial.len() - 1) as u32
     }
 
+    /// Removes the last entry (a page that just filled up).
+    #[inline]
+    fn pop(&mut self) {
+        self.partial.pop();
+        self.top = self.partial.last().copied().unwrap_or(NIL);
+    }
+
     /// Removes the entry at `pos` (the last one moves there); returns the moved page, if any.
     #[inline]
     fn swap_remove(&mut self, pos: usize) -> Option<u32> {
@@ -256,8 +263,7 @@ impl SlabAllocator {
         if page.free_bits == 0 {
             // Full: out of the partial list (it is the last entry).
             page.partial_pos = NIL;
-            c.partial.pop();
-            c.top = c.partial.last().copied().unwrap_or(NIL);
+            c.pop();
         }
         page.tags[slot as usize] = tag;
         Some((offset, page_idx << SLOT_BITS | slot))
