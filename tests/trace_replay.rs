@@ -493,3 +493,78 @@ fn bad_pool_configuration_is_a_usage_error() {
     ]));
     assert_eq!(v["peak_reserved_bytes"], 8 << 20);
 }
+
+#[test]
+fn rounds_take_turns_and_report_each_backends_median() {
+    let dir = temp_dir("rounds");
+    let p = write_trace(&dir, "hand.jsonl", HAND_TRACE);
+    let once = json_of(&run(&[
+        p.as_os_str(),
+        "--json".as_ref(),
+        "--compare".as_ref(),
+    ]));
+    let out = run(&[
+        p.as_os_str(),
+        "--json".as_ref(),
+        "--compare".as_ref(),
+        "--rounds".as_ref(),
+        "3".as_ref(),
+    ]);
+    assert!(out.status.success());
+    let v = json_of(&out);
+    assert_eq!(v["rounds"], 3);
+    let lower_median = |by_round: &Value| {
+        let mut ns: Vec<u64> = by_round
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n.as_u64().unwrap())
+            .collect();
+        assert_eq!(ns.len(), 3, "{by_round}");
+        ns.sort_unstable();
+        ns[1]
+    };
+    assert_eq!(
+        v["ns_per_op_p50"].as_u64().unwrap(),
+        lower_median(&v["ns_per_op_p50_by_round"])
+    );
+    // Memory figures do not depend on time: every round gives the single run's.
+    for key in ["peak_reserved_bytes", "utilization", "backend_alloc_calls"] {
+        assert_eq!(v[key], once[key], "{key}");
+    }
+    let peers = v["peers"].as_array().unwrap();
+    assert_eq!(peers.len(), once["peers"].as_array().unwrap().len());
+    for (peer, single) in peers.iter().zip(once["peers"].as_array().unwrap()) {
+        assert_eq!(peer["name"], single["name"]);
+        assert_eq!(peer["peak_reserved_bytes"], single["peak_reserved_bytes"]);
+        assert_eq!(peer["invariant_errors"], serde_json::json!([]), "{peer}");
+        assert_eq!(
+            peer["ns_per_op_p50"].as_u64().unwrap(),
+            lower_median(&peer["ns_per_op_p50_by_round"])
+        );
+    }
+    assert_eq!(
+        once["ns_per_op_p50_by_round"].as_array().map(Vec::len),
+        Some(1)
+    );
+
+    // Text mode says how the times were taken.
+    let out = run(&[
+        p.as_os_str(),
+        "--compare".as_ref(),
+        "--rounds".as_ref(),
+        "2".as_ref(),
+    ]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("median of 2 rounds"), "{text}");
+
+    // No rounds at all is a usage error, with nothing on stdout.
+    let out = run(&[
+        p.as_os_str(),
+        "--json".as_ref(),
+        "--rounds".as_ref(),
+        "0".as_ref(),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(out.stdout.is_empty());
+}

@@ -1,6 +1,6 @@
 //! `ascend-pool`: command-line tools for the ascend-pool sub-allocator.
 //!
-//! `ascend-pool replay TRACE... [--compare] [--json] [--ranges] [--engine NAME]` replays
+//! `ascend-pool replay TRACE... [--compare] [--json] [--ranges] [--engine NAME] [--rounds N]` replays
 //! allocation traces (JSON Lines, see `shared/traces/README.md`) and reports
 //! peak requested / required / reserved bytes, utilization, block-source calls and time
 //! per operation. The JSON schema is in `docs/replay-json.md`.
@@ -13,7 +13,8 @@
 //!
 //! Each backend replays each trace twice, in its own passes: an untimed-in-effect
 //! warm-up (page faults, allocator caches) and the reported pass (`--cold` reports a
-//! single first pass instead). Both passes give the same memory figures.
+//! single first pass instead). Both passes give the same memory figures. `--rounds N` replays
+//! every backend N times, taking turns, and reports each one's median time over the rounds.
 //!
 //! Exit status: 0 when every trace was read to its end (bad events are counted,
 //! not fatal), 1 when a trace could not be opened or read, 2 on a usage error.
@@ -94,6 +95,11 @@ struct ReplayArgs {
     /// Device size in bytes: larger allocations are rejected, and each range gets this capacity.
     #[arg(long, default_value_t = DEFAULT_DEVICE_SIZE)]
     device_size: u64,
+    /// Replay every backend this many times, taking turns (all backends once, then again), and
+    /// report each backend's median over the rounds: on a shared machine a slow spell then
+    /// falls on every backend alike instead of on whichever ran during it.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    rounds: u32,
 }
 
 /// `--source` values.
@@ -227,6 +233,54 @@ struct TraceResult {
     /// The event after which the lead's snapshot was taken (`--svg-state`).
     snapshot_at: Option<u64>,
     outcome: std::io::Result<(ReplayReport, Vec<ReplayReport>)>,
+    /// Per report of `outcome` (lead first), its p50 in each round, in round order.
+    p50_by_round: Vec<Vec<u64>>,
+}
+
+/// The lower median of `values` (the middle one of an odd count); 0 when empty.
+fn median(values: &[u64]) -> u64 {
+    let mut v = values.to_vec();
+    v.sort_unstable();
+    v.get(v.len().saturating_sub(1) / 2).copied().unwrap_or(0)
+}
+
+/// One backend's report over its rounds: the first round's report, with the median p50 and
+/// p99 over the rounds. Memory figures do not depend on time, so a round whose figures differ
+/// from the first one's is reported as a broken invariant. Also returns the p50 of each round.
+fn combine_rounds(mut rounds: Vec<ReplayReport>) -> Option<(ReplayReport, Vec<u64>)> {
+    let p50s: Vec<u64> = rounds.iter().map(|r| r.ns_per_op_p50).collect();
+    let p99s: Vec<u64> = rounds.iter().map(|r| r.ns_per_op_p99).collect();
+    let mut first = if rounds.is_empty() {
+        return None;
+    } else {
+        rounds.remove(0)
+    };
+    for (i, r) in rounds.iter().enumerate() {
+        let figures = |r: &ReplayReport| {
+            (
+                r.ops,
+                r.peak_reserved_bytes,
+                r.peak_required_bytes,
+                r.backend_alloc_calls,
+                r.errors.total(),
+            )
+        };
+        if figures(r) != figures(&first) {
+            first.invariant_errors.push(format!(
+                "round {} gave other memory figures than round 1 (ops, reserved, required, \
+                 source calls, errors): {:?} against {:?}",
+                i + 2,
+                figures(r),
+                figures(&first)
+            ));
+        }
+        first
+            .invariant_errors
+            .extend(r.invariant_errors.iter().cloned());
+    }
+    first.ns_per_op_p50 = median(&p50s);
+    first.ns_per_op_p99 = median(&p99s);
+    Some((first, p50s))
 }
 
 fn run_replay(args: &ReplayArgs) -> ExitCode {
@@ -271,7 +325,7 @@ fn run_replay(args: &ReplayArgs) -> ExitCode {
         .traces
         .iter()
         .filter_map(|p| std::fs::metadata(p).ok())
-        .map(|m| m.len() * backends.len() as u64 * u64::from(passes))
+        .map(|m| m.len() * backends.len() as u64 * u64::from(passes + args.rounds - 1))
         .sum();
     let bar = if show_bar {
         let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
@@ -296,18 +350,30 @@ fn run_replay(args: &ReplayArgs) -> ExitCode {
                 .ok()
                 .flatten();
         }
-        let mut reports = Vec::new();
+        // Round-robin: every backend once per round. Only the first round warms up (the
+        // process is warm after it) and records the lead's pictures.
+        let mut rounds: Vec<Vec<ReplayReport>> = vec![Vec::new(); backends.len()];
         let mut failure = None;
-        for &b in &backends {
-            let c = if b == lead { lead_config } else { config };
-            match replay_one(path, b, c, passes, &bar, &pool_config, args.source.into()) {
-                Ok(r) => reports.push(r),
-                Err(e) => {
-                    failure = Some(e);
-                    break;
+        'rounds: for round in 0..args.rounds {
+            for (i, &b) in backends.iter().enumerate() {
+                let (c, p) = match (round, b == lead) {
+                    (0, true) => (lead_config, passes),
+                    (0, false) => (config, passes),
+                    _ => (config, 1),
+                };
+                match replay_one(path, b, c, p, &bar, &pool_config, args.source.into()) {
+                    Ok(r) => rounds[i].push(r),
+                    Err(e) => {
+                        failure = Some(e);
+                        break 'rounds;
+                    }
                 }
             }
         }
+        let (reports, p50_by_round): (Vec<ReplayReport>, Vec<Vec<u64>>) = match failure {
+            Some(_) => (Vec::new(), Vec::new()),
+            None => rounds.into_iter().filter_map(combine_rounds).unzip(),
+        };
         let outcome = match failure {
             Some(e) => Err(e),
             None => Ok((reports[0].clone(), reports)),
@@ -316,6 +382,7 @@ fn run_replay(args: &ReplayArgs) -> ExitCode {
             path: path.clone(),
             snapshot_at: lead_config.snapshot_at,
             outcome,
+            p50_by_round,
         });
     }
     bar.finish_and_clear();
@@ -356,7 +423,10 @@ fn run_replay(args: &ReplayArgs) -> ExitCode {
     }
     let mut out = std::io::stdout().lock();
     let written = if args.json {
-        let objs: Vec<Value> = results.iter().map(|r| json_for(r, args.compare)).collect();
+        let objs: Vec<Value> = results
+            .iter()
+            .map(|r| json_for(r, args.compare, args.rounds))
+            .collect();
         let doc = if objs.len() == 1 {
             objs.into_iter().next().unwrap_or(Value::Null)
         } else {
@@ -386,7 +456,7 @@ fn write_picture(file: &Path, svg: &str) -> bool {
     }
 }
 
-fn json_for(r: &TraceResult, compare: bool) -> Value {
+fn json_for(r: &TraceResult, compare: bool, rounds: u32) -> Value {
     let (lead, all) = match &r.outcome {
         Ok(x) => x,
         Err(e) => {
@@ -396,10 +466,13 @@ fn json_for(r: &TraceResult, compare: bool) -> Value {
     let mut v = serde_json::to_value(lead).unwrap_or(Value::Null);
     if let Value::Object(m) = &mut v {
         m.insert("trace".into(), json!(r.path.display().to_string()));
+        m.insert("rounds".into(), json!(rounds));
+        m.insert("ns_per_op_p50_by_round".into(), json!(r.p50_by_round[0]));
         if compare {
             let peers: Vec<Value> = all
                 .iter()
-                .map(|p| {
+                .zip(&r.p50_by_round)
+                .map(|(p, by_round)| {
                     json!({
                         "name": p.backend,
                         "mode": p.mode,
@@ -408,6 +481,7 @@ fn json_for(r: &TraceResult, compare: bool) -> Value {
                         "backend_alloc_calls": p.backend_alloc_calls,
                         "ns_per_op_p50": p.ns_per_op_p50,
                         "ns_per_op_p99": p.ns_per_op_p99,
+                        "ns_per_op_p50_by_round": by_round,
                         "out_of_memory": p.errors.get(ascend_pool::trace::RejectKind::OutOfMemory),
                         "per_kind": p.per_kind,
                         "invariant_errors": p.invariant_errors,
@@ -486,13 +560,30 @@ fn write_text(out: &mut impl Write, r: &TraceResult, compare: bool) -> std::io::
         "  ns/op p50 {}  p99 {}  (each call timed alone; includes ~{} ns of clock read)",
         lead.ns_per_op_p50, lead.ns_per_op_p99, lead.timer_overhead_ns
     )?;
+    let rounds = r.p50_by_round.first().map_or(1, Vec::len);
+    if rounds > 1 {
+        let by_round: Vec<String> = r.p50_by_round[0].iter().map(u64::to_string).collect();
+        writeln!(
+            out,
+            "  medians of {rounds} interleaved rounds; p50 by round: {}",
+            by_round.join(" ")
+        )?;
+    }
     for p in all {
         for e in &p.invariant_errors {
             writeln!(out, "  INVARIANT BROKEN in {}: {e}", label(p))?;
         }
     }
     if compare {
-        writeln!(out, "  comparison (same trace, same run, same carve rule):")?;
+        let how = if rounds > 1 {
+            format!("; ns: median of {rounds} rounds, backends taking turns")
+        } else {
+            String::new()
+        };
+        writeln!(
+            out,
+            "  comparison (same trace, same run, same carve rule{how}):"
+        )?;
         writeln!(
             out,
             "    {:<34} {:>16} {:>6} {:>7} {:>9} {:>9} {:>6}",
@@ -525,6 +616,41 @@ mod tests {
         assert!(!progress_wanted(true, true));
         assert!(!progress_wanted(false, false));
         assert!(!progress_wanted(true, false));
+    }
+
+    #[test]
+    fn rounds_combine_to_medians_and_catch_other_memory_figures() {
+        use ascend_pool::trace::replay;
+        let trace: &[u8] = b"{\"op\":\"alloc\",\"id\":1,\"size\":100,\"mem\":\"device\"}
+{\"op\":\"alloc\",\"id\":2,\"size\":5000,\"mem\":\"dvpp\"}
+{\"op\":\"free\",\"id\":1}
+";
+        let run = |p50: u64, p99: u64| {
+            let mut r = replay(
+                trace,
+                TraceConfig::default(),
+                &EngineFactory::default(),
+                |_| {},
+            )
+            .unwrap();
+            r.ns_per_op_p50 = p50;
+            r.ns_per_op_p99 = p99;
+            r
+        };
+        let (r, p50s) = combine_rounds(vec![run(40, 90), run(10, 300), run(30, 100)]).unwrap();
+        assert_eq!(p50s, [40, 10, 30]);
+        assert_eq!((r.ns_per_op_p50, r.ns_per_op_p99), (30, 100));
+        assert!(r.invariant_errors.is_empty(), "{:?}", r.invariant_errors);
+        // An even count takes the lower of the middle two.
+        assert_eq!(median(&[7, 1, 5, 3]), 3);
+        assert_eq!(median(&[]), 0);
+        assert!(combine_rounds(Vec::new()).is_none());
+
+        let mut odd = run(20, 20);
+        odd.peak_reserved_bytes += 64;
+        let (r, _) = combine_rounds(vec![run(20, 20), odd]).unwrap();
+        assert_eq!(r.invariant_errors.len(), 1, "{:?}", r.invariant_errors);
+        assert!(r.invariant_errors[0].contains("round 2"));
     }
 
     #[test]
