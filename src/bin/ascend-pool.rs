@@ -248,35 +248,37 @@ fn median(values: &[u64]) -> u64 {
 /// p99 over the rounds. Memory figures do not depend on time, so a round whose figures differ
 /// from the first one's is reported as a broken invariant. Also returns the p50 of each round.
 fn combine_rounds(mut rounds: Vec<ReplayReport>) -> Option<(ReplayReport, Vec<u64>)> {
+    if rounds.is_empty() {
+        return None;
+    }
     let p50s: Vec<u64> = rounds.iter().map(|r| r.ns_per_op_p50).collect();
     let p99s: Vec<u64> = rounds.iter().map(|r| r.ns_per_op_p99).collect();
-    let mut first = if rounds.is_empty() {
-        return None;
-    } else {
-        rounds.remove(0)
+    let figures = |r: &ReplayReport| {
+        (
+            r.ops,
+            r.peak_reserved_bytes,
+            r.peak_required_bytes,
+            r.backend_alloc_calls,
+            r.errors.total(),
+        )
     };
-    for (i, r) in rounds.iter().enumerate() {
-        let figures = |r: &ReplayReport| {
-            (
-                r.ops,
-                r.peak_reserved_bytes,
-                r.peak_required_bytes,
-                r.backend_alloc_calls,
-                r.errors.total(),
-            )
-        };
-        if figures(r) != figures(&first) {
+    let mut first = rounds.remove(0);
+    for (i, r) in rounds.into_iter().enumerate() {
+        if figures(&r) != figures(&first) {
             first.invariant_errors.push(format!(
                 "round {} gave other memory figures than round 1 (ops, reserved, required, \
                  source calls, errors): {:?} against {:?}",
                 i + 2,
-                figures(r),
+                figures(&r),
                 figures(&first)
             ));
         }
-        first
-            .invariant_errors
-            .extend(r.invariant_errors.iter().cloned());
+        // A check that fails every round is said once.
+        for e in r.invariant_errors {
+            if !first.invariant_errors.contains(&e) {
+                first.invariant_errors.push(e);
+            }
+        }
     }
     first.ns_per_op_p50 = median(&p50s);
     first.ns_per_op_p99 = median(&p99s);
