@@ -425,10 +425,7 @@ fn run_replay(args: &ReplayArgs) -> ExitCode {
     }
     let mut out = std::io::stdout().lock();
     let written = if args.json {
-        let objs: Vec<Value> = results
-            .iter()
-            .map(|r| json_for(r, args.compare, args.rounds))
-            .collect();
+        let objs: Vec<Value> = results.iter().map(|r| json_for(r, args.compare)).collect();
         let doc = if objs.len() == 1 {
             objs.into_iter().next().unwrap_or(Value::Null)
         } else {
@@ -458,7 +455,7 @@ fn write_picture(file: &Path, svg: &str) -> bool {
     }
 }
 
-fn json_for(r: &TraceResult, compare: bool, rounds: u32) -> Value {
+fn json_for(r: &TraceResult, compare: bool) -> Value {
     let (lead, all) = match &r.outcome {
         Ok(x) => x,
         Err(e) => {
@@ -468,8 +465,9 @@ fn json_for(r: &TraceResult, compare: bool, rounds: u32) -> Value {
     let mut v = serde_json::to_value(lead).unwrap_or(Value::Null);
     if let Value::Object(m) = &mut v {
         m.insert("trace".into(), json!(r.path.display().to_string()));
-        m.insert("rounds".into(), json!(rounds));
-        m.insert("ns_per_op_p50_by_round".into(), json!(r.p50_by_round[0]));
+        let lead_by_round = &r.p50_by_round[0];
+        m.insert("rounds".into(), json!(lead_by_round.len()));
+        m.insert("ns_per_op_p50_by_round".into(), json!(lead_by_round));
         if compare {
             let peers: Vec<Value> = all
                 .iter()
