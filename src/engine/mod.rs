@@ -249,6 +249,11 @@ impl Allocation {
     pub fn engine_id(&self) -> u32 {
         self.engine.get()
     }
+    /// The tag the engine gave the segment: with the engine and offset, it tells this
+    /// allocation from a later one in the same place.
+    pub(crate) fn tag(&self) -> u32 {
+        self.tag
+    }
     /// Whether the segment came from a slab.
     pub fn is_slab(&self) -> bool {
         self.place & SLAB_PLACE != 0

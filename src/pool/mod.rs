@@ -371,48 +371,79 @@ thread_local! {
 /// A handle on a live segment: what a region holds, and what a thread cache keeps.
 /// A second release of a copy is refused as `AlreadyFreed` (the replay driver keeps copies).
 ///
-/// 56 bytes: it is copied into every region and replay token and through every return of
-/// the hot path, so the requested length lives only in `alloc` and the alignment in 32 bits.
+/// 40 bytes: it is copied into every region and replay token and through every return of
+/// the hot path, so it keeps only what is read without the kind lock; the chunk offset and
+/// the engine handle stay in the registry entry `key` names. `repr(C)` with the kind last:
+/// an `Option` of it keeps its tag in the kind, and the rest copies as aligned 16-byte
+/// words (the compiler's own order put the kind first and copied from offset 4).
 #[derive(Debug, Clone, Copy)]
+#[repr(C)]
 pub(crate) struct RawSegment {
-    /// The engine's handle; its `len()` is the requested length.
-    alloc: Allocation,
     pub(crate) addr: usize,
-    /// Registry key in the kind pool's `live` (keys past 32 bits are refused at insert).
-    key: u32,
-    /// Start alignment the request asked for (a power of two, at most `MAX_ALIGN`).
-    align: u32,
+    /// Requested length in bytes.
+    len: u64,
+    /// Registry key in the kind pool's `live` in the low [`KEY_BITS`] bits (larger keys are
+    /// refused at insert), log2 of the start alignment the request asked for above them.
+    key_align: u32,
+    /// The engine's tag for the allocation, and the engine's id: with `addr` and `len`,
+    /// they tell this segment from a later one registered under the same key (in a chunk
+    /// that may have come back from the source at the same address).
+    tag: u32,
+    engine: u32,
+    /// Footprint minus the requested length (the engine keeps it in 32 bits too).
+    slack: u32,
     pub(crate) kind: MemKind,
 }
 
-static_assertions::const_assert!(std::mem::size_of::<RawSegment>() <= 56);
-static_assertions::const_assert!(crate::align::MAX_ALIGN <= u32::MAX as u64);
+/// Bits of a registry key in [`RawSegment::key_align`]; the rest hold an alignment's log2.
+const KEY_BITS: u32 = 27;
+
+static_assertions::const_assert!(std::mem::size_of::<RawSegment>() <= 40);
+// Every alignment a carve rule accepts has its log2 in the bits above the key.
+static_assertions::const_assert!(crate::align::MAX_ALIGN.trailing_zeros() < 1 << (32 - KEY_BITS));
 
 impl RawSegment {
     fn new(kind: MemKind, addr: usize, align: u64, key: usize, alloc: Allocation) -> Self {
+        debug_assert!(key < 1 << KEY_BITS, "checked at insert");
+        debug_assert!(align.is_power_of_two() && align <= crate::align::MAX_ALIGN);
         Self {
-            alloc,
             addr,
-            key: u32::try_from(key).expect("live keys fit in 32 bits, checked at insert"),
-            // A carve rule accepted `align`, so it is at most `MAX_ALIGN`.
-            align: align as u32,
+            len: alloc.len(),
+            key_align: key as u32 | align.trailing_zeros() << KEY_BITS,
+            tag: alloc.tag(),
+            engine: alloc.engine_id(),
+            // The engine stores the same difference in 32 bits.
+            slack: (alloc.footprint() - alloc.len()) as u32,
             kind,
         }
     }
 
     /// Registry key in the kind pool's `live`.
     fn key(&self) -> usize {
-        self.key as usize
+        (self.key_align & ((1 << KEY_BITS) - 1)) as usize
     }
 
     /// Requested length in bytes.
     pub(crate) fn len(&self) -> u64 {
-        self.alloc.len()
+        self.len
+    }
+
+    /// Bytes the segment takes in its chunk under the carve rule.
+    pub(crate) fn footprint(&self) -> u64 {
+        self.len + u64::from(self.slack)
     }
 
     /// Start alignment the request asked for.
     pub(crate) fn align(&self) -> u64 {
-        u64::from(self.align)
+        1 << (self.key_align >> KEY_BITS)
+    }
+
+    /// Whether registry entry `e` is this very segment (not a later one under its key).
+    fn is(&self, e: &LiveEntry) -> bool {
+        e.alloc.tag() == self.tag
+            && e.alloc.engine_id() == self.engine
+            && e.addr == self.addr
+            && e.alloc.len() == self.len
     }
 }
 
@@ -436,7 +467,7 @@ impl CacheItem for CachedSegment {
         (self.raw.len(), self.raw.align())
     }
     fn bytes(&self) -> u64 {
-        self.raw.alloc.footprint()
+        self.raw.footprint()
     }
 }
 
@@ -600,8 +631,7 @@ impl Pool {
                     problem.get_or_insert(e);
                 }
                 c.for_each_held(class, |c| match k.live.get(c.raw.key()) {
-                    Some(e) if e.alloc == c.raw.alloc && !e.pending && seen.insert(c.raw.key()) => {
-                    }
+                    Some(e) if c.raw.is(e) && !e.pending && seen.insert(c.raw.key()) => {}
                     _ => {
                         problem.get_or_insert(format!(
                             "cached segment at {:#x} is not a live, unique, settled segment",
@@ -898,10 +928,10 @@ impl PoolInner {
         footprint: u64,
     ) -> Result<RawSegment> {
         let mut k = lock(&self.kinds[kind.index()]);
-        if k.live.vacant_key() > u32::MAX as usize {
-            // Segment handles keep 32-bit keys (see `RawSegment`).
+        if k.live.vacant_key() >= 1 << KEY_BITS {
+            // Segment handles keep 27-bit keys (see `RawSegment`).
             return Err(Error::Invalid(format!(
-                "{} pool: more than 2^32 live segments",
+                "{} pool: more than 2^27 live segments",
                 k.kind
             )));
         }
@@ -1372,7 +1402,7 @@ impl PoolInner {
     ) -> Result<()> {
         // No stream uses it: this thread's cache may keep it. (A region releases its
         // segment exactly once, so the registry check below is not needed to get here.)
-        if streams.is_empty() && owner.cacheable(seg.alloc.footprint()) {
+        if streams.is_empty() && owner.cacheable(seg.footprint()) {
             if !owner.plain {
                 if let Err(e) = owner.before_cache_put(seg) {
                     // Reported; the segment still goes back (its region has let go of it).
@@ -1397,7 +1427,7 @@ impl PoolInner {
     #[cold]
     fn before_cache_put(&self, seg: &RawSegment) -> Result<()> {
         if self.config.debug {
-            self.check_canary(seg)?;
+            self.check_canary(seg, None)?;
         }
         if let Some(r) = &self.recorder {
             r.free(seg.addr);
@@ -1409,19 +1439,19 @@ impl PoolInner {
     fn release_to_kind(&self, seg: &RawSegment, streams: &[StreamHandle]) -> Result<()> {
         let mut k = lock(&self.kinds[seg.kind.index()]);
         match k.live.get(seg.key()) {
-            Some(e) if e.alloc == seg.alloc && !e.pending => {}
-            Some(e) if e.alloc == seg.alloc => return Err(Error::AlreadyFreed),
+            Some(e) if seg.is(e) && !e.pending => {}
+            Some(e) if seg.is(e) => return Err(Error::AlreadyFreed),
             _ => return Err(Error::AlreadyFreed),
         }
         // An overrun is reported, but the segment still goes back: its region has let go of
         // it, so stopping here would lose it for good.
-        let overrun = if self.config.debug
-            && !(streams.is_empty() && self.cacheable(seg.alloc.footprint()))
-        {
-            self.check_canary(seg).err()
-        } else {
-            None
-        };
+        let overrun =
+            if self.config.debug && !(streams.is_empty() && self.cacheable(seg.footprint())) {
+                let offset = k.live.get(seg.key()).map(|e| e.alloc.offset());
+                self.check_canary(seg, offset).err()
+            } else {
+                None
+            };
         self.free_registered(&mut k, seg, streams);
         overrun.map_or(Ok(()), Err)
     }
@@ -1544,8 +1574,10 @@ impl PoolInner {
         }
     }
 
-    fn check_canary(&self, seg: &RawSegment) -> Result<()> {
-        let (pad_start, pad) = padding_span(seg.len(), seg.alloc.footprint());
+    /// Checks the canary over `seg`'s padding. `offset` is the segment's chunk offset for
+    /// the report, when the caller holds the kind lock (else it is looked up, on an overrun).
+    fn check_canary(&self, seg: &RawSegment, offset: Option<u64>) -> Result<()> {
+        let (pad_start, pad) = padding_span(seg.len(), seg.footprint());
         let pad = pad as usize;
         if pad == 0 {
             return Ok(()); // no padding bytes, nothing to overrun into
@@ -1567,9 +1599,15 @@ impl PoolInner {
             )?;
         }
         if let Some(i) = buf.iter().position(|&b| b != CANARY) {
+            let offset = offset.unwrap_or_else(|| {
+                lock(&self.kinds[seg.kind.index()])
+                    .live
+                    .get(seg.key())
+                    .map_or(0, |e| e.alloc.offset())
+            });
             let err = Error::Corruption {
                 kind: seg.kind,
-                offset: seg.alloc.offset(),
+                offset,
                 len: seg.len(),
                 first_bad: pad_start + i as u64,
             };
@@ -1645,9 +1683,9 @@ impl PoolInner {
     #[cold]
     fn taken_from_cache(&self, c: CachedSegment, len: u64, align: u64) -> Option<CachedSegment> {
         if self.config.debug {
-            let _ = self.check_canary(&c.raw);
+            let _ = self.check_canary(&c.raw, None);
             // SAFETY: the segment is live and only this call holds it.
-            if unsafe { self.arm_canary(c.raw.addr, len, c.raw.alloc.footprint()) }.is_err() {
+            if unsafe { self.arm_canary(c.raw.addr, len, c.raw.footprint()) }.is_err() {
                 // Without a canary the next free would report a false overrun: give the
                 // segment back and carve a fresh one.
                 let mut k = lock(&self.kinds[c.raw.kind.index()]);
@@ -1729,7 +1767,7 @@ impl PoolInner {
         };
         let mut bytes = 0;
         for c in reg.drain_all(k.kind.index()) {
-            bytes += c.raw.alloc.footprint();
+            bytes += c.raw.footprint();
             self.finish_free(k, c.raw.key(), false);
         }
         bytes
