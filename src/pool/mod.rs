@@ -1859,3 +1859,34 @@ impl From<EngineError> for Error {
         }
     }
 }
+
+#[cfg(test)]
+mod handle_tests {
+    use super::*;
+    use crate::source::sim::SimSource;
+
+    /// A copy of a released handle is refused once its key and address hold a new segment
+    /// (the handle tells them apart by the engine's tag), and the new segment is untouched.
+    #[test]
+    fn a_stale_copy_is_refused_after_its_key_and_address_are_reused() {
+        let config = PoolConfig::parse("thread_cache:off").unwrap();
+        let pool = Pool::new(Arc::new(SimSource::default()), config).unwrap();
+        let (old, owner) = pool.alloc_raw(MemKind::DEVICE, 4096, 64).unwrap();
+        let stale = old;
+        PoolInner::release(owner, &old, &[]).unwrap();
+        let (new, owner) = pool.alloc_raw(MemKind::DEVICE, 4096, 64).unwrap();
+        assert_eq!(
+            (new.key(), new.addr, new.len()),
+            (old.key(), old.addr, old.len())
+        );
+        assert!(matches!(
+            PoolInner::release(Arc::clone(&owner), &stale, &[]),
+            Err(Error::AlreadyFreed)
+        ));
+        pool.validate().unwrap();
+        assert_eq!(pool.stats(MemKind::DEVICE).live_regions, 1);
+        PoolInner::release(owner, &new, &[]).unwrap();
+        assert_eq!(pool.stats(MemKind::DEVICE).live_regions, 0);
+        pool.validate().unwrap();
+    }
+}
