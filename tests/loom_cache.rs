@@ -20,13 +20,13 @@ mod sync {
     pub(crate) use loom::sync::atomic::AtomicU64;
     pub(crate) use loom::sync::{Arc, Mutex, MutexGuard};
 
-    /// The cache's lock, as loom's mutex: loom cannot bound the steps of a spin loop. (The
-    /// pool's spin lock has its own test, `pool::sync::tests`.)
+    /// The cache's lock, as loom's mutex: loom cannot model the `membarrier` handshake of the
+    /// pool's biased lock. (That lock has its own tests, `pool::biased::tests`.)
     #[derive(Debug)]
-    pub(crate) struct SpinLock<T>(Mutex<T>);
+    pub(crate) struct CacheLock<T>(Mutex<T>);
 
-    impl<T> SpinLock<T> {
-        pub(crate) fn new(value: T) -> Self {
+    impl<T> CacheLock<T> {
+        pub(crate) fn new_owned(value: T) -> Self {
             Self(Mutex::new(value))
         }
 

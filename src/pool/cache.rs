@@ -14,15 +14,16 @@
 //! Lock order (every path that takes more than one): kind pool → [`CacheRegistry`] →
 //! [`ThreadCache`]. The hot path takes only its own thread's cache lock, which no other
 //! thread takes except to flush, read statistics or validate. That lock is a
-//! [`SpinLock`](super::sync::SpinLock): uncontended, one atomic swap to take it and a plain
-//! store to give it back, where a `Mutex` costs two atomic read-modify-writes.
+//! [`CacheLock`](super::sync::CacheLock), biased to the owning thread: while no other
+//! thread has taken it lately, the owner takes it with plain loads and stores, no atomic
+//! read-modify-write.
 //!
 //! This module knows nothing of the pool: it holds any [`CacheItem`], so the loom models
 //! in `tests/loom_cache.rs` check this very code with loom's primitives in place of
 //! `std::sync` (through the parent module's `sync` shim; there the cache's lock is loom's
-//! mutex, since loom cannot bound a spin loop).
+//! mutex, since loom cannot model the biased lock's `membarrier` handshake).
 
-use super::sync::{Arc, AtomicU64, Mutex, MutexGuard, SpinLock};
+use super::sync::{Arc, AtomicU64, CacheLock, Mutex, MutexGuard};
 use std::sync::atomic::Ordering;
 
 /// Classes a cache keeps counters for (one per memory kind).
@@ -159,7 +160,7 @@ pub(crate) struct ThreadCache<T> {
     /// [`KeyHash::hint`] for shapes whose key hashes there. A hint only, checked against
     /// `shapes` before use (a wrong one costs the scan it saves); written by the owner.
     hints: AtomicU64,
-    bins: SpinLock<Bins<T>>,
+    bins: CacheLock<Bins<T>>,
 }
 
 // Bin numbers fit the 4-bit hints and the 16-bit `class_bins`.
@@ -200,7 +201,7 @@ impl<T: CacheItem> ThreadCache<T> {
             shapes: std::array::from_fn(|_| AtomicU64::new(0)),
             present: AtomicU64::new(0),
             hints: AtomicU64::new(0),
-            bins: SpinLock::new(Bins {
+            bins: CacheLock::new_owned(Bins {
                 keys: [0; MAX_BINS],
                 items: std::array::from_fn(|_| Vec::new()),
                 bytes: 0,
@@ -465,7 +466,7 @@ impl<T: CacheItem> CacheRegistry<T> {
         }
     }
 
-    /// A new empty cache, registered.
+    /// A new empty cache, registered, owned by the calling thread (its lock is biased to it).
     pub(crate) fn register(&self) -> Arc<ThreadCache<T>> {
         let mut g = lock(&self.caches);
         let cache = Arc::new(ThreadCache::new(g.1, self.limit));

@@ -12,6 +12,7 @@
 //! (see the private `cache` module): a thread's next allocation of the same length and alignment takes one
 //! back without taking the kind's lock, so threads allocating at once scale with the cores.
 
+mod biased;
 mod cache;
 #[cfg(test)]
 mod cache_tests;
@@ -20,6 +21,7 @@ pub mod record;
 
 pub use config::PoolConfig;
 
+use biased::BiasedLock;
 use cache::{CacheItem, CacheRegistry, ThreadCache};
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -28,95 +30,12 @@ use std::sync::Weak;
 /// The primitives [`cache`] is built on; the loom models put loom's in their place.
 pub(crate) mod sync {
     pub(crate) use std::sync::atomic::AtomicU64;
-    use std::sync::atomic::{AtomicBool, Ordering};
     pub(crate) use std::sync::{Arc, Mutex, MutexGuard};
 
-    /// A lock for state that one thread uses all the time and others seldom (a thread's
-    /// cache): taking it is one atomic swap, giving it back a store, where a `Mutex` costs
-    /// two atomic read-modify-writes and two poison checks. A waiter yields between tries.
-    pub(crate) struct SpinLock<T> {
-        /// Set while a [`with`](Self::with) call runs; `value` is touched only then.
-        locked: AtomicBool,
-        value: std::cell::UnsafeCell<T>,
-    }
-
-    // SAFETY: `value` is reached only inside `with`, by one thread at a time (the `locked`
-    // flag, taken with Acquire and given back with Release, orders the accesses); so sharing
-    // the lock moves `T` between threads, which `T: Send` allows.
-    unsafe impl<T: Send> Sync for SpinLock<T> {}
-
-    impl<T> std::fmt::Debug for SpinLock<T> {
-        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.debug_struct("SpinLock")
-                .field("locked", &self.locked)
-                .finish_non_exhaustive()
-        }
-    }
-
-    /// Gives a [`SpinLock`] back when dropped, so a panic inside `with` does not leave it
-    /// taken (the cache changes its state only after every step that can fail).
-    struct Unlock<'a>(&'a AtomicBool);
-
-    impl Drop for Unlock<'_> {
-        fn drop(&mut self) {
-            self.0.store(false, Ordering::Release);
-        }
-    }
-
-    impl<T> SpinLock<T> {
-        pub(crate) fn new(value: T) -> Self {
-            Self {
-                locked: AtomicBool::new(false),
-                value: std::cell::UnsafeCell::new(value),
-            }
-        }
-
-        /// Runs `f` on the value, alone. `f` must not take this lock again.
-        #[inline]
-        pub(crate) fn with<R>(&self, f: impl FnOnce(&mut T) -> R) -> R {
-            while self.locked.swap(true, Ordering::Acquire) {
-                // Held by another thread flushing or reading figures, for a short while.
-                while self.locked.load(Ordering::Relaxed) {
-                    std::thread::yield_now();
-                }
-            }
-            let _unlock = Unlock(&self.locked);
-            // SAFETY: this thread set `locked` (the swap returned false) and only `_unlock`
-            // clears it, after `f` returns: no other thread is inside `with`, so this is the
-            // only reference to the value.
-            f(unsafe { &mut *self.value.get() })
-        }
-    }
-
-    #[cfg(test)]
-    mod tests {
-        use super::*;
-
-        #[test]
-        fn spin_lock_excludes() {
-            let lock = Arc::new(SpinLock::new((0u64, false)));
-            let threads: Vec<_> = (0..4)
-                .map(|_| {
-                    let lock = Arc::clone(&lock);
-                    std::thread::spawn(move || {
-                        for _ in 0..100_000 {
-                            lock.with(|(n, inside)| {
-                                assert!(!*inside, "two threads inside the lock");
-                                *inside = true;
-                                *n += 1;
-                                std::hint::black_box(&*n);
-                                *inside = false;
-                            });
-                        }
-                    })
-                })
-                .collect();
-            for t in threads {
-                t.join().unwrap();
-            }
-            assert_eq!(lock.with(|(n, _)| *n), 400_000);
-        }
-    }
+    /// The lock of a thread's cache: biased to the thread that owns the cache, which takes
+    /// it on every cached allocation and free; other threads take it only to flush, read
+    /// figures or validate (see [`biased`](super::biased)).
+    pub(crate) type CacheLock<T> = super::biased::BiasedLock<T>;
 }
 
 use crate::align::CarveRule;
@@ -326,7 +245,8 @@ struct KindPool {
 pub(crate) struct PoolInner {
     pub(crate) source: Arc<dyn BlockSource>,
     pub(crate) config: PoolConfig,
-    kinds: [Mutex<KindPool>; 5],
+    /// One lock per kind, biased to the thread that works the kind most (see [`biased`]).
+    kinds: [BiasedLock<KindPool>; 5],
     idle_events: Mutex<Vec<EventHandle>>,
     /// Overruns found when regions were dropped (drop cannot return them).
     corruption: Mutex<Vec<Error>>,
@@ -521,7 +441,7 @@ impl Pool {
                 },
                 None => k,
             };
-            Mutex::new(KindPool {
+            BiasedLock::new(KindPool {
                 kind,
                 chunks: slab::Slab::new(),
                 live: slab::Slab::new(),
@@ -567,7 +487,7 @@ impl Pool {
     /// as allocated or live; allocations served from a cache and frees into one count as
     /// allocations and frees. The peaks are those of `allocated_bytes + cached_bytes`.
     pub fn stats(&self, kind: MemKind) -> KindStats {
-        let k = lock(&self.inner.kinds[kind.index()]);
+        let k = self.inner.kinds[kind.index()].lock();
         self.inner.kind_stats(&k)
     }
 
@@ -582,7 +502,7 @@ impl Pool {
     pub fn trim(&self) -> u64 {
         let mut released = 0;
         for m in &self.inner.kinds {
-            let mut k = lock(m);
+            let mut k = m.lock();
             self.inner.flush_kind(&mut k);
             self.inner.reclaim(&mut k, false);
             released += self.inner.trim_kind(&mut k, 0);
@@ -594,7 +514,7 @@ impl Pool {
     /// Waits for every stream a deferred free is waiting on, then completes those frees.
     pub fn synchronize(&self) -> Result<()> {
         for m in &self.inner.kinds {
-            let mut k = lock(m);
+            let mut k = m.lock();
             self.inner.reclaim(&mut k, true);
         }
         Ok(())
@@ -608,7 +528,7 @@ impl Pool {
     pub fn flush_thread_caches(&self) -> u64 {
         let mut flushed = 0;
         for m in &self.inner.kinds {
-            let mut k = lock(m);
+            let mut k = m.lock();
             flushed += self.inner.flush_kind(&mut k);
         }
         flushed
@@ -618,7 +538,7 @@ impl Pool {
     /// caches: each cached segment is live, not pending, held once, and counted right.
     pub fn validate(&self) -> Result<()> {
         for m in &self.inner.kinds {
-            let k = lock(m);
+            let k = m.lock();
             k.validate()?;
             let Some(reg) = &self.inner.caches else {
                 continue;
@@ -652,7 +572,7 @@ impl Pool {
     pub fn leak_report(&self) -> Vec<SegmentInfo> {
         let mut out = Vec::new();
         for m in &self.inner.kinds {
-            let k = lock(m);
+            let k = m.lock();
             let cached = self.inner.cached_keys(&k);
             for (key, e) in k.live.iter() {
                 if !cached.contains(&key) {
@@ -679,7 +599,7 @@ impl Pool {
     pub fn snapshot(&self) -> PoolSnapshot {
         let mut kinds = Vec::new();
         for m in &self.inner.kinds {
-            let k = lock(m);
+            let k = m.lock();
             if k.stats.allocations == 0 && k.chunks.is_empty() {
                 continue;
             }
@@ -774,7 +694,7 @@ impl Drop for PoolInner {
     /// (once the streams its deferred frees wait on have passed them), and every event.
     fn drop(&mut self) {
         for m in &mut self.kinds {
-            let k = m.get_mut().unwrap_or_else(|p| p.into_inner());
+            let k = m.get_mut();
             for p in k.pending.drain(..) {
                 for ev in p.events {
                     let _ = self.source.synchronize_event(ev);
@@ -891,7 +811,7 @@ impl PoolInner {
     ) -> Result<(RawSegment, Arc<PoolInner>, Option<EventHandle>)> {
         let rule = self.rule(kind, align)?;
         rule.footprint(len)?;
-        let mut k = lock(&self.kinds[kind.index()]);
+        let mut k = self.kinds[kind.index()].lock();
         let found = k.pending.iter().position(|p| {
             let e = &k.live[p.key];
             p.only_on == Some(stream) && e.alloc.len() == len && e.addr % align as usize == 0
@@ -927,7 +847,7 @@ impl PoolInner {
         rule: CarveRule,
         footprint: u64,
     ) -> Result<RawSegment> {
-        let mut k = lock(&self.kinds[kind.index()]);
+        let mut k = self.kinds[kind.index()].lock();
         if k.live.vacant_key() >= 1 << KEY_BITS {
             // Segment handles keep 27-bit keys (see `RawSegment`).
             return Err(Error::Invalid(format!(
@@ -965,7 +885,7 @@ impl PoolInner {
             // of this source; nothing else uses it yet.
             if let Err(e) = unsafe { self.arm_canary(addr, len, alloc.footprint()) } {
                 // The caller gets no region: take the segment back rather than lose it.
-                let mut k = lock(&self.kinds[kind.index()]);
+                let mut k = self.kinds[kind.index()].lock();
                 self.finish_free(&mut k, key, true);
                 return Err(e);
             }
@@ -1437,7 +1357,7 @@ impl PoolInner {
 
     /// The kind pool's free path.
     fn release_to_kind(&self, seg: &RawSegment, streams: &[StreamHandle]) -> Result<()> {
-        let mut k = lock(&self.kinds[seg.kind.index()]);
+        let mut k = self.kinds[seg.kind.index()].lock();
         match k.live.get(seg.key()) {
             Some(e) if seg.is(e) && !e.pending => {}
             Some(e) if seg.is(e) => return Err(Error::AlreadyFreed),
@@ -1600,7 +1520,8 @@ impl PoolInner {
         }
         if let Some(i) = buf.iter().position(|&b| b != CANARY) {
             let offset = offset.unwrap_or_else(|| {
-                lock(&self.kinds[seg.kind.index()])
+                self.kinds[seg.kind.index()]
+                    .lock()
                     .live
                     .get(seg.key())
                     .map_or(0, |e| e.alloc.offset())
@@ -1688,7 +1609,7 @@ impl PoolInner {
             if unsafe { self.arm_canary(c.raw.addr, len, c.raw.footprint()) }.is_err() {
                 // Without a canary the next free would report a false overrun: give the
                 // segment back and carve a fresh one.
-                let mut k = lock(&self.kinds[c.raw.kind.index()]);
+                let mut k = self.kinds[c.raw.kind.index()].lock();
                 self.finish_free(&mut k, c.raw.key(), false);
                 drop(k);
                 return None;
@@ -1746,7 +1667,7 @@ impl PoolInner {
         let mut drained = Vec::with_capacity(held.iter().max().copied().unwrap_or(0) as usize);
         for (class, held) in held.into_iter().enumerate() {
             if held > 0 {
-                let mut k = lock(&self.kinds[class]);
+                let mut k = self.kinds[class].lock();
                 cache.drain_class_into(class, &mut drained);
                 for c in &drained {
                     self.finish_free(&mut k, c.raw.key(), false);
@@ -1785,7 +1706,7 @@ impl PoolInner {
         let mut drained = Vec::new();
         for (class, held) in cache.items_held().into_iter().enumerate() {
             if held > 0 {
-                let mut k = lock(&self.kinds[class]);
+                let mut k = self.kinds[class].lock();
                 for c in cache.drain_class(class) {
                     Self::settle(&mut k, c.raw.key(), false);
                     drained.push(c);
@@ -1793,7 +1714,7 @@ impl PoolInner {
             }
         }
         for c in reg.unregister(cache) {
-            let mut k = lock(&self.kinds[c.raw.kind.index()]);
+            let mut k = self.kinds[c.raw.kind.index()].lock();
             Self::settle(&mut k, c.raw.key(), false);
             drained.push(c);
         }
