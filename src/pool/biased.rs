@@ -148,8 +148,6 @@ pub(crate) struct BiasedLock<T> {
 // in the module documentation (`lock` and `revoke`). Acquire/Release on `busy` and the
 // mutex order the accesses, so sharing the lock moves `T` between threads: `T: Send`.
 unsafe impl<T: Send> Sync for BiasedLock<T> {}
-// SAFETY: owning the lock owns the `T`.
-unsafe impl<T: Send> Send for BiasedLock<T> {}
 
 impl<T: std::fmt::Debug> std::fmt::Debug for BiasedLock<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
