@@ -188,8 +188,8 @@ impl<T> BiasedLock<T> {
         }
     }
 
-    /// An unbiased lock owned by the calling thread (which the bias then goes to, whoever
-    /// takes the lock first).
+    /// An unbiased lock owned by the calling thread: only this thread can win the bias,
+    /// even if another thread takes the lock first (a cache's owner is known at creation).
     pub(crate) fn new_owned(value: T) -> Self {
         let lock = Self::new(value);
         lock.owner.store(thread_id(), Ordering::Relaxed);
