@@ -88,3 +88,62 @@ fn bad_requests_fail_before_and_after_a_cache_hit() {
     drop(r);
     pool.validate().unwrap();
 }
+
+/// A thread's hot path remembers the cache it used last: two pools worked in turn on one
+/// thread, a pool dropped and a new one made, and threads that exit each keep their
+/// segments apart and their figures exact.
+#[test]
+fn pools_worked_in_turn_keep_their_own_cached_segments() {
+    let (a, b) = (pool(), pool());
+    let (ra, rb) = (a.alloc_device(4096).unwrap(), b.alloc_device(4096).unwrap());
+    let (addr_a, addr_b) = (ra.addr(), rb.addr());
+    drop(ra);
+    drop(rb);
+    for round in 0..50 {
+        // Each free and each hit switches the pool this thread worked last.
+        let ra = a.alloc_device(4096).unwrap();
+        let rb = b.alloc_device(4096).unwrap();
+        assert_eq!((ra.addr(), rb.addr()), (addr_a, addr_b), "round {round}");
+        drop(rb);
+        drop(ra);
+    }
+    for p in [&a, &b] {
+        let s = p.stats(MemKind::DEVICE);
+        assert_eq!((s.live_regions, s.cached_regions, s.frees), (0, 1, 51));
+        p.validate().unwrap();
+    }
+    // A pool that goes away while this thread remembers its cache: the next pool made
+    // here gets a cache of its own, and nothing of the old one.
+    drop(b);
+    let c = pool();
+    let rc = c.alloc_device(4096).unwrap();
+    let s = c.stats(MemKind::DEVICE);
+    assert_eq!((s.live_regions, s.cached_regions, s.allocations), (1, 0, 1));
+    drop(rc);
+    assert_eq!(c.stats(MemKind::DEVICE).cached_regions, 1);
+    c.validate().unwrap();
+    // Threads that used `a` and exit give their caches back.
+    let a = Arc::new(a);
+    let threads: Vec<_> = (0..4)
+        .map(|_| {
+            let a = Arc::clone(&a);
+            std::thread::spawn(move || {
+                for _ in 0..100 {
+                    drop(a.alloc_device(4096).unwrap());
+                    drop(a.alloc_host(512).unwrap());
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let s = a.stats(MemKind::DEVICE);
+    assert_eq!(
+        (s.live_regions, s.cached_regions),
+        (0, 1),
+        "only this thread's"
+    );
+    assert_eq!(a.stats(MemKind::Host).cached_regions, 0);
+    a.validate().unwrap();
+}

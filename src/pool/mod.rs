@@ -23,7 +23,7 @@ pub use config::PoolConfig;
 
 use biased::BiasedLock;
 use cache::{CacheItem, CacheRegistry, ThreadCache};
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Weak;
 
@@ -277,6 +277,10 @@ struct CacheSlot {
 
 impl Drop for CacheSlot {
     fn drop(&mut self) {
+        // `LAST_CACHE` must not outlive the cache it names (see there).
+        if LAST_CACHE.get().1 == Arc::as_ptr(&self.cache) {
+            LAST_CACHE.set(NO_LAST_CACHE);
+        }
         if let Some(pool) = self.pool.upgrade() {
             pool.retire_cache(&self.cache);
         }
@@ -286,7 +290,20 @@ impl Drop for CacheSlot {
 thread_local! {
     /// This thread's caches, one per pool it has freed into.
     static THREAD_CACHES: RefCell<Vec<CacheSlot>> = const { RefCell::new(Vec::new()) };
+
+    /// The cache this thread used last, with its pool's id: most threads work one pool, and
+    /// with this the hot paths skip the borrow and the scan of `THREAD_CACHES`.
+    ///
+    /// Invariant: unless it is [`NO_LAST_CACHE`], the pointer is that of the `Arc` a slot of
+    /// this thread's `THREAD_CACHES` holds for pool `.0`. A slot clears it before it drops,
+    /// and slots drop only on their own thread. No destructor: it stays readable while the
+    /// thread's other thread-locals are torn down.
+    static LAST_CACHE: Cell<(u64, *const ThreadCache<CachedSegment>)> =
+        const { Cell::new(NO_LAST_CACHE) };
 }
+
+/// `LAST_CACHE` naming no cache (pool ids count up from 0 and never reach `u64::MAX`).
+const NO_LAST_CACHE: (u64, *const ThreadCache<CachedSegment>) = (u64::MAX, std::ptr::null());
 
 /// A handle on a live segment: what a region holds, and what a thread cache keeps.
 /// A second release of a copy is refused as `AlreadyFreed` (the replay driver keeps copies).
@@ -773,11 +790,16 @@ impl KindPool {
 
 impl PoolInner {
     fn rule(&self, kind: MemKind, align: u64) -> Result<CarveRule> {
-        let padding = match kind.policy() {
+        Ok(CarveRule::new(self.padding(kind), align)?)
+    }
+
+    /// Padding after each segment of `kind` (none under the policies that add none).
+    #[inline]
+    fn padding(&self, kind: MemKind) -> u64 {
+        match kind.policy() {
             Some(p) if p.has_no_padding() => 0,
             _ => self.config.padding,
-        };
-        Ok(CarveRule::new(padding, align)?)
+        }
     }
 
     fn allocate(
@@ -786,13 +808,28 @@ impl PoolInner {
         len: u64,
         align: u64,
     ) -> Result<(RawSegment, Arc<PoolInner>)> {
-        let rule = self.rule(kind, align)?;
-        let footprint = rule.footprint(len)?;
-        if self.cacheable(footprint) {
-            if let Some(c) = self.take_cached(kind, len, align, footprint) {
-                return Ok((c.raw, c.owner));
+        // The thread cache first: a held segment of this very shape proves `len` and
+        // `align` valid, so the rule's checks wait for a miss. Both are at most
+        // `thread_cache_max` here, so the footprint's arithmetic cannot overflow.
+        let max = self.config.thread_cache_max;
+        let mut known = None;
+        if self.caches.is_some() && len <= max && align <= max && align.is_power_of_two() {
+            // The rule's footprint (an alignment below the rule's least has no bin).
+            let m = (len.next_multiple_of(32) + self.padding(kind)).max(align);
+            let footprint = (m + align - 1) & !(align - 1);
+            if footprint <= max {
+                if let Some(c) = self.take_cached(kind, len, align, footprint) {
+                    return Ok((c.raw, c.owner));
+                }
+                known = Some(footprint);
             }
         }
+        let rule = self.rule(kind, align)?;
+        let footprint = match known {
+            // Once the rule has accepted `align`, only a zero length can still be refused.
+            Some(f) if len != 0 => f,
+            _ => rule.footprint(len)?,
+        };
         let raw = self.allocate_from_kind(kind, len, align, rule, footprint)?;
         Ok((raw, Arc::clone(self)))
     }
@@ -1330,9 +1367,21 @@ impl PoolInner {
                     return Err(e);
                 }
             }
+            let (id, last) = LAST_CACHE.get();
+            let to_last = id == owner.id && !owner.closed.load(Ordering::Acquire);
             // The handle moves into the cache with the segment: no reference-count traffic.
             let mut cached = Some(CachedSegment { raw: *seg, owner });
-            Self::put_cached(&mut cached);
+            if to_last {
+                // SAFETY: `LAST_CACHE` names this pool's cache, which a slot of this thread
+                // keeps alive until it clears `LAST_CACHE`; a put (a flush included) never
+                // reaches code that drops a slot.
+                let cache = unsafe { &*last };
+                if !cache.put(&mut cached) {
+                    Self::put_into_full(cache, &mut cached);
+                }
+            } else {
+                Self::put_cached(&mut cached);
+            }
             return match cached {
                 None => Ok(()),
                 Some(back) => back.owner.release_to_kind(seg, streams),
@@ -1580,21 +1629,45 @@ impl PoolInner {
         align: u64,
         footprint: u64,
     ) -> Option<CachedSegment> {
-        let reg = self.caches.as_ref()?;
+        let (id, last) = LAST_CACHE.get();
         // One level of `Option` from the cache to the caller: each level more costs a copy
         // of the 64-byte segment on the hit path.
+        let taken = if id == self.id {
+            // SAFETY: `LAST_CACHE` names this pool's cache, which a slot of this thread keeps
+            // alive until it clears `LAST_CACHE`; a take never reaches code that drops a slot.
+            unsafe { &*last }.take(kind.index(), (len, align), footprint)
+        } else {
+            self.take_cached_slow(kind, len, align, footprint)
+        };
+        match taken {
+            Some(c) if self.plain => Some(c),
+            Some(c) => self.taken_from_cache(c, len, align),
+            None => None,
+        }
+    }
+
+    /// [`take_cached`](Self::take_cached) through `THREAD_CACHES`, when this pool's cache is
+    /// not the last one this thread used (or not made yet); makes it the last.
+    #[cold]
+    #[inline(never)]
+    fn take_cached_slow(
+        &self,
+        kind: MemKind,
+        len: u64,
+        align: u64,
+        footprint: u64,
+    ) -> Option<CachedSegment> {
+        let reg = self.caches.as_ref()?;
         let taken = THREAD_CACHES.try_with(|slots| match slots.try_borrow_mut() {
             Ok(mut slots) => {
                 let at = self.slot_in(reg, &mut slots);
-                slots[at].cache.take(kind.index(), (len, align), footprint)
+                let cache = &slots[at].cache;
+                LAST_CACHE.set((self.id, Arc::as_ptr(cache)));
+                cache.take(kind.index(), (len, align), footprint)
             }
             Err(_) => None,
         });
-        match taken {
-            Ok(Some(c)) if self.plain => Some(c),
-            Ok(Some(c)) => self.taken_from_cache(c, len, align),
-            _ => None,
-        }
+        taken.ok().flatten()
     }
 
     /// What debug mode and recording add to a thread-cache hit. In debug mode, a write into
@@ -1641,7 +1714,9 @@ impl PoolInner {
             let mut slots = slots.try_borrow_mut().ok()?;
             let at = {
                 let pool = &seg.as_ref()?.owner;
-                pool.slot_in(pool.caches.as_ref()?, &mut slots)
+                let at = pool.slot_in(pool.caches.as_ref()?, &mut slots);
+                LAST_CACHE.set((pool.id, Arc::as_ptr(&slots[at].cache)));
+                at
             };
             let cache = &slots[at].cache;
             (!cache.put(seg)).then(|| Arc::clone(cache))
@@ -1809,5 +1884,36 @@ mod handle_tests {
         PoolInner::release(owner, &new, &[]).unwrap();
         assert_eq!(pool.stats(MemKind::DEVICE).live_regions, 0);
         pool.validate().unwrap();
+    }
+
+    /// The cache-first path of `allocate` computes a footprint before the rule checks the
+    /// alignment: alignments the rule refuses are refused the same, with or without a
+    /// cached segment of that length, and the pool stays whole.
+    #[test]
+    fn bad_alignments_are_refused_on_the_cache_first_path() {
+        let pool = Pool::new(Arc::new(SimSource::default()), PoolConfig::default()).unwrap();
+        let (seg, owner) = pool.alloc_raw(MemKind::DEVICE, 100, 64).unwrap();
+        PoolInner::release(owner, &seg, &[]).unwrap();
+        for align in [0, 1, 3, 32, 96, 100, 1 << 40, u64::MAX] {
+            assert!(
+                matches!(
+                    pool.alloc_raw(MemKind::DEVICE, 100, align),
+                    Err(Error::Carve(_))
+                ),
+                "align {align}"
+            );
+        }
+        for len in [0, u64::MAX] {
+            assert!(
+                pool.alloc_raw(MemKind::DEVICE, len, 64).is_err(),
+                "len {len}"
+            );
+        }
+        // The cached segment is still there for its own shape.
+        let (again, owner) = pool.alloc_raw(MemKind::DEVICE, 100, 64).unwrap();
+        assert_eq!(again.addr, seg.addr);
+        PoolInner::release(owner, &again, &[]).unwrap();
+        pool.validate().unwrap();
+        assert_eq!(pool.stats(MemKind::DEVICE).live_regions, 0);
     }
 }
