@@ -1629,45 +1629,43 @@ impl PoolInner {
         align: u64,
         footprint: u64,
     ) -> Option<CachedSegment> {
-        let (id, last) = LAST_CACHE.get();
+        let (mut id, mut last) = LAST_CACHE.get();
+        if id != self.id {
+            if !self.make_last_cache() {
+                return None;
+            }
+            (id, last) = LAST_CACHE.get();
+        }
+        debug_assert_eq!(id, self.id);
+        // SAFETY: `LAST_CACHE` names this pool's cache, which a slot of this thread keeps
+        // alive until it clears `LAST_CACHE`; a take never reaches code that drops a slot.
         // One level of `Option` from the cache to the caller: each level more costs a copy
         // of the 64-byte segment on the hit path.
-        let taken = if id == self.id {
-            // SAFETY: `LAST_CACHE` names this pool's cache, which a slot of this thread keeps
-            // alive until it clears `LAST_CACHE`; a take never reaches code that drops a slot.
-            unsafe { &*last }.take(kind.index(), (len, align), footprint)
-        } else {
-            self.take_cached_slow(kind, len, align, footprint)
-        };
-        match taken {
+        match unsafe { &*last }.take(kind.index(), (len, align), footprint) {
             Some(c) if self.plain => Some(c),
             Some(c) => self.taken_from_cache(c, len, align),
             None => None,
         }
     }
 
-    /// [`take_cached`](Self::take_cached) through `THREAD_CACHES`, when this pool's cache is
-    /// not the last one this thread used (or not made yet); makes it the last.
+    /// Makes this pool's cache on this thread (made on first use) the one `LAST_CACHE`
+    /// names. False when caches are off or the thread is exiting.
     #[cold]
     #[inline(never)]
-    fn take_cached_slow(
-        &self,
-        kind: MemKind,
-        len: u64,
-        align: u64,
-        footprint: u64,
-    ) -> Option<CachedSegment> {
-        let reg = self.caches.as_ref()?;
-        let taken = THREAD_CACHES.try_with(|slots| match slots.try_borrow_mut() {
-            Ok(mut slots) => {
-                let at = self.slot_in(reg, &mut slots);
-                let cache = &slots[at].cache;
-                LAST_CACHE.set((self.id, Arc::as_ptr(cache)));
-                cache.take(kind.index(), (len, align), footprint)
-            }
-            Err(_) => None,
-        });
-        taken.ok().flatten()
+    fn make_last_cache(&self) -> bool {
+        let Some(reg) = self.caches.as_ref() else {
+            return false;
+        };
+        THREAD_CACHES
+            .try_with(|slots| match slots.try_borrow_mut() {
+                Ok(mut slots) => {
+                    let at = self.slot_in(reg, &mut slots);
+                    LAST_CACHE.set((self.id, Arc::as_ptr(&slots[at].cache)));
+                    true
+                }
+                Err(_) => false,
+            })
+            .unwrap_or(false)
     }
 
     /// What debug mode and recording add to a thread-cache hit. In debug mode, a write into
