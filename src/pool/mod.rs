@@ -1367,20 +1367,24 @@ impl PoolInner {
                     return Err(e);
                 }
             }
-            let (id, last) = LAST_CACHE.get();
-            let to_last = id == owner.id && !owner.closed.load(Ordering::Acquire);
+            // Into this thread's cache for the pool, made the last one used if it was not;
+            // it stays with the caller when caches are closed, the thread is exiting or the
+            // cache is full even once flushed. Every cacheable free goes in, shapes that never
+            // recur too: holding such frees and giving them back in batches is what keeps
+            // fragmentation down (admitting only shapes that recently missed twice cut video
+            // utilization from 0.876 to 0.794; once, cut random-mix from 0.874 to 0.859).
+            let to_last = !owner.closed.load(Ordering::Acquire)
+                && (LAST_CACHE.get().0 == owner.id || owner.make_last_cache());
             // The handle moves into the cache with the segment: no reference-count traffic.
             let mut cached = Some(CachedSegment { raw: *seg, owner });
             if to_last {
                 // SAFETY: `LAST_CACHE` names this pool's cache, which a slot of this thread
                 // keeps alive until it clears `LAST_CACHE`; a put (a flush included) never
                 // reaches code that drops a slot.
-                let cache = unsafe { &*last };
+                let cache = unsafe { &*LAST_CACHE.get().1 };
                 if !cache.put(&mut cached) {
                     Self::put_into_full(cache, &mut cached);
                 }
-            } else {
-                Self::put_cached(&mut cached);
             }
             return match cached {
                 None => Ok(()),
@@ -1690,38 +1694,6 @@ impl PoolInner {
             r.alloc(c.raw.kind, c.raw.addr, len, align);
         }
         Some(c)
-    }
-
-    /// Keeps the segment in `seg` in this thread's cache for its pool, or leaves it there
-    /// when it must go to the kind pool (caches closed, the cache full even once flushed,
-    /// the thread exiting).
-    ///
-    /// Every cacheable free goes in, shapes that never recur too: holding such frees and
-    /// giving them back in batches is what keeps fragmentation down (admitting only shapes
-    /// that recently missed twice cut video utilization from 0.876 to 0.794; once, cut
-    /// random-mix from 0.874 to 0.859).
-    #[inline]
-    fn put_cached(seg: &mut Option<CachedSegment>) {
-        if seg
-            .as_ref()
-            .is_none_or(|s| s.owner.closed.load(Ordering::Acquire))
-        {
-            return;
-        }
-        let full = THREAD_CACHES.try_with(|slots| {
-            let mut slots = slots.try_borrow_mut().ok()?;
-            let at = {
-                let pool = &seg.as_ref()?.owner;
-                let at = pool.slot_in(pool.caches.as_ref()?, &mut slots);
-                LAST_CACHE.set((pool.id, Arc::as_ptr(&slots[at].cache)));
-                at
-            };
-            let cache = &slots[at].cache;
-            (!cache.put(seg)).then(|| Arc::clone(cache))
-        });
-        if let Ok(Some(cache)) = full {
-            Self::put_into_full(&cache, seg);
-        }
     }
 
     /// `cache` is full: gives it all back (one lock per kind for many segments) and keeps
