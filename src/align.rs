@@ -45,6 +45,22 @@ const fn align_up_pow2(value: u64, align: u64) -> Option<u64> {
     }
 }
 
+/// The carve rule's footprint for `len` bytes: `ALIGN_UP(ALIGN_UP(len, 32) + padding, align)`,
+/// never below `align` (`align` a power of two). `None` on overflow. No check of the rule's
+/// own limits: [`CarveRule::footprint`] is this after them, and the pool's thread-cache path
+/// calls it before building a rule (a cached segment of the very shape proves them).
+#[inline]
+pub(crate) const fn footprint_of(len: u64, padding: u64, align: u64) -> Option<u64> {
+    let Some(m) = align_up_pow2(len, LEN_GRANULE) else {
+        return None;
+    };
+    let Some(m) = m.checked_add(padding) else {
+        return None;
+    };
+    // With padding 0 a 32-byte segment still takes one aligned slot.
+    align_up_pow2(if m < align { align } else { m }, align)
+}
+
 /// Compile-time form of [`align_up`] for constants (panics at compile time on overflow).
 const fn align_up_const(value: u64, align: u64) -> u64 {
     (value + align - 1) & !(align - 1)
@@ -222,16 +238,12 @@ impl CarveRule {
     /// `ALIGN_UP(ALIGN_UP(len, 32) + padding, align)`: the bytes one segment takes out of
     /// a block, so that the next segment's start is aligned too. Never below `align`.
     pub const fn footprint(&self, len: u64) -> Result<u64, CarveRuleError> {
-        match self.segment_len(len) {
-            Ok(m) => {
-                // With padding 0 a 32-byte segment still takes one aligned slot.
-                let m = if m < self.align { self.align } else { m };
-                match align_up_pow2(m, self.align) {
-                    Some(f) => Ok(f),
-                    None => Err(CarveRuleError::LengthOverflow { len }),
-                }
-            }
-            Err(e) => Err(e),
+        if len == 0 {
+            return Err(CarveRuleError::ZeroLength);
+        }
+        match footprint_of(len, self.padding, self.align) {
+            Some(f) => Ok(f),
+            None => Err(CarveRuleError::LengthOverflow { len }),
         }
     }
 

@@ -809,15 +809,13 @@ impl PoolInner {
         align: u64,
     ) -> Result<(RawSegment, Arc<PoolInner>)> {
         // The thread cache first: a held segment of this very shape proves `len` and
-        // `align` valid, so the rule's checks wait for a miss. Both are at most
-        // `thread_cache_max` here, so the footprint's arithmetic cannot overflow.
+        // `align` valid, so the rule's checks wait for a miss.
         let max = self.config.thread_cache_max;
         let mut known = None;
         if self.caches.is_some() && len <= max && align <= max && align.is_power_of_two() {
             // The rule's footprint (an alignment below the rule's least has no bin).
-            let m = (len.next_multiple_of(32) + self.padding(kind)).max(align);
-            let footprint = (m + align - 1) & !(align - 1);
-            if footprint <= max {
+            let footprint = crate::align::footprint_of(len, self.padding(kind), align);
+            if let Some(footprint) = footprint.filter(|&f| f <= max) {
                 if let Some(c) = self.take_cached(kind, len, align, footprint) {
                     return Ok((c.raw, c.owner));
                 }
