@@ -29,21 +29,26 @@ const STEP_SHIFT: u32 = 3;
 const LARGE_PAGE: u64 = 256 << 10;
 
 /// Class of a footprint (a non-zero multiple of 64) and the bytes of its objects.
+///
+/// One formula for both regimes, so random sizes cost no mispredicted branch: with
+/// `2^k < footprint <= 2^(k+1)`, a class spans a step of `2^(k-3)` bytes, and the class's
+/// objects are the footprint rounded up to a step. Holding `k` at 9 or more makes the step
+/// the 64-byte granule below [`EXACT_MAX`] (asserted below), so there every class is exact.
 #[inline]
 pub fn class_of(footprint: u64) -> (usize, u64) {
-    if footprint <= EXACT_MAX {
-        ((footprint / CLASS_GRANULE - 1) as usize, footprint)
-    } else {
-        // 2^k < footprint <= 2^(k+1), k >= 10: eight steps of 2^(k-3) bytes.
-        let k = 63 - (footprint - 1).leading_zeros();
-        let step_shift = k - STEP_SHIFT;
-        let sub = (footprint - (1 << k) + (1 << step_shift) - 1) >> step_shift;
-        let exact = (EXACT_MAX / CLASS_GRANULE) as usize;
-        let class =
-            exact + ((k - EXACT_MAX.trailing_zeros()) << STEP_SHIFT) as usize + sub as usize - 1;
-        (class, (1 << k) + (sub << step_shift))
-    }
+    debug_assert!(footprint > 0 && footprint % CLASS_GRANULE == 0);
+    let k = (63 - (footprint - 1).leading_zeros()).max(EXACT_SHIFT - 1);
+    let step_shift = k - STEP_SHIFT;
+    // Steps below the footprint: 8 per doubling past 2^k, plus those of 2^k itself.
+    let steps = (footprint - 1) >> step_shift;
+    let class = (((k - (EXACT_SHIFT - 1)) << STEP_SHIFT) as u64 + steps) as usize;
+    (class, (steps + 1) << step_shift)
 }
+/// log2 of [`EXACT_MAX`].
+const EXACT_SHIFT: u32 = EXACT_MAX.trailing_zeros();
+// Below EXACT_MAX the formula's step must be the granule, so that those classes are exact.
+static_assertions::const_assert_eq!(EXACT_MAX >> 1 >> STEP_SHIFT, CLASS_GRANULE);
+static_assertions::const_assert!(EXACT_MAX.is_power_of_two());
 /// Largest footprint slabs serve: past it a page of four objects passes a megabyte, and a
 /// page mostly empty costs more memory than the O(1) path is worth (see
 /// [`SlabAllocator::page_shape`]).
@@ -68,8 +73,9 @@ struct SlabPage {
     free_bits: u64,
     /// Bytes of one object (at most [`MAX_SLAB_FOOTPRINT`]).
     footprint: u32,
-    /// Position in its class's `partial` list, or `NIL` when full (or cached empty); in a
-    /// vacant record, the next vacant record (`NIL` ends the chain).
+    /// Position in its class's list (from 1) while listed; `NIL` when cached empty, and
+    /// stale once the page fills up (nothing reads it until the page is listed again). In
+    /// a vacant record, the next vacant record (`NIL` ends the chain).
     partial_pos: u32,
     /// Class index.
     class: u16,
@@ -108,15 +114,19 @@ impl SlabPage {
 }
 
 /// The pages of one class that have room.
+///
+/// The list starts with a `NIL` sentinel, so its last entry is `NIL` exactly when no page
+/// is listed, and a page that fills up leaves it by arithmetic rather than a branch: on
+/// random sizes that branch is taken or not about as often as a coin flip.
 #[derive(Debug)]
 struct SizeClass {
-    /// `partial`'s last entry (`NIL` when empty), kept here so that an allocation reads
-    /// only this record, not the list's buffer.
+    /// The list's last entry (`NIL` when no page is listed), kept here so that an
+    /// allocation that leaves its page with room reads only this record.
     top: u32,
     /// A wholly free page kept back from the range engine (`NIL` when none).
     cached_empty: u32,
-    /// Pages with at least one free object; the last one serves next.
-    partial: Vec<u32>,
+    /// `NIL`, then the pages with room (positions from 1); the last one serves next.
+    list: Vec<u32>,
 }
 
 impl Default for SizeClass {
@@ -124,33 +134,41 @@ impl Default for SizeClass {
         Self {
             top: NIL,
             cached_empty: NIL,
-            partial: Vec::new(),
+            list: vec![NIL],
         }
     }
 }
 
 impl SizeClass {
-    /// Appends `page` to `partial`; returns its position.
-    #[inline]
-    fn push(&mut self, page: u32) -> u32 {
-        self.partial.push(page);
-        self.top = page;
-        (self.partial.len() - 1) as u32
+    /// The listed pages, in order.
+    fn pages(&self) -> &[u32] {
+        self.list.get(1..).unwrap_or_default()
     }
 
-    /// Removes the last entry (a page that just filled up).
+    /// Appends `page`; returns its position.
     #[inline]
-    fn pop(&mut self) {
-        self.partial.pop();
-        self.top = self.partial.last().copied().unwrap_or(NIL);
+    fn push(&mut self, page: u32) -> u32 {
+        self.list.push(page);
+        self.top = page;
+        (self.list.len() - 1) as u32
+    }
+
+    /// Removes the last entry if `full` (a page that just filled up).
+    #[inline(always)]
+    fn pop_if(&mut self, full: bool) {
+        // The sentinel keeps the length at 1 or more, so `len - 1` indexes an entry.
+        let len = self.list.len() - usize::from(full);
+        self.list.truncate(len);
+        self.top = self.list[len - 1];
     }
 
     /// Removes the entry at `pos` (the last one moves there); returns the moved page, if any.
     #[inline]
-    fn swap_remove(&mut self, pos: usize) -> Option<u32> {
-        self.partial.swap_remove(pos);
-        self.top = self.partial.last().copied().unwrap_or(NIL);
-        self.partial.get(pos).copied()
+    fn swap_remove(&mut self, pos: u32) -> Option<u32> {
+        debug_assert!(pos >= 1 && (pos as usize) < self.list.len());
+        self.list.swap_remove(pos as usize);
+        self.top = self.list[self.list.len() - 1];
+        self.list.get(pos as usize).copied()
     }
 }
 
@@ -168,7 +186,7 @@ pub struct PageRelease {
 /// Slabs for footprints up to `max_footprint`.
 ///
 /// Invariants (checked by [`SlabAllocator::validate`]):
-/// - a page is in its class's `partial` list iff `0 < used < objects`, or `used == 0`
+/// - a page is in its class's list iff `0 < used < objects`, or `used == 0`
 ///   and it is not the class's cached empty page, which never happens outside a call
 ///   (empty pages are released or cached at once); a class's `top` is its list's last entry;
 /// - `used` equals the number of clear bits below `objects` in `free_bits`;
@@ -260,11 +278,9 @@ impl SlabAllocator {
         page.free_bits &= page.free_bits - 1;
         page.used += 1;
         let offset = page.base + u64::from(slot) * footprint;
-        if page.free_bits == 0 {
-            // Full: out of the partial list (it is the last entry).
-            page.partial_pos = NIL;
-            c.pop();
-        }
+        // Full: out of the list (it is the last entry), without a branch; its `partial_pos`
+        // goes stale, which is harmless as nothing reads it before it is listed again.
+        c.pop_if(page.free_bits == 0);
         page.tags[slot as usize] = tag;
         Some((offset, page_idx << SLOT_BITS | slot))
     }
@@ -418,7 +434,8 @@ impl SlabAllocator {
                 }
             }
             let c = &self.classes[usize::from(p.class)];
-            let listed = c.partial.get(p.partial_pos as usize) == Some(&(i as u32));
+            let listed =
+                p.partial_pos != 0 && c.list.get(p.partial_pos as usize) == Some(&(i as u32));
             let cached = c.cached_empty == i as u32;
             let should_list = p.used < p.objects && !cached;
             if listed != should_list || (cached && p.used != 0) {
@@ -429,11 +446,18 @@ impl SlabAllocator {
             return fail(format!("{held} pages held, counter says {}", self.held));
         }
         for (n, c) in self.classes.iter().enumerate() {
-            if c.top != c.partial.last().copied().unwrap_or(NIL) {
-                return fail(format!("class {n}: top is not the list's last page"));
+            if c.list.first() != Some(&NIL) || c.list.last() != Some(&c.top) {
+                return fail(format!("class {n}: list lost its sentinel or top"));
+            }
+            // With each page's own check above, positions and entries match one to one.
+            for (pos, &page) in c.pages().iter().enumerate() {
+                match self.pages.get(page as usize) {
+                    Some(p) if p.partial_pos as usize == pos + 1 && usize::from(p.class) == n => {}
+                    _ => return fail(format!("class {n}: entry {} names page {page}", pos + 1)),
+                }
             }
         }
-        let listed: usize = self.classes.iter().map(|c| c.partial.len()).sum();
+        let listed: usize = self.classes.iter().map(|c| c.pages().len()).sum();
         let cached = self
             .classes
             .iter()
@@ -445,6 +469,7 @@ impl SlabAllocator {
         Ok(())
     }
 
+    /// Takes a page with room (whose position is current) off its class's list.
     fn unlist(&mut self, page_idx: u32) {
         let page = &mut self.pages[page_idx as usize];
         let pos = page.partial_pos;
@@ -453,7 +478,7 @@ impl SlabAllocator {
         }
         page.partial_pos = NIL;
         let c = &mut self.classes[usize::from(page.class)];
-        if let Some(moved) = c.swap_remove(pos as usize) {
+        if let Some(moved) = c.swap_remove(pos) {
             self.pages[moved as usize].partial_pos = pos;
         }
     }
@@ -493,6 +518,11 @@ mod tests {
             let (class, size) = class_of(f);
             assert!(size >= f && (size - f) * 8 < f, "{f} -> {size}");
             assert!(f <= EXACT_MAX || size % 128 == 0, "{f} -> {size}");
+            // Up to EXACT_MAX every footprint is its own class.
+            assert!(
+                f > EXACT_MAX || (class, size) == ((f / 64 - 1) as usize, f),
+                "{f}"
+            );
             assert!(class == last.0 && size == last.1 || class == last.0 + 1 || f == 64);
             last = (class, size);
             let (bytes, objects, align) = SlabAllocator::page_shape(f);
