@@ -121,7 +121,8 @@ impl SlabPage {
 #[derive(Debug)]
 struct SizeClass {
     /// The list's last entry (`NIL` when no page is listed), kept here so that an
-    /// allocation that leaves its page with room reads only this record.
+    /// allocation finds its page in this record and loads the page without waiting on the
+    /// list's buffer (which it reads alongside, for the next `top`).
     top: u32,
     /// A wholly free page kept back from the range engine (`NIL` when none).
     cached_empty: u32,
