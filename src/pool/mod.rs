@@ -1371,15 +1371,18 @@ impl PoolInner {
             // recur too: holding such frees and giving them back in batches is what keeps
             // fragmentation down (admitting only shapes that recently missed twice cut video
             // utilization from 0.876 to 0.794; once, cut random-mix from 0.874 to 0.859).
-            let to_last = !owner.closed.load(Ordering::Acquire)
-                && (LAST_CACHE.get().0 == owner.id || owner.make_last_cache());
+            let last = if owner.closed.load(Ordering::Acquire) {
+                None
+            } else {
+                owner.last_cache()
+            };
             // The handle moves into the cache with the segment: no reference-count traffic.
             let mut cached = Some(CachedSegment { raw: *seg, owner });
-            if to_last {
-                // SAFETY: `LAST_CACHE` names this pool's cache, which a slot of this thread
+            if let Some(last) = last {
+                // SAFETY: `last_cache` names this pool's cache, which a slot of this thread
                 // keeps alive until it clears `LAST_CACHE`; a put (a flush included) never
                 // reaches code that drops a slot.
-                let cache = unsafe { &*LAST_CACHE.get().1 };
+                let cache = unsafe { &*last };
                 if !cache.put(&mut cached) {
                     Self::put_into_full(cache, &mut cached);
                 }
@@ -1631,15 +1634,8 @@ impl PoolInner {
         align: u64,
         footprint: u64,
     ) -> Option<CachedSegment> {
-        let (mut id, mut last) = LAST_CACHE.get();
-        if id != self.id {
-            if !self.make_last_cache() {
-                return None;
-            }
-            (id, last) = LAST_CACHE.get();
-        }
-        debug_assert_eq!(id, self.id);
-        // SAFETY: `LAST_CACHE` names this pool's cache, which a slot of this thread keeps
+        let last = self.last_cache()?;
+        // SAFETY: `last_cache` names this pool's cache, which a slot of this thread keeps
         // alive until it clears `LAST_CACHE`; a take never reaches code that drops a slot.
         // One level of `Option` from the cache to the caller: each level more costs a copy
         // of the 64-byte segment on the hit path.
@@ -1648,6 +1644,21 @@ impl PoolInner {
             Some(c) => self.taken_from_cache(c, len, align),
             None => None,
         }
+    }
+
+    /// This pool's cache on this thread, made the one `LAST_CACHE` names if it was not (and
+    /// made on first use). `None` when caches are off or the thread is exiting. A pointer,
+    /// not a reference: the caller may move the pool handle it was reached through.
+    #[inline(always)]
+    fn last_cache(&self) -> Option<*const ThreadCache<CachedSegment>> {
+        let (id, last) = LAST_CACHE.get();
+        if id == self.id {
+            return Some(last);
+        }
+        if !self.make_last_cache() {
+            return None;
+        }
+        Some(LAST_CACHE.get().1)
     }
 
     /// Makes this pool's cache on this thread (made on first use) the one `LAST_CACHE`
