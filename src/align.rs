@@ -51,14 +51,21 @@ const fn align_up_pow2(value: u64, align: u64) -> Option<u64> {
 /// calls it before building a rule (a cached segment of the very shape proves them).
 #[inline]
 pub(crate) const fn footprint_of(len: u64, padding: u64, align: u64) -> Option<u64> {
-    let Some(m) = align_up_pow2(len, LEN_GRANULE) else {
-        return None;
-    };
-    let Some(m) = m.checked_add(padding) else {
+    let Some(m) = segment_of(len, padding) else {
         return None;
     };
     // With padding 0 a 32-byte segment still takes one aligned slot.
     align_up_pow2(if m < align { align } else { m }, align)
+}
+
+/// `ALIGN_UP(len, 32) + padding`, the runtime's segment before start alignment; `None` on
+/// overflow.
+#[inline]
+const fn segment_of(len: u64, padding: u64) -> Option<u64> {
+    match align_up_pow2(len, LEN_GRANULE) {
+        Some(m) => m.checked_add(padding),
+        None => None,
+    }
 }
 
 /// Compile-time form of [`align_up`] for constants (panics at compile time on overflow).
@@ -226,11 +233,8 @@ impl CarveRule {
         if len == 0 {
             return Err(CarveRuleError::ZeroLength);
         }
-        match align_up(len, LEN_GRANULE) {
-            Some(m) => match m.checked_add(self.padding) {
-                Some(m) => Ok(m),
-                None => Err(CarveRuleError::LengthOverflow { len }),
-            },
+        match segment_of(len, self.padding) {
+            Some(m) => Ok(m),
             None => Err(CarveRuleError::LengthOverflow { len }),
         }
     }
