@@ -5,7 +5,9 @@
 //! class spans an eighth of a doubling (objects round up by less than 12.5%), so the many
 //! sizes of bitstream packets or activations share a few well-filled pages instead of one
 //! sparse page per footprint. Pages come from the range engine and go back to it when empty
-//! (one empty page per class is kept to avoid thrashing on alloc/free pairs).
+//! (one empty page per class is kept to avoid thrashing on alloc/free pairs). A class whose
+//! only page empties keeps that page listed, so a class that holds one object at a time (a
+//! per-step activation, a workspace) pays no relisting per allocate/free pair.
 //!
 //! A page holds at most 64 objects, so one `u64` is its free map. Each page record holds
 //! the tags of its objects too, after the fields an allocation or a free reads: the first
@@ -124,7 +126,9 @@ struct SizeClass {
     /// allocation finds its page in this record and loads the page without waiting on the
     /// list's buffer (which it reads alongside, for the next `top`).
     top: u32,
-    /// A wholly free page kept back from the range engine (`NIL` when none).
+    /// A wholly free page kept back from the range engine and set aside, off the list
+    /// (`NIL` when none). The class keeps at most one empty page: this one, or an empty page
+    /// listed first (see [`SizeClass::kept_listed`]).
     cached_empty: u32,
     /// `NIL`, then the pages with room (positions from 1); the last one serves next.
     list: Vec<u32>,
@@ -163,6 +167,13 @@ impl SizeClass {
         self.top = self.list[len - 1];
     }
 
+    /// The list's first page, if there is one (the class's kept empty page when it holds
+    /// no object: a page that empties while it is the only one listed stays there).
+    #[inline]
+    fn first(&self) -> Option<u32> {
+        self.list.get(1).copied()
+    }
+
     /// Removes the entry at `pos` (the last one moves there); returns the moved page, if any.
     #[inline]
     fn swap_remove(&mut self, pos: u32) -> Option<u32> {
@@ -187,9 +198,10 @@ pub struct PageRelease {
 /// Slabs for footprints up to `max_footprint`.
 ///
 /// Invariants (checked by [`SlabAllocator::validate`]):
-/// - a page is in its class's list iff `0 < used < objects`, or `used == 0`
-///   and it is not the class's cached empty page, which never happens outside a call
-///   (empty pages are released or cached at once); a class's `top` is its list's last entry;
+/// - a page is in its class's list iff `used < objects` and it is not the class's cached
+///   empty page (set aside, off the list); a listed page has `used > 0` unless it is first
+///   in the list (the class's kept empty page) or was just added for the allocation under
+///   way; a class's `top` is its list's last entry;
 /// - `used` equals the number of clear bits below `objects` in `free_bits`;
 /// - the tag of object `i` of a held page is non-zero iff the object is in use; every
 ///   other tag (free objects, slots past `objects`, vacant records) is 0;
@@ -354,28 +366,70 @@ impl SlabAllocator {
         if page.used > 0 {
             return Ok(None);
         }
+        // The class's only listed page emptied and no page is set aside: it stays listed as
+        // the class's kept empty page, and the next allocation takes it as it would take a
+        // page set aside. No call, no list change.
+        let c = &self.classes[usize::from(page.class)];
+        if c.cached_empty == NIL && c.list.len() == 2 {
+            debug_assert_eq!(c.top, page_idx, "a page with room is listed");
+            return Ok(None);
+        }
         Ok(self.retire(page_idx))
     }
 
-    /// A page just became empty: out of the partial list; cache it or give the class's
-    /// older cached page back.
+    /// A page just became empty with other pages listed or one set aside: out of the list
+    /// and set aside; the class's older empty page (set aside, or kept listed first) goes back.
     #[inline(never)]
     fn retire(&mut self, page_idx: u32) -> Option<PageRelease> {
         let class = usize::from(self.pages[page_idx as usize].class);
+        let kept = self.kept_listed(class).filter(|&p| p != page_idx);
         self.unlist(page_idx);
         let older = std::mem::replace(&mut self.classes[class].cached_empty, page_idx);
-        (older != NIL).then(|| self.remove_page(older))
+        if older != NIL {
+            return Some(self.remove_page(older));
+        }
+        let kept = kept?;
+        self.unlist_first(kept);
+        Some(self.remove_page(kept))
     }
 
-    /// Gives back every cached empty page.
+    /// The class's kept empty page, if it keeps one listed: its first page, when it holds
+    /// no object.
+    #[inline]
+    fn kept_listed(&self, class: usize) -> Option<u32> {
+        self.classes[class]
+            .first()
+            .filter(|&p| self.pages[p as usize].used == 0)
+    }
+
+    /// Takes the first page off its class's list keeping the order of the rest, so the
+    /// page that serves next is the one it would be had the page been set aside.
+    fn unlist_first(&mut self, page_idx: u32) {
+        let page = &mut self.pages[page_idx as usize];
+        debug_assert_eq!(page.partial_pos, 1, "the first page of its list");
+        page.partial_pos = NIL;
+        let c = &mut self.classes[usize::from(page.class)];
+        c.list.remove(1);
+        c.top = c.list[c.list.len() - 1];
+        for (pos, &p) in c.list.iter().enumerate().skip(1) {
+            self.pages[p as usize].partial_pos = pos as u32;
+        }
+    }
+
+    /// Gives back every cached empty page (set aside or kept listed).
     pub fn trim(&mut self) -> Vec<PageRelease> {
-        let cached: Vec<u32> = self
-            .classes
-            .iter_mut()
-            .map(|c| std::mem::replace(&mut c.cached_empty, NIL))
-            .filter(|&p| p != NIL)
-            .collect();
-        cached.into_iter().map(|p| self.remove_page(p)).collect()
+        let mut released = Vec::new();
+        for class in 0..self.classes.len() {
+            let aside = std::mem::replace(&mut self.classes[class].cached_empty, NIL);
+            if aside != NIL {
+                released.push(self.remove_page(aside));
+            }
+            if let Some(kept) = self.kept_listed(class) {
+                self.unlist_first(kept);
+                released.push(self.remove_page(kept));
+            }
+        }
+        released
     }
 
     /// Bytes of pages held (in use and cached).
@@ -580,6 +634,87 @@ mod tests {
         s.free(o2, p2, 500).unwrap();
         assert_eq!(s.trim().len(), 1);
         assert_eq!((s.page_count(), s.page_bytes()), (0, 0));
+        s.validate().unwrap();
+    }
+
+    #[test]
+    fn a_class_holding_one_object_at_a_time_keeps_its_page_listed() {
+        // 64 KiB objects: 4 per page.
+        let f = 64 << 10;
+        let mut s = SlabAllocator::new(f);
+        s.add_page(f, 0, 1, 1);
+        let (o, p) = s.alloc(f, 1).unwrap();
+        for tag in 2..10 {
+            // The page empties and stays listed: the next object takes the same slot.
+            assert_eq!(s.free(o, p, tag - 1).unwrap(), None);
+            s.validate().unwrap();
+            assert_eq!(s.classes[class_of(f).0].list.len(), 2);
+            assert_eq!(s.alloc(f, tag).unwrap(), (o, p));
+            s.validate().unwrap();
+        }
+        assert_eq!(s.free(o, p, 9).unwrap(), None);
+        assert_eq!((s.page_count(), s.trim().len(), s.page_count()), (1, 1, 0));
+        s.validate().unwrap();
+    }
+
+    #[test]
+    fn a_kept_page_goes_back_when_another_empties_and_the_order_holds() {
+        // 64 KiB objects: 4 per page.
+        let f = 64 << 10;
+        let class = class_of(f).0;
+        let mut s = SlabAllocator::new(f);
+        // Page 0 alone, emptied: kept listed first.
+        s.add_page(f, 0, 1, 1);
+        let k = s.alloc(f, 1).unwrap();
+        s.free(k.0, k.1, 1).unwrap();
+        // Pages 1, 2 and 3, each filled (so each leaves the list), then one object of each
+        // freed: they come back above the kept page, 1 then 2 then 3.
+        let mut pages = vec![];
+        for page in 1..=3u32 {
+            s.add_page(f, u64::from(page) << 20, page + 1, page + 1);
+            let objs: Vec<_> = (0..4)
+                .map(|i| {
+                    let t = 10 * page + i;
+                    (s.alloc(f, t).unwrap(), t)
+                })
+                .collect();
+            assert!(objs.iter().all(|((_, p), _)| p >> SLOT_BITS == page));
+            pages.push(objs);
+        }
+        for objs in &mut pages {
+            let ((o, p), t) = objs.pop().unwrap();
+            s.free(o, p, t).unwrap();
+        }
+        assert_eq!(s.classes[class].pages(), &[0, 1, 2, 3]);
+        s.validate().unwrap();
+        // Page 3 empties: it is set aside, page 0 goes back, and 1 and 2 keep their order
+        // (page 2 serves next, as if page 0 had been set aside all along).
+        let mut released = vec![];
+        for ((o, p), t) in pages.pop().unwrap() {
+            released.extend(s.free(o, p, t).unwrap());
+            s.validate().unwrap();
+        }
+        assert_eq!(released.len(), 1);
+        assert_eq!(released[0].base, 0);
+        assert_eq!(s.classes[class].pages(), &[1, 2]);
+        assert_eq!(
+            (s.classes[class].top, s.classes[class].cached_empty),
+            (2, 3)
+        );
+        // The rest: page 2 empties and page 3 goes back; page 1 empties last, alone in the
+        // list but with page 2 set aside, so it is set aside and page 2 goes back.
+        let mut released = vec![];
+        for objs in pages.into_iter().rev() {
+            for ((o, p), t) in objs {
+                released.extend(s.free(o, p, t).unwrap());
+                s.validate().unwrap();
+            }
+        }
+        let bases: Vec<u64> = released.iter().map(|r| r.base).collect();
+        assert_eq!(bases, [3 << 20, 2 << 20]);
+        assert_eq!((s.page_count(), s.classes[class].cached_empty), (1, 1));
+        assert_eq!(s.trim().len(), 1);
+        assert_eq!(s.page_count(), 0);
         s.validate().unwrap();
     }
 
