@@ -109,8 +109,9 @@ impl Node {
 /// - each free node is linked in exactly the bin `mapping_insert(len)` names;
 /// - every slot of `nodes` is either reachable from `last` or on the vacant chain;
 /// - each parked node is in exactly the parked list `park_slot(len)` names, whose `len` is
-///   its own; `parked_units`/`parked_nodes` are their sums, and bit `s` of `parked_slots`
-///   is set iff list `s` is not empty.
+///   its own and whose `count` counts it; bit `s` of `parked_slots` is set iff list `s` is
+///   not empty;
+/// - `used_units` is the sum of the lengths of used nodes (neither free nor parked).
 #[derive(Debug)]
 pub struct TlsfRange {
     /// log2 of the bytes per unit: every offset and length is a multiple of the unit.
@@ -126,22 +127,16 @@ pub struct TlsfRange {
     nodes: Vec<Node>,
     /// First vacant slot of `nodes` (`NIL` when none); the chain runs through `next_phys`.
     vacant: u32,
-    /// Length of the vacant chain.
-    vacant_count: usize,
     fl_bitmap: u64,
     sl_bitmap: [u32; FL_COUNT],
     heads: [[u32; SL_COUNT]; FL_COUNT],
-    /// Units in bins (not counting the wilderness).
-    binned_units: u64,
-    /// Number of free nodes in bins.
-    free_nodes: u64,
     parked: [ParkedList; PARK_SLOTS],
-    /// Units in parked nodes.
-    parked_units: u64,
-    /// Number of parked nodes.
-    parked_nodes: u64,
     /// Bit `s` set iff parked list `s` is not empty.
     parked_slots: u64,
+    /// Units of used nodes: changes only when a block is handed out or given back, so
+    /// parking, merging and splitting keep no counters (the free figures are walked for
+    /// [`TlsfRange::stats`]).
+    used_units: u64,
 }
 
 /// Bin of a free block of `len` units.
@@ -196,20 +191,16 @@ impl TlsfRange {
             last: NIL,
             nodes: Vec::new(),
             vacant: NIL,
-            vacant_count: 0,
             fl_bitmap: 0,
             sl_bitmap: [0; FL_COUNT],
             heads: [[NIL; SL_COUNT]; FL_COUNT],
-            binned_units: 0,
-            free_nodes: 0,
             parked: [ParkedList {
                 len: 0,
                 head: NIL,
                 count: 0,
             }; PARK_SLOTS],
-            parked_units: 0,
-            parked_nodes: 0,
             parked_slots: 0,
+            used_units: 0,
         })
     }
 
@@ -239,8 +230,7 @@ impl TlsfRange {
                     self.parked_slots &= !(1 << park_slot(len));
                 }
                 n.tag = tag;
-                self.parked_units -= len;
-                self.parked_nodes -= 1;
+                self.used_units += len;
                 return Some((n.start() << self.unit_shift, idx));
             }
         }
@@ -261,6 +251,7 @@ impl TlsfRange {
             Some(node) => self.carve(node, len, align_units, tag),
             None => self.carve_wilderness(len, align_units, tag)?,
         };
+        self.used_units += len;
         Some((start << self.unit_shift, idx))
     }
 
@@ -276,6 +267,7 @@ impl TlsfRange {
             return Err(EngineError::AlreadyFreed { offset });
         }
         let len = n.len();
+        self.used_units -= len;
         let list = &mut self.parked[park_slot(len)];
         if list.count == 0 || list.len == len {
             n.tag = PARKED;
@@ -284,8 +276,6 @@ impl TlsfRange {
             list.len = len;
             list.count += 1;
             self.parked_slots |= 1 << park_slot(len);
-            self.parked_units += len;
-            self.parked_nodes += 1;
         } else {
             self.release(key);
         }
@@ -317,8 +307,6 @@ impl TlsfRange {
                 i = next;
             }
         }
-        self.parked_units = 0;
-        self.parked_nodes = 0;
     }
 
     /// Highest offset (bytes) ever in use.
@@ -390,16 +378,27 @@ impl TlsfRange {
         largest << self.unit_shift
     }
 
-    /// Free and fragmentation figures.
+    /// Free and fragmentation figures (walks the bins' lists).
     pub fn stats(&self) -> RangeStats {
-        let free = self.binned_units + self.parked_units + self.capacity - self.top;
+        let mut binned = 0u64;
+        for (fl, heads) in self.heads.iter().enumerate() {
+            if self.fl_bitmap >> fl & 1 == 0 {
+                continue;
+            }
+            for &head in heads {
+                let mut i = head;
+                while i != NIL {
+                    binned += 1;
+                    i = self.nodes[i as usize].next_free;
+                }
+            }
+        }
+        let parked: u64 = self.parked.iter().map(|l| u64::from(l.count)).sum();
         RangeStats {
             capacity: self.capacity(),
-            free_bytes: free << self.unit_shift,
+            free_bytes: (self.capacity - self.used_units) << self.unit_shift,
             largest_free: self.largest_free(),
-            free_fragments: self.free_nodes
-                + self.parked_nodes
-                + u64::from(self.top < self.capacity),
+            free_fragments: binned + parked + u64::from(self.top < self.capacity),
             high_water: self.high_water(),
             top: self.top << self.unit_shift,
         }
@@ -469,15 +468,17 @@ impl TlsfRange {
                 _ => return fail(format!("vacant chain holds a live or dangling slot {v}")),
             }
         }
-        if vacant != self.vacant_count || seen + vacant != self.nodes.len() {
+        if seen + vacant != self.nodes.len() {
             return fail(format!(
-                "{} slots, {seen} reachable, {vacant} vacant (counted {})",
-                self.nodes.len(),
-                self.vacant_count
+                "{} slots, {seen} reachable, {vacant} vacant",
+                self.nodes.len()
             ));
         }
-        if binned != self.binned_units || free_nodes != self.free_nodes {
-            return fail("free counters disagree with the nodes".into());
+        if self.used_units + binned + parked_units != self.top {
+            return fail(format!(
+                "{} units used, {binned} binned and {parked_units} parked tile {} units",
+                self.used_units, self.top
+            ));
         }
         let largest = self
             .nodes
@@ -490,9 +491,6 @@ impl TlsfRange {
                 "largest free range is {largest} units, the bins say {}",
                 self.largest_free() >> self.unit_shift
             ));
-        }
-        if parked_units != self.parked_units || parked_nodes != self.parked_nodes {
-            return fail("parked counters disagree with the nodes".into());
         }
         // Every listed node is parked with the list's length, so with the counts equal and
         // each parked node found in its list, the lists hold exactly the parked nodes.
@@ -525,12 +523,10 @@ impl TlsfRange {
             }
             listed += u64::from(count);
         }
-        if listed != self.parked_nodes {
-            return fail(format!(
-                "{listed} parked nodes listed of {}",
-                self.parked_nodes
-            ));
+        if listed != parked_nodes {
+            return fail(format!("{listed} parked nodes listed of {parked_nodes}"));
         }
+        let mut in_bins = 0u64;
         for fl in 0..FL_COUNT {
             if (self.fl_bitmap >> fl & 1 == 1) != (self.sl_bitmap[fl] != 0) {
                 return fail(format!("fl bitmap bit {fl} is stale"));
@@ -553,8 +549,15 @@ impl TlsfRange {
                     }
                     p = i;
                     i = n.next_free;
+                    in_bins += 1;
+                    if in_bins > free_nodes {
+                        return fail(format!("bins hold more than the {free_nodes} free nodes"));
+                    }
                 }
             }
+        }
+        if in_bins != free_nodes {
+            return fail(format!("bins hold {in_bins} of {free_nodes} free nodes"));
         }
         if self.top > self.capacity || self.high_water < self.top {
             return fail("top beyond capacity or high water".into());
@@ -564,12 +567,12 @@ impl TlsfRange {
 
     /// Whether nothing is allocated.
     pub fn is_empty(&self) -> bool {
-        self.top == self.parked_units + self.binned_units
+        self.used_units == 0
     }
 
-    /// Used bytes, padding gaps included (parked blocks are free).
+    /// Used bytes (parked blocks and alignment gaps are free).
     pub fn used_bytes(&self) -> u64 {
-        (self.top - self.binned_units - self.parked_units) << self.unit_shift
+        self.used_units << self.unit_shift
     }
 
     fn parked_contains(&self, idx: u32, len: u64) -> bool {
@@ -615,7 +618,6 @@ impl TlsfRange {
         if self.vacant != NIL {
             let idx = self.vacant;
             self.vacant = self.nodes[idx as usize].next_phys;
-            self.vacant_count -= 1;
             self.nodes[idx as usize] = node;
             idx
         } else {
@@ -635,7 +637,6 @@ impl TlsfRange {
         n.tag = 0;
         n.next_phys = self.vacant;
         self.vacant = idx;
-        self.vacant_count += 1;
     }
 
     /// A free node to carve `len` aligned units from, if a bin has one.
@@ -840,8 +841,6 @@ impl TlsfRange {
         self.heads[fl][sl] = idx;
         self.sl_bitmap[fl] |= 1 << sl;
         self.fl_bitmap |= 1 << fl;
-        self.binned_units += len;
-        self.free_nodes += 1;
     }
 
     #[inline]
@@ -863,8 +862,6 @@ impl TlsfRange {
         if next != NIL {
             self.nodes[next as usize].prev_free = prev;
         }
-        self.binned_units -= len;
-        self.free_nodes -= 1;
     }
 }
 
@@ -918,6 +915,26 @@ mod tests {
         t.validate().unwrap();
         assert!(t.is_empty());
         assert_eq!(t.high_water(), 192 + 4096);
+    }
+
+    #[test]
+    fn validate_catches_a_drifted_used_count_and_a_free_node_out_of_its_bin() {
+        let (mut t, [(a, ka, _), _, _]) = two_parked_under_one_used();
+        assert_eq!(t.used_bytes(), 64);
+        t.used_units += 1;
+        assert!(matches!(t.validate(), Err(EngineError::Corrupt(_))));
+        t.used_units -= 1;
+        t.unpark_all();
+        t.validate().unwrap();
+        assert_eq!(t.stats().free_bytes, (1 << 20) - 64);
+        // `a` and `b` merged into one free node, `a`'s; take it out of its bin by hand.
+        let free = ka;
+        let n = t.nodes[free as usize];
+        assert!(n.is_free() && n.start() << 6 == a && n.len() << 6 == 8192);
+        t.unlink(free);
+        assert!(matches!(t.validate(), Err(EngineError::Corrupt(_))));
+        t.link(free);
+        t.validate().unwrap();
     }
 
     #[test]
