@@ -6,10 +6,15 @@
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 
+# The library bindgen loads: libclang.so or libclang-<version>.so, not libclang-cpp.so, which
+# LLVM's own packages install without it.
 have_libclang() {
   [ -n "${LIBCLANG_PATH:-}" ] && return 0
-  ldconfig -p 2>/dev/null | grep -q 'libclang\(-[0-9.]*\)\?\.so' && return 0
-  ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1
+  ldconfig -p 2>/dev/null | grep -q 'libclang\(-[0-9][0-9.]*\)\?\.so' && return 0
+  for f in /usr/lib/llvm-*/lib/libclang.so* /usr/lib/llvm-*/lib/libclang-[0-9]*.so*; do
+    [ -e "$f" ] && return 0
+  done
+  return 1
 }
 if ! have_libclang; then
   echo "check-bindings: libclang not found, installing libclang-dev"
