@@ -595,6 +595,12 @@ impl CarveEngine {
         self.range.free_tail()
     }
 
+    /// Bytes of the largest free range: the figure [`EngineError::OutOfSpace`] carries, without
+    /// the walk over the free lists that [`stats`](Self::stats) makes.
+    pub fn largest_free(&self) -> u64 {
+        self.range.largest_free()
+    }
+
     /// Highest offset ever in use: what a block under this engine must have reserved.
     pub fn high_water(&self) -> u64 {
         self.range.high_water()

@@ -128,7 +128,7 @@ struct SizeClass {
     top: u32,
     /// A wholly free page kept back from the range engine and set aside, off the list
     /// (`NIL` when none). The class keeps at most one empty page: this one, or an empty page
-    /// listed first (see [`SizeClass::kept_listed`]).
+    /// listed first (see [`SlabAllocator::kept_listed`]).
     cached_empty: u32,
     /// `NIL`, then the pages with room (positions from 1); the last one serves next.
     list: Vec<u32>,
@@ -199,9 +199,10 @@ pub struct PageRelease {
 ///
 /// Invariants (checked by [`SlabAllocator::validate`]):
 /// - a page is in its class's list iff `used < objects` and it is not the class's cached
-///   empty page (set aside, off the list); a listed page has `used > 0` unless it is first
-///   in the list (the class's kept empty page) or was just added for the allocation under
-///   way; a class's `top` is its list's last entry;
+///   empty page (set aside, off the list); a class's `top` is its list's last entry. (A
+///   listed page that holds no object is the class's kept empty page, first in its list, or
+///   a page just added for the allocation under way; not checked, as tests add pages ahead
+///   of their allocations.)
 /// - `used` equals the number of clear bits below `objects` in `free_bits`;
 /// - the tag of object `i` of a held page is non-zero iff the object is in use; every
 ///   other tag (free objects, slots past `objects`, vacant records) is 0;

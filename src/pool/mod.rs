@@ -1120,7 +1120,7 @@ impl PoolInner {
                 let largest_free = k
                     .chunks
                     .iter()
-                    .map(|(_, c)| c.engine.stats().range.largest_free)
+                    .map(|(_, c)| c.engine.largest_free())
                     .max()
                     .unwrap_or(0);
                 Error::OutOfMemory {
