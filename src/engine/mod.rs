@@ -657,7 +657,7 @@ impl CarveEngine {
         self.counters.failed += 1;
         EngineError::OutOfSpace {
             footprint,
-            largest_free: self.range.largest_free(),
+            largest_free: self.largest_free(),
         }
     }
 }
