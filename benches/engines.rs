@@ -109,7 +109,9 @@ fn random_sizes() -> Sequence {
         state ^= state << 17;
         state
     };
-    let mut live: Vec<(u32, u8)> = Vec::new();
+    // (id, slot, kind) of each live segment: a free gives its slot back, so the token
+    // table stays about as large as the live set, as an application's handle table would.
+    let mut live: Vec<(u64, u32, u8)> = Vec::new();
     let mut slots = Slots::default();
     let mut ops = Vec::new();
     for id in 0..200_000u64 {
@@ -123,7 +125,7 @@ fn random_sizes() -> Sequence {
             };
             let slot = slots.take(id);
             let kind = kind.index() as u8;
-            live.push((slot, kind));
+            live.push((id, slot, kind));
             ops.push(Op::Alloc {
                 slot,
                 kind,
@@ -131,11 +133,16 @@ fn random_sizes() -> Sequence {
                 rule,
             });
         } else {
-            let (slot, kind) = live.swap_remove((rand() % live.len() as u64) as usize);
+            let (id, slot, kind) = live.swap_remove((rand() % live.len() as u64) as usize);
+            assert_eq!(
+                slots.give(id),
+                slot,
+                "the slot table agrees with the live list"
+            );
             ops.push(Op::Free { slot, kind });
         }
     }
-    for (slot, kind) in live {
+    for (_, slot, kind) in live {
         ops.push(Op::Free { slot, kind });
     }
     Sequence {
