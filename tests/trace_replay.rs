@@ -12,12 +12,28 @@ use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_ascend-pool");
 
-/// A fresh directory for one test.
-fn temp_dir(name: &str) -> PathBuf {
+/// A fresh directory for one test, removed with everything in it when the test ends
+/// (passed or not), so runs do not pile up in the temporary directory.
+struct TempDir(PathBuf);
+
+impl std::ops::Deref for TempDir {
+    type Target = std::path::Path;
+    fn deref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn temp_dir(name: &str) -> TempDir {
     let dir = std::env::temp_dir().join(format!("ascend-pool-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    dir
+    TempDir(dir)
 }
 
 fn write_trace(dir: &std::path::Path, name: &str, bytes: &[u8]) -> PathBuf {
