@@ -30,6 +30,11 @@ const MAX_UNITS: u64 = u32::MAX as u64;
 const BIN_PROBES: usize = 8;
 /// Slots of the parked-block table (direct-mapped by exact length).
 const PARK_SLOTS: usize = 64;
+/// Slot 0 of the node table is no block: a free-list update whose neighbour is missing
+/// writes there instead of branching on it (whether a block is first or last in its bin is
+/// as likely as not, so such branches mispredict). Only its free links are ever written;
+/// its length 0 and tag 0 keep it out of every walk and refuse it as a key.
+const SINK: u32 = 0;
 /// Tag of a parked node; never an allocation's tag.
 pub const PARKED: u32 = u32::MAX;
 
@@ -189,7 +194,16 @@ impl TlsfRange {
             top: 0,
             high_water: 0,
             last: NIL,
-            nodes: Vec::new(),
+            // Slot `SINK` is the sink, never a block (see `SINK`).
+            nodes: vec![Node {
+                start: 0,
+                len: 0,
+                prev_phys: NIL,
+                next_phys: NIL,
+                prev_free: NIL,
+                next_free: NIL,
+                tag: 0,
+            }],
             vacant: NIL,
             fl_bitmap: 0,
             sl_bitmap: [0; FL_COUNT],
@@ -468,9 +482,14 @@ impl TlsfRange {
                 _ => return fail(format!("vacant chain holds a live or dangling slot {v}")),
             }
         }
-        if seen + vacant != self.nodes.len() {
+        // The sink slot is neither reachable nor vacant, and stays empty.
+        match self.nodes.get(SINK as usize) {
+            Some(n) if n.len == 0 && n.tag == 0 && n.start == 0 => {}
+            _ => return fail("the sink slot holds a block".into()),
+        }
+        if seen + vacant + 1 != self.nodes.len() {
             return fail(format!(
-                "{} slots, {seen} reachable, {vacant} vacant",
+                "{} slots, {seen} reachable, {vacant} vacant, one sink",
                 self.nodes.len()
             ));
         }
@@ -835,9 +854,9 @@ impl TlsfRange {
             n.prev_free = NIL;
             n.next_free = head;
         }
-        if head != NIL {
-            self.nodes[head as usize].prev_free = idx;
-        }
+        // The sink takes the write when the bin was empty.
+        let above = if head == NIL { SINK } else { head };
+        self.nodes[above as usize].prev_free = idx;
         self.heads[fl][sl] = idx;
         self.sl_bitmap[fl] |= 1 << sl;
         self.fl_bitmap |= 1 << fl;
@@ -848,20 +867,18 @@ impl TlsfRange {
         let n = &self.nodes[idx as usize];
         let (prev, next, len) = (n.prev_free, n.next_free, n.len());
         let (fl, sl) = mapping_insert(len);
-        if prev != NIL {
-            self.nodes[prev as usize].next_free = next;
-        } else {
-            self.heads[fl][sl] = next;
-            if next == NIL {
-                self.sl_bitmap[fl] &= !(1 << sl);
-                if self.sl_bitmap[fl] == 0 {
-                    self.fl_bitmap &= !(1 << fl);
-                }
-            }
-        }
-        if next != NIL {
-            self.nodes[next as usize].prev_free = prev;
-        }
+        // No branch on where `idx` sits in its list: the sink takes the missing
+        // neighbour's write, and the head moves only if it was `idx`.
+        let above = if prev == NIL { SINK } else { prev };
+        self.nodes[above as usize].next_free = next;
+        let below = if next == NIL { SINK } else { next };
+        self.nodes[below as usize].prev_free = prev;
+        let head = &mut self.heads[fl][sl];
+        *head = if prev == NIL { next } else { *head };
+        let empty = u32::from(*head == NIL);
+        self.sl_bitmap[fl] &= !(empty << sl);
+        let fl_empty = u64::from(self.sl_bitmap[fl] == 0);
+        self.fl_bitmap &= !(fl_empty << fl);
     }
 }
 
@@ -935,6 +952,40 @@ mod tests {
         assert!(matches!(t.validate(), Err(EngineError::Corrupt(_))));
         t.link(free);
         t.validate().unwrap();
+    }
+
+    #[test]
+    fn the_sink_slot_is_no_handle_and_bins_empty_and_refill_through_it() {
+        let mut t = TlsfRange::new(1 << 20, 64).unwrap();
+        // Slot 0 is the sink: as a key it names nothing, whatever the offset and tag.
+        for tag in [0, 1, 7, PARKED] {
+            assert!(matches!(
+                t.free(SINK, 0, tag),
+                Err(EngineError::AlreadyFreed { .. })
+            ));
+        }
+        // One block between used ones: its bin goes from empty to one entry and back, with
+        // every link and bitmap update running through the sink; then three in one bin,
+        // taken out first, middle and last.
+        let mut a: Vec<_> = (0..7).map(|_| alloc(&mut t, 4096, 64).unwrap()).collect();
+        t.free(a[1].1, a[1].0, a[1].2).unwrap();
+        t.unpark_all();
+        t.validate().unwrap();
+        a[1] = alloc(&mut t, 4096, 64).unwrap();
+        assert_eq!(a[1].0, 4096);
+        t.validate().unwrap();
+        for i in [1, 3, 5] {
+            t.free(a[i].1, a[i].0, a[i].2).unwrap();
+        }
+        t.unpark_all();
+        t.validate().unwrap();
+        for _ in 0..3 {
+            alloc(&mut t, 4096, 64).unwrap();
+            t.validate().unwrap();
+        }
+        assert_eq!(t.fl_bitmap, 0, "every bin is empty again");
+        let sink = t.nodes[SINK as usize];
+        assert!(sink.len == 0 && sink.tag == 0);
     }
 
     #[test]
