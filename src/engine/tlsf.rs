@@ -965,8 +965,10 @@ mod tests {
             ));
         }
         // One block between used ones: its bin goes from empty to one entry and back, with
-        // every link and bitmap update running through the sink; then three in one bin,
-        // taken out first, middle and last.
+        // every link and bitmap update running through the sink. Then three in one bin (none
+        // adjacent, so none merge): a bin lists its newest first and the lowest address is
+        // taken, so freeing 3, 1, 5 takes them out from the middle, the tail, then alone,
+        // and freeing 5, 3, 1 from the head twice, then alone.
         let mut a: Vec<_> = (0..7).map(|_| alloc(&mut t, 4096, 64).unwrap()).collect();
         t.free(a[1].1, a[1].0, a[1].2).unwrap();
         t.unpark_all();
@@ -974,16 +976,19 @@ mod tests {
         a[1] = alloc(&mut t, 4096, 64).unwrap();
         assert_eq!(a[1].0, 4096);
         t.validate().unwrap();
-        for i in [1, 3, 5] {
-            t.free(a[i].1, a[i].0, a[i].2).unwrap();
-        }
-        t.unpark_all();
-        t.validate().unwrap();
-        for _ in 0..3 {
-            alloc(&mut t, 4096, 64).unwrap();
+        for order in [[3, 1, 5], [5, 3, 1]] {
+            for i in order {
+                t.free(a[i].1, a[i].0, a[i].2).unwrap();
+            }
+            t.unpark_all();
             t.validate().unwrap();
+            for i in [1, 3, 5] {
+                a[i] = alloc(&mut t, 4096, 64).unwrap();
+                assert_eq!(a[i].0, i as u64 * 4096, "lowest address first");
+                t.validate().unwrap();
+            }
+            assert_eq!(t.fl_bitmap, 0, "every bin is empty again");
         }
-        assert_eq!(t.fl_bitmap, 0, "every bin is empty again");
         let sink = t.nodes[SINK as usize];
         assert!(sink.len == 0 && sink.tag == 0);
     }
