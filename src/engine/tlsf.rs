@@ -35,6 +35,16 @@ const PARK_SLOTS: usize = 64;
 /// as likely as not, so such branches mispredict). Only its free links are ever written;
 /// its length 0 and tag 0 keep it out of every walk and refuse it as a key.
 const SINK: u32 = 0;
+
+/// Where a free-list write aimed at `idx` goes: `idx`, or the sink when there is none.
+#[inline(always)]
+fn or_sink(idx: u32) -> u32 {
+    if idx == NIL {
+        SINK
+    } else {
+        idx
+    }
+}
 /// Tag of a parked node; never an allocation's tag.
 pub const PARKED: u32 = u32::MAX;
 
@@ -194,7 +204,7 @@ impl TlsfRange {
             top: 0,
             high_water: 0,
             last: NIL,
-            // Slot `SINK` is the sink, never a block (see `SINK`).
+            // Slot 0 is the sink (see `SINK`).
             nodes: vec![Node {
                 start: 0,
                 len: 0,
@@ -855,8 +865,7 @@ impl TlsfRange {
             n.next_free = head;
         }
         // The sink takes the write when the bin was empty.
-        let above = if head == NIL { SINK } else { head };
-        self.nodes[above as usize].prev_free = idx;
+        self.nodes[or_sink(head) as usize].prev_free = idx;
         self.heads[fl][sl] = idx;
         self.sl_bitmap[fl] |= 1 << sl;
         self.fl_bitmap |= 1 << fl;
@@ -869,10 +878,8 @@ impl TlsfRange {
         let (fl, sl) = mapping_insert(len);
         // No branch on where `idx` sits in its list: the sink takes the missing
         // neighbour's write, and the head moves only if it was `idx`.
-        let above = if prev == NIL { SINK } else { prev };
-        self.nodes[above as usize].next_free = next;
-        let below = if next == NIL { SINK } else { next };
-        self.nodes[below as usize].prev_free = prev;
+        self.nodes[or_sink(prev) as usize].next_free = next;
+        self.nodes[or_sink(next) as usize].prev_free = prev;
         let head = &mut self.heads[fl][sl];
         *head = if prev == NIL { next } else { *head };
         let empty = u32::from(*head == NIL);
