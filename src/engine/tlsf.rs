@@ -55,14 +55,16 @@ fn park_slot(len: u64) -> usize {
 }
 
 /// Freed blocks of one exact length, not merged yet; linked through `next_free`.
+///
+/// 8 bytes, no count: the 64 lists fill 8 cache lines instead of 16, so the line a free
+/// reads is more often still cached (random-mix's range tier: 3.25 -> 3.01 L1 read misses
+/// per operation, same offsets).
 #[derive(Debug, Clone, Copy)]
 struct ParkedList {
-    /// Length of every block in the list, in units; meaningless while `count == 0`.
-    len: u64,
+    /// Length of every block in the list, in units; meaningless while `head == NIL`.
+    len: u32,
     /// First block (`NIL` when empty).
     head: u32,
-    /// Blocks in the list.
-    count: u32,
 }
 
 /// One block of the range (free or used), or a vacant slot of the node table.
@@ -89,6 +91,7 @@ struct Node {
 }
 
 static_assertions::const_assert_eq!(std::mem::size_of::<Node>(), 32);
+static_assertions::const_assert_eq!(std::mem::size_of::<ParkedList>(), 8);
 
 impl Node {
     #[inline]
@@ -124,8 +127,7 @@ impl Node {
 /// - each free node is linked in exactly the bin `mapping_insert(len)` names;
 /// - every slot of `nodes` is either reachable from `last` or on the vacant chain;
 /// - each parked node is in exactly the parked list `park_slot(len)` names, whose `len` is
-///   its own and whose `count` counts it; bit `s` of `parked_slots` is set iff list `s` is
-///   not empty;
+///   its own; bit `s` of `parked_slots` is set iff list `s` is not empty;
 /// - `used_units` is the sum of the lengths of used nodes (neither free nor parked).
 #[derive(Debug)]
 pub struct TlsfRange {
@@ -218,11 +220,7 @@ impl TlsfRange {
             fl_bitmap: 0,
             sl_bitmap: [0; FL_COUNT],
             heads: [[NIL; SL_COUNT]; FL_COUNT],
-            parked: [ParkedList {
-                len: 0,
-                head: NIL,
-                count: 0,
-            }; PARK_SLOTS],
+            parked: [ParkedList { len: 0, head: NIL }; PARK_SLOTS],
             parked_slots: 0,
             used_units: 0,
         })
@@ -244,13 +242,12 @@ impl TlsfRange {
         let align_units = (align >> self.unit_shift).max(1);
         // A parked block of exactly this length, if it is aligned enough.
         let list = &mut self.parked[park_slot(len)];
-        if list.count != 0 && list.len == len {
+        if list.head != NIL && u64::from(list.len) == len {
             let idx = list.head;
             let n = &mut self.nodes[idx as usize];
             if n.start() & (align_units - 1) == 0 {
                 list.head = n.next_free;
-                list.count -= 1;
-                if list.count == 0 {
+                if list.head == NIL {
                     self.parked_slots &= !(1 << park_slot(len));
                 }
                 n.tag = tag;
@@ -293,12 +290,12 @@ impl TlsfRange {
         let len = n.len();
         self.used_units -= len;
         let list = &mut self.parked[park_slot(len)];
-        if list.count == 0 || list.len == len {
+        if list.head == NIL || u64::from(list.len) == len {
             n.tag = PARKED;
             n.next_free = list.head;
             list.head = key;
-            list.len = len;
-            list.count += 1;
+            // Node lengths fit 32 bits.
+            list.len = len as u32;
             self.parked_slots |= 1 << park_slot(len);
         } else {
             self.release(key);
@@ -320,11 +317,7 @@ impl TlsfRange {
             let slot = self.parked_slots.trailing_zeros() as usize;
             self.parked_slots &= self.parked_slots - 1;
             let mut i = self.parked[slot].head;
-            self.parked[slot] = ParkedList {
-                len: 0,
-                head: NIL,
-                count: 0,
-            };
+            self.parked[slot] = ParkedList { len: 0, head: NIL };
             while i != NIL {
                 let next = self.nodes[i as usize].next_free;
                 self.release(i);
@@ -386,7 +379,7 @@ impl TlsfRange {
         let mut largest = self.capacity - self.top;
         let mut slots = self.parked_slots;
         while slots != 0 {
-            largest = largest.max(self.parked[slots.trailing_zeros() as usize].len);
+            largest = largest.max(self.parked[slots.trailing_zeros() as usize].len.into());
             slots &= slots - 1;
         }
         if self.fl_bitmap != 0 {
@@ -417,7 +410,14 @@ impl TlsfRange {
                 }
             }
         }
-        let parked: u64 = self.parked.iter().map(|l| u64::from(l.count)).sum();
+        let mut parked = 0u64;
+        for list in &self.parked {
+            let mut i = list.head;
+            while i != NIL {
+                parked += 1;
+                i = self.nodes[i as usize].next_free;
+            }
+        }
         RangeStats {
             capacity: self.capacity(),
             free_bytes: (self.capacity - self.used_units) << self.unit_shift,
@@ -526,14 +526,14 @@ impl TlsfRange {
         let mut listed = 0u64;
         for (slot, list) in self.parked.iter().enumerate() {
             let mut i = list.head;
-            let mut count = 0u32;
+            let mut count = 0u64;
             while i != NIL {
                 match self.nodes.get(i as usize) {
                     Some(n)
                         if n.tag == PARKED
-                            && n.len() == list.len
+                            && n.len == list.len
                             && park_slot(n.len()) == slot
-                            && count < list.count =>
+                            && count < parked_nodes =>
                     {
                         i = n.next_free;
                         count += 1;
@@ -541,16 +541,10 @@ impl TlsfRange {
                     _ => return fail(format!("parked list {slot} holds a wrong node {i}")),
                 }
             }
-            if count != list.count {
-                return fail(format!(
-                    "parked list {slot} counts {} of {count}",
-                    list.count
-                ));
-            }
             if (self.parked_slots >> slot & 1 == 1) != (count != 0) {
                 return fail(format!("parked slot bit {slot} is stale"));
             }
-            listed += u64::from(count);
+            listed += count;
         }
         if listed != parked_nodes {
             return fail(format!("{listed} parked nodes listed of {parked_nodes}"));
@@ -608,9 +602,9 @@ impl TlsfRange {
         let list = &self.parked[park_slot(len)];
         let mut i = list.head;
         let mut steps = 0;
-        while i != NIL && steps <= list.count {
+        while i != NIL && steps <= self.nodes.len() {
             if i == idx {
-                return list.len == len;
+                return u64::from(list.len) == len;
             }
             i = self.nodes[i as usize].next_free;
             steps += 1;
@@ -1055,6 +1049,31 @@ mod tests {
         t.validate().unwrap();
         assert_eq!(t.stats().top, 0);
         assert_eq!(t.free_tail(), 1 << 20);
+    }
+
+    #[test]
+    fn validate_catches_a_parked_list_that_drops_or_mislabels_a_block() {
+        let (mut t, [(_, ka, _), (_, kb, _), _]) = two_parked_under_one_used();
+        let slot = park_slot(4096 >> 6);
+        assert_eq!(t.parked[slot].head, ka);
+        assert_eq!(t.nodes[ka as usize].next_free, kb);
+        // The lists, not a count, say how many are parked: two fragments, and the tail.
+        assert_eq!(t.stats().free_fragments, 3);
+        // `b` cut off the list: still tagged parked, no longer listed.
+        t.nodes[ka as usize].next_free = NIL;
+        assert!(matches!(t.validate(), Err(EngineError::Corrupt(_))));
+        t.nodes[ka as usize].next_free = kb;
+        t.validate().unwrap();
+        // The list says another length than its blocks have.
+        t.parked[slot].len += 1;
+        assert!(matches!(t.validate(), Err(EngineError::Corrupt(_))));
+        t.parked[slot].len -= 1;
+        // An emptied list whose bit stays set.
+        let head = t.parked[slot].head;
+        t.parked[slot].head = NIL;
+        assert!(matches!(t.validate(), Err(EngineError::Corrupt(_))));
+        t.parked[slot].head = head;
+        t.validate().unwrap();
     }
 
     #[test]
