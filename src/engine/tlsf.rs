@@ -385,44 +385,38 @@ impl TlsfRange {
         if self.fl_bitmap != 0 {
             let fl = 63 - self.fl_bitmap.leading_zeros() as usize;
             let sl = 31 - self.sl_bitmap[fl].leading_zeros() as usize;
-            let mut i = self.heads[fl][sl];
-            while i != NIL {
-                let n = &self.nodes[i as usize];
-                largest = largest.max(n.len());
-                i = n.next_free;
+            for i in self.list_from(self.heads[fl][sl]) {
+                largest = largest.max(self.nodes[i as usize].len());
             }
         }
         largest << self.unit_shift
     }
 
-    /// Free and fragmentation figures (walks the bins' lists).
+    /// The nodes of a bin's or a parked list, from `head` along `next_free`.
+    fn list_from(&self, head: u32) -> impl Iterator<Item = u32> + '_ {
+        std::iter::successors((head != NIL).then_some(head), |&i| {
+            let next = self.nodes[i as usize].next_free;
+            (next != NIL).then_some(next)
+        })
+    }
+
+    /// Free and fragmentation figures (walks the bins' and the parked lists).
     pub fn stats(&self) -> RangeStats {
-        let mut binned = 0u64;
-        for (fl, heads) in self.heads.iter().enumerate() {
-            if self.fl_bitmap >> fl & 1 == 0 {
-                continue;
-            }
-            for &head in heads {
-                let mut i = head;
-                while i != NIL {
-                    binned += 1;
-                    i = self.nodes[i as usize].next_free;
-                }
-            }
-        }
-        let mut parked = 0u64;
-        for list in &self.parked {
-            let mut i = list.head;
-            while i != NIL {
-                parked += 1;
-                i = self.nodes[i as usize].next_free;
-            }
-        }
+        let binned: usize = (0..FL_COUNT)
+            .filter(|&fl| self.fl_bitmap >> fl & 1 == 1)
+            .flat_map(|fl| self.heads[fl])
+            .map(|head| self.list_from(head).count())
+            .sum();
+        let parked: usize = self
+            .parked
+            .iter()
+            .map(|l| self.list_from(l.head).count())
+            .sum();
         RangeStats {
             capacity: self.capacity(),
             free_bytes: (self.capacity - self.used_units) << self.unit_shift,
             largest_free: self.largest_free(),
-            free_fragments: binned + parked + u64::from(self.top < self.capacity),
+            free_fragments: (binned + parked) as u64 + u64::from(self.top < self.capacity),
             high_water: self.high_water(),
             top: self.top << self.unit_shift,
         }
