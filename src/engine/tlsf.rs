@@ -67,6 +67,11 @@ struct ParkedList {
     head: u32,
 }
 
+impl ParkedList {
+    /// A list with no block.
+    const EMPTY: Self = Self { len: 0, head: NIL };
+}
+
 /// One block of the range (free or used), or a vacant slot of the node table.
 ///
 /// 32 bytes and aligned to them, so a node never straddles two cache lines.
@@ -220,7 +225,7 @@ impl TlsfRange {
             fl_bitmap: 0,
             sl_bitmap: [0; FL_COUNT],
             heads: [[NIL; SL_COUNT]; FL_COUNT],
-            parked: [ParkedList { len: 0, head: NIL }; PARK_SLOTS],
+            parked: [ParkedList::EMPTY; PARK_SLOTS],
             parked_slots: 0,
             used_units: 0,
         })
@@ -317,7 +322,7 @@ impl TlsfRange {
             let slot = self.parked_slots.trailing_zeros() as usize;
             self.parked_slots &= self.parked_slots - 1;
             let mut i = self.parked[slot].head;
-            self.parked[slot] = ParkedList { len: 0, head: NIL };
+            self.parked[slot] = ParkedList::EMPTY;
             while i != NIL {
                 let next = self.nodes[i as usize].next_free;
                 self.release(i);
@@ -594,16 +599,7 @@ impl TlsfRange {
 
     fn parked_contains(&self, idx: u32, len: u64) -> bool {
         let list = &self.parked[park_slot(len)];
-        let mut i = list.head;
-        let mut steps = 0;
-        while i != NIL && steps <= self.nodes.len() {
-            if i == idx {
-                return u64::from(list.len) == len;
-            }
-            i = self.nodes[i as usize].next_free;
-            steps += 1;
-        }
-        false
+        u64::from(list.len) == len && self.list_holds(list.head, idx)
     }
 
     fn first_node(&self) -> u32 {
@@ -617,16 +613,15 @@ impl TlsfRange {
     }
 
     fn bin_contains(&self, fl: usize, sl: usize, idx: u32) -> bool {
-        let mut i = self.heads[fl][sl];
-        let mut steps = 0;
-        while i != NIL && steps <= self.nodes.len() {
-            if i == idx {
-                return true;
-            }
-            i = self.nodes[i as usize].next_free;
-            steps += 1;
-        }
-        false
+        self.list_holds(self.heads[fl][sl], idx)
+    }
+
+    /// Whether the list from `head` holds `idx`, looking no further than the node table's
+    /// length (a corrupt list may cycle).
+    fn list_holds(&self, head: u32, idx: u32) -> bool {
+        self.list_from(head)
+            .take(self.nodes.len() + 1)
+            .any(|i| i == idx)
     }
 
     /// A slot for `node`: the first vacant one, else a new one.
