@@ -397,11 +397,13 @@ impl TlsfRange {
         largest << self.unit_shift
     }
 
-    /// The nodes of a bin's or a parked list, from `head` along `next_free`.
+    /// The nodes of a bin's or a parked list, from `head` along `next_free`. The walk ends
+    /// at `NIL`, and also at an index past the node table: `validate` walks corrupt lists
+    /// with it and must report them, not panic.
     fn list_from(&self, head: u32) -> impl Iterator<Item = u32> + '_ {
-        std::iter::successors((head != NIL).then_some(head), |&i| {
-            let next = self.nodes[i as usize].next_free;
-            (next != NIL).then_some(next)
+        let in_table = |&i: &u32| (i as usize) < self.nodes.len();
+        std::iter::successors(Some(head).filter(in_table), move |&i| {
+            Some(self.nodes[i as usize].next_free).filter(in_table)
         })
     }
 
@@ -1038,6 +1040,27 @@ mod tests {
         t.validate().unwrap();
         assert_eq!(t.stats().top, 0);
         assert_eq!(t.free_tail(), 1 << 20);
+    }
+
+    #[test]
+    fn validate_reports_a_bin_list_that_leaves_the_node_table() {
+        let mut t = TlsfRange::new(1 << 20, 64).unwrap();
+        let a: Vec<_> = (0..5).map(|_| alloc(&mut t, 4096, 64).unwrap()).collect();
+        // Two free blocks in one bin, apart (they cannot merge).
+        for i in [1, 3] {
+            t.free(a[i].1, a[i].0, a[i].2).unwrap();
+        }
+        t.unpark_all();
+        t.validate().unwrap();
+        let (fl, sl) = mapping_insert(4096 >> 6);
+        let head = t.heads[fl][sl];
+        let second = t.nodes[head as usize].next_free;
+        assert!([a[1].1, a[3].1].contains(&second) && second != head);
+        // The head's link points past the table: the second block is unreachable from its bin.
+        t.nodes[head as usize].next_free = t.nodes.len() as u32 + 7;
+        assert!(matches!(t.validate(), Err(EngineError::Corrupt(_))));
+        t.nodes[head as usize].next_free = second;
+        t.validate().unwrap();
     }
 
     #[test]
