@@ -1203,10 +1203,7 @@ impl ReplayerFactory for LockedEngineFactory {
 
 /// A segment the pool carved during a replay: an opaque handle for [`PoolRange::free`].
 #[derive(Debug, Clone)]
-pub struct PoolSegment(
-    crate::pool::RawSegment,
-    std::sync::Arc<crate::pool::PoolInner>,
-);
+pub struct PoolSegment(crate::pool::OwnedSegment);
 
 /// One replay's pool and the simulator under it.
 #[derive(Debug)]
@@ -1242,8 +1239,8 @@ impl ReplaySource {
 
 /// One memory kind of a [`PoolFactory`]'s pool behind [`RangeReplayer`].
 ///
-/// Allocations go through the pool's own raw path ([`Pool::alloc_raw`](crate::pool::Pool)
-/// and its release): chunked growth from the simulator, dedicated chunks for large
+/// Allocations go through the pool's own raw path (the allocation and release its typed
+/// regions use): chunked growth from the simulator, dedicated chunks for large
 /// requests, the release threshold, and the pool's statistics, everything but the typed
 /// region wrapper. Returned offsets are addresses.
 #[derive(Debug)]
@@ -1258,14 +1255,18 @@ impl RangeReplayer for PoolRange {
     type Token = PoolSegment;
 
     fn alloc(&mut self, len: u64, rule: CarveRule) -> Option<(u64, PoolSegment)> {
-        match self.session.pool.alloc_raw(self.kind, len, rule.align()) {
-            Ok((raw, owner)) => Some((raw.addr as u64, PoolSegment(raw, owner))),
+        match self
+            .session
+            .pool
+            .alloc_segment(self.kind, len, rule.align())
+        {
+            Ok(s) => Some((s.raw.addr as u64, PoolSegment(s))),
             Err(_) => None,
         }
     }
 
     fn free(&mut self, token: PoolSegment) {
-        if crate::pool::PoolInner::release(token.1, &token.0, &[]).is_err() {
+        if crate::pool::PoolInner::release(token.0.owner, &token.0.raw, &[]).is_err() {
             self.refused_frees += 1;
         }
     }

@@ -88,11 +88,10 @@ fn user(backing: &Mutex<Backing>, reg: &CacheRegistry<Item>) {
                 None => continue, // exhausted: the pool would flush and retry or fail
             },
         };
-        let mut item = Some(item);
-        if !cache.put(&mut item) {
+        if let Err(item) = cache.put(item) {
             let mut b = backing.lock().unwrap();
             b.free.extend(cache.drain_class(CLASS));
-            b.free.extend(item);
+            b.free.push(item);
         }
     }
     retire(backing, reg, &cache);

@@ -241,39 +241,54 @@ impl<T: CacheItem> ThreadCache<T> {
         })
     }
 
-    /// Moves the item out of `slot` into the cache if there is room: a bin of its shape,
-    /// or one it may take over (never used, or empty). Returns whether it did; when not,
-    /// the item stays in `slot` (for the caller to free, or to flush the cache and try
-    /// again). Only the owning thread puts.
-    ///
-    /// The item stays in the caller's slot until it goes into its bin: moving it through
-    /// arguments and return values costs a copy of it each time, on the hot path.
+    /// Keeps `item` if there is room: a bin of its shape, or one it may take over (never
+    /// used, or empty). Gives it back when not (for the caller to free, or to flush the
+    /// cache and try again). Only the owning thread puts.
     #[inline]
-    pub(crate) fn put(&self, slot: &mut Option<T>) -> bool {
-        let Some(item) = slot.as_ref() else {
-            return false;
-        };
+    pub(crate) fn put(&self, item: T) -> Result<(), T> {
         let (class, shape, bytes) = (item.class(), item.shape(), item.bytes());
+        self.put_with(class, shape, bytes, item, |item| item)
+    }
+
+    /// [`put`](Self::put) of the item `make(parts)` would build, of `class`, `shape` and
+    /// `bytes`: built only once it has a place, and straight into its bin. Gives `parts`
+    /// back when there is no room.
+    ///
+    /// The free path builds its item here rather than on its own stack: a 48-byte item
+    /// written in 8-byte fields and read back in 16-byte words cannot be forwarded from the
+    /// store buffer, and a lone put waited for its stores to reach the cache.
+    #[inline]
+    pub(crate) fn put_with<P>(
+        &self,
+        class: usize,
+        shape: (u64, u64),
+        bytes: u64,
+        parts: P,
+        make: impl FnOnce(P) -> T,
+    ) -> Result<(), P> {
         let Some(key) = bin_key(class, shape) else {
-            return false;
+            return Err(parts);
         };
         self.bins.with(|b| {
             if b.bytes + bytes > self.limit {
-                return false;
+                return Err(parts);
             }
             let Some(at) = self.bin_of(key).or_else(|| self.assign_bin(b, key)) else {
-                return false;
+                return Err(parts);
             };
-            let Some(item) = slot.take() else {
-                return false;
-            };
-            b.items[at].push(item);
+            let items = &mut b.items[at];
+            items.reserve(1);
+            let len = items.len();
+            items.spare_capacity_mut()[0].write(make(parts));
+            // SAFETY: the slot at `len` is within the capacity reserved above and was just
+            // written, so the first `len + 1` items are initialized.
+            unsafe { items.set_len(len + 1) };
             b.bytes += bytes;
             let held = &mut b.held[class];
             held.0 += 1;
             held.1 += bytes;
             b.puts[class] += 1;
-            true
+            Ok(())
         })
     }
 

@@ -253,7 +253,7 @@ pub(crate) struct PoolInner {
     /// Trace writer when [`PoolConfig::record`] is set.
     recorder: Option<record::Recorder>,
     /// Per-thread caches of free segments; `None` when `config.thread_cache` is 0.
-    caches: Option<CacheRegistry<CachedSegment>>,
+    caches: Option<CacheRegistry<OwnedSegment>>,
     /// Tells this pool's thread caches apart from other pools' in a thread's slots.
     id: u64,
     /// This pool, for the thread slots (which must not keep it alive).
@@ -272,7 +272,7 @@ static NEXT_POOL_ID: AtomicU64 = AtomicU64::new(0);
 struct CacheSlot {
     pool_id: u64,
     pool: Weak<PoolInner>,
-    cache: Arc<ThreadCache<CachedSegment>>,
+    cache: Arc<ThreadCache<OwnedSegment>>,
 }
 
 impl Drop for CacheSlot {
@@ -298,12 +298,12 @@ thread_local! {
     /// this thread's `THREAD_CACHES` holds for pool `.0`. A slot clears it before it drops,
     /// and slots drop only on their own thread. No destructor: it stays readable while the
     /// thread's other thread-locals are torn down.
-    static LAST_CACHE: Cell<(u64, *const ThreadCache<CachedSegment>)> =
+    static LAST_CACHE: Cell<(u64, *const ThreadCache<OwnedSegment>)> =
         const { Cell::new(NO_LAST_CACHE) };
 }
 
 /// `LAST_CACHE` naming no cache (pool ids count up from 0 and never reach `u64::MAX`).
-const NO_LAST_CACHE: (u64, *const ThreadCache<CachedSegment>) = (u64::MAX, std::ptr::null());
+const NO_LAST_CACHE: (u64, *const ThreadCache<OwnedSegment>) = (u64::MAX, std::ptr::null());
 
 /// A handle on a live segment: what a region holds, and what a thread cache keeps.
 /// A second release of a copy is refused as `AlreadyFreed` (the replay driver keeps copies).
@@ -316,9 +316,11 @@ const NO_LAST_CACHE: (u64, *const ThreadCache<CachedSegment>) = (u64::MAX, std::
 #[derive(Debug, Clone, Copy)]
 #[repr(C)]
 pub(crate) struct RawSegment {
-    pub(crate) addr: usize,
     /// Requested length in bytes.
     len: u64,
+    /// Start address (second, for [`OwnedSegment`]'s copies: the replay's handle reads it
+    /// apart from the rest).
+    pub(crate) addr: usize,
     /// Registry key in the kind pool's `live` in the low [`KEY_BITS`] bits (larger keys are
     /// refused at insert), log2 of the start alignment the request asked for above them.
     key_align: u32,
@@ -384,22 +386,32 @@ impl RawSegment {
     }
 }
 
-/// A free segment in a thread cache, with the pool handle its region held: the next region
-/// made from it takes that handle over, so neither the free nor the allocation touches the
-/// pool's shared reference count (one cache line every thread would fight over).
+/// A segment with the pool handle its region holds: what an allocation returns and what a
+/// thread cache keeps. In a cache it waits for the next region of its shape, which takes
+/// the handle over, so neither the free nor the allocation touches the pool's shared
+/// reference count (one cache line every thread would fight over).
 ///
 /// The handles make a cycle (pool → caches → pool) that every flush breaks; the pool is
 /// flushed when its [`Pool`] handle drops and stops caching then.
-#[derive(Debug)]
-pub(crate) struct CachedSegment {
-    raw: RawSegment,
-    owner: Arc<PoolInner>,
+///
+/// `repr(C, align(16))`, with [`RawSegment::addr`] in the second word: every copy of it
+/// between frames on the hit path (out of the bin, into the result, into the caller's
+/// handle) moves the same aligned 16-byte words, which the processor forwards from its
+/// store buffer. In the compiler's own layout the results shifted it by 8 bytes, so each
+/// copy read words that straddled two stores and waited for them to reach the cache. With
+/// this layout, and the hit and put paths inline, a lone hit takes about 20 cycles less and
+/// a lone put about 15 (`docs/benchmarks.md`, session 32).
+#[derive(Debug, Clone)]
+#[repr(C, align(16))]
+pub(crate) struct OwnedSegment {
+    pub(crate) raw: RawSegment,
+    pub(crate) owner: Arc<PoolInner>,
 }
 
 // The hit path returns it by value through each layer (see `take_cached`).
-static_assertions::const_assert!(std::mem::size_of::<Option<CachedSegment>>() <= 48);
+static_assertions::const_assert!(std::mem::size_of::<Option<OwnedSegment>>() <= 48);
 
-impl CacheItem for CachedSegment {
+impl CacheItem for OwnedSegment {
     fn class(&self) -> usize {
         self.raw.kind.index()
     }
@@ -662,12 +674,25 @@ impl Pool {
 
     /// Allocates a raw segment and the pool handle its region keeps (used by the typed
     /// constructors).
+    #[inline]
     pub(crate) fn alloc_raw(
         &self,
         kind: MemKind,
         len: u64,
         align: u64,
     ) -> Result<(RawSegment, Arc<PoolInner>)> {
+        let OwnedSegment { raw, owner } = self.inner.allocate(kind, len, align)?;
+        Ok((raw, owner))
+    }
+
+    /// [`alloc_raw`](Self::alloc_raw) as one value, laid out for the replay's handle.
+    #[inline]
+    pub(crate) fn alloc_segment(
+        &self,
+        kind: MemKind,
+        len: u64,
+        align: u64,
+    ) -> Result<OwnedSegment> {
         self.inner.allocate(kind, len, align)
     }
 }
@@ -805,12 +830,11 @@ impl PoolInner {
         }
     }
 
-    fn allocate(
-        self: &Arc<Self>,
-        kind: MemKind,
-        len: u64,
-        align: u64,
-    ) -> Result<(RawSegment, Arc<PoolInner>)> {
+    /// Allocates a segment: from this thread's cache when it holds one of this shape, else
+    /// from the kind pool. Always inline: a hit is then built straight into the caller's
+    /// result (see [`OwnedSegment`]).
+    #[inline(always)]
+    fn allocate(self: &Arc<Self>, kind: MemKind, len: u64, align: u64) -> Result<OwnedSegment> {
         // The thread cache first: a held segment of this very shape proves `len` and
         // `align` valid, so the rule's checks wait for a miss.
         let max = self.config.thread_cache_max;
@@ -820,11 +844,24 @@ impl PoolInner {
             let footprint = crate::align::footprint_of(len, self.padding(kind), align);
             if let Some(footprint) = footprint.filter(|&f| f <= max) {
                 if let Some(c) = self.take_cached(kind, len, align, footprint) {
-                    return Ok((c.raw, c.owner));
+                    return Ok(c);
                 }
                 known = Some(footprint);
             }
         }
+        self.allocate_uncached(kind, len, align, known)
+    }
+
+    /// [`allocate`](Self::allocate) past the thread cache; `known` is the footprint when
+    /// the cache path has computed it.
+    #[inline(never)]
+    fn allocate_uncached(
+        self: &Arc<Self>,
+        kind: MemKind,
+        len: u64,
+        align: u64,
+        known: Option<u64>,
+    ) -> Result<OwnedSegment> {
         let rule = self.rule(kind, align)?;
         let footprint = match known {
             // Once the rule has accepted `align`, only a zero length can still be refused.
@@ -832,7 +869,10 @@ impl PoolInner {
             _ => rule.footprint(len)?,
         };
         let raw = self.allocate_from_kind(kind, len, align, rule, footprint)?;
-        Ok((raw, Arc::clone(self)))
+        Ok(OwnedSegment {
+            raw,
+            owner: Arc::clone(self),
+        })
     }
 
     /// Allocates for work ordered on `stream`. A segment whose free waits only for
@@ -870,7 +910,7 @@ impl PoolInner {
             return Ok((raw, Arc::clone(self), p.events.first().copied()));
         }
         drop(k);
-        let (raw, owner) = self.allocate(kind, len, align)?;
+        let OwnedSegment { raw, owner } = self.allocate(kind, len, align)?;
         Ok((raw, owner, None))
     }
 
@@ -1352,7 +1392,9 @@ impl PoolInner {
     }
 
     /// Frees a segment; with `streams`, only once work queued on them so far has run.
-    /// `owner` is the pool handle the segment's region held.
+    /// `owner` is the pool handle the segment's region held. Inline, like
+    /// [`allocate`](Self::allocate): a put builds the cached segment straight into its bin.
+    #[inline]
     pub(crate) fn release(
         owner: Arc<PoolInner>,
         seg: &RawSegment,
@@ -1360,44 +1402,46 @@ impl PoolInner {
     ) -> Result<()> {
         // No stream uses it: this thread's cache may keep it. (A region releases its
         // segment exactly once, so the registry check below is not needed to get here.)
-        if streams.is_empty() && owner.cacheable(seg.footprint()) {
-            if !owner.plain {
-                if let Err(e) = owner.before_cache_put(seg) {
-                    // Reported; the segment still goes back (its region has let go of it).
-                    owner.release_to_kind(seg, streams)?;
-                    return Err(e);
-                }
-            }
-            // Into this thread's cache for the pool, made the last one used if it was not;
-            // it stays with the caller when caches are closed, the thread is exiting or the
-            // cache is full even once flushed. Every cacheable free goes in, shapes that never
-            // recur too: admitting only some moves the flushes, and placement with them
-            // (admitting only shapes that recently missed twice cut video utilization from
-            // 0.876 to 0.794; declining a kind's frees after a window with few hits put
-            // random-mix at 0.853-0.871, where caching all frees or none places at 0.874).
-            let last = if owner.closed.load(Ordering::Acquire) {
-                None
-            } else {
-                owner.last_cache()
-            };
-            // The handle moves into the cache with the segment: no reference-count traffic.
-            let mut cached = Some(CachedSegment { raw: *seg, owner });
-            if let Some(last) = last {
-                // SAFETY: `last_cache` names this pool's cache, which a slot of this thread
-                // keeps alive until it clears `LAST_CACHE`; a put (a flush included) never
-                // reaches code that drops a slot.
-                let cache = unsafe { &*last };
-                if !cache.put(&mut cached) {
-                    Self::put_into_full(cache, &mut cached);
-                }
-            }
-            return match cached {
-                None => Ok(()),
-                Some(back) => back.owner.release_to_kind(seg, streams),
-            };
+        if !(streams.is_empty() && owner.cacheable(seg.footprint())) {
+            return owner.release_to_kind(seg, streams);
+            // `owner` drops here, after the kind lock.
         }
-        owner.release_to_kind(seg, streams)
-        // `owner` drops here, after the kind lock.
+        if !owner.plain {
+            if let Err(e) = owner.before_cache_put(seg) {
+                // Reported; the segment still goes back (its region has let go of it).
+                owner.release_to_kind(seg, streams)?;
+                return Err(e);
+            }
+        }
+        // Into this thread's cache for the pool, made the last one used if it was not;
+        // it stays with the caller when caches are closed, the thread is exiting or the
+        // cache is full even once flushed. Every cacheable free goes in, shapes that never
+        // recur too: admitting only some moves the flushes, and placement with them
+        // (admitting only shapes that recently missed twice cut video utilization from
+        // 0.876 to 0.794; declining a kind's frees after a window with few hits put
+        // random-mix at 0.853-0.871, where caching all frees or none places at 0.874).
+        let last = if owner.closed.load(Ordering::Acquire) {
+            None
+        } else {
+            owner.last_cache()
+        };
+        let Some(last) = last else {
+            return owner.release_to_kind(seg, streams);
+        };
+        // SAFETY: `last_cache` names this pool's cache, which a slot of this thread keeps
+        // alive until it clears `LAST_CACHE`; a put (a flush included) never reaches code
+        // that drops a slot.
+        let cache = unsafe { &*last };
+        // The handle moves into the cache with the segment: no reference-count traffic.
+        let raw = *seg;
+        let (class, shape, bytes) = (raw.kind.index(), (raw.len, raw.align()), raw.footprint());
+        match cache.put_with(class, shape, bytes, owner, |owner| OwnedSegment {
+            raw,
+            owner,
+        }) {
+            Ok(()) => Ok(()),
+            Err(owner) => Self::put_into_full(cache, OwnedSegment { raw, owner }),
+        }
     }
 
     /// What debug mode and recording add to a free into a thread cache: the canary check,
@@ -1607,7 +1651,7 @@ impl PoolInner {
 
     /// Index of this thread's slot for this pool in `slots`, made on first use.
     #[inline]
-    fn slot_in(&self, reg: &CacheRegistry<CachedSegment>, slots: &mut Vec<CacheSlot>) -> usize {
+    fn slot_in(&self, reg: &CacheRegistry<OwnedSegment>, slots: &mut Vec<CacheSlot>) -> usize {
         match slots.iter().position(|s| s.pool_id == self.id) {
             Some(i) => i,
             None => self.add_slot(reg, slots),
@@ -1616,7 +1660,7 @@ impl PoolInner {
 
     /// A new slot for this pool in `slots`, with a new cache; returns its index.
     #[cold]
-    fn add_slot(&self, reg: &CacheRegistry<CachedSegment>, slots: &mut Vec<CacheSlot>) -> usize {
+    fn add_slot(&self, reg: &CacheRegistry<OwnedSegment>, slots: &mut Vec<CacheSlot>) -> usize {
         // Slots of pools gone: drop them now rather than at thread exit.
         slots.retain(|s| s.pool.strong_count() > 0);
         slots.push(CacheSlot {
@@ -1637,7 +1681,7 @@ impl PoolInner {
         len: u64,
         align: u64,
         footprint: u64,
-    ) -> Option<CachedSegment> {
+    ) -> Option<OwnedSegment> {
         let last = self.last_cache()?;
         // SAFETY: `last_cache` names this pool's cache, which a slot of this thread keeps
         // alive until it clears `LAST_CACHE`; a take never reaches code that drops a slot.
@@ -1654,7 +1698,7 @@ impl PoolInner {
     /// made on first use). `None` when caches are off or the thread is exiting. A pointer,
     /// not a reference: the caller may move the pool handle it was reached through.
     #[inline(always)]
-    fn last_cache(&self) -> Option<*const ThreadCache<CachedSegment>> {
+    fn last_cache(&self) -> Option<*const ThreadCache<OwnedSegment>> {
         let (id, last) = LAST_CACHE.get();
         if id == self.id {
             return Some(last);
@@ -1690,7 +1734,7 @@ impl PoolInner {
     /// re-arm the canary for the new owner. `None` (the segment given back) when the canary
     /// cannot be written.
     #[cold]
-    fn taken_from_cache(&self, c: CachedSegment, len: u64, align: u64) -> Option<CachedSegment> {
+    fn taken_from_cache(&self, c: OwnedSegment, len: u64, align: u64) -> Option<OwnedSegment> {
         if self.config.debug {
             let _ = self.check_canary(&c.raw, None);
             // SAFETY: the segment is live and only this call holds it.
@@ -1710,17 +1754,19 @@ impl PoolInner {
     }
 
     /// `cache` is full: gives it all back (one lock per kind for many segments) and keeps
-    /// the segment in `seg` in the emptied cache, or leaves it there.
+    /// `seg` in the emptied cache, or else frees it to its kind pool.
     #[cold]
-    fn put_into_full(cache: &ThreadCache<CachedSegment>, seg: &mut Option<CachedSegment>) {
-        if let Some(s) = seg.as_ref() {
-            s.owner.flush_cache(cache);
+    #[inline(never)]
+    fn put_into_full(cache: &ThreadCache<OwnedSegment>, seg: OwnedSegment) -> Result<()> {
+        seg.owner.flush_cache(cache);
+        match cache.put(seg) {
+            Ok(()) => Ok(()),
+            Err(back) => back.owner.release_to_kind(&back.raw, &[]),
         }
-        cache.put(seg);
     }
 
     /// Gives every segment of `cache` back to the kind pools.
-    fn flush_cache(&self, cache: &ThreadCache<CachedSegment>) {
+    fn flush_cache(&self, cache: &ThreadCache<OwnedSegment>) {
         let held = cache.items_held();
         let mut drained = Vec::with_capacity(held.iter().max().copied().unwrap_or(0) as usize);
         for (class, held) in held.into_iter().enumerate() {
@@ -1757,7 +1803,7 @@ impl PoolInner {
     /// Runs among thread-local destructors, where a source may no longer reach its own
     /// thread-locals: so it only settles segments in their engines, never calls the
     /// source; chunks it leaves empty go back on the next trim or release past the threshold.
-    fn retire_cache(&self, cache: &ThreadCache<CachedSegment>) {
+    fn retire_cache(&self, cache: &ThreadCache<OwnedSegment>) {
         let Some(reg) = &self.caches else {
             return;
         };
