@@ -223,7 +223,7 @@ impl<T: CacheItem> ThreadCache<T> {
     pub(crate) fn take(&self, class: usize, shape: (u64, u64), min_bytes: u64) -> Option<T> {
         let key = bin_key(class, shape)?;
         let at = self.bin_of(key)?;
-        self.bins.with(|b| {
+        self.bins.with(move |b| {
             if b.keys[at] != key {
                 return None;
             }
@@ -269,7 +269,8 @@ impl<T: CacheItem> ThreadCache<T> {
         let Some(key) = bin_key(class, shape) else {
             return Err(parts);
         };
-        self.bins.with(|b| {
+        // `move`: the closure holds its values, not pointers to them to load first.
+        self.bins.with(move |b| {
             if b.bytes + bytes > self.limit {
                 return Err(parts);
             }
