@@ -365,8 +365,8 @@ impl Pool {
         align: u64,
         wrap: impl FnOnce(Segment) -> T,
     ) -> Result<T> {
-        let (raw, pool) = self.alloc_raw(kind, len, align)?;
-        Ok(wrap(Segment::new(pool, raw)))
+        let crate::pool::OwnedSegment { raw, owner } = self.alloc_raw(kind, len, align)?;
+        Ok(wrap(Segment::new(owner, raw)))
     }
 
     /// Device memory (`aclrtMalloc` with the pool's policy), 64-aligned.

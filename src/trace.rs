@@ -1255,11 +1255,7 @@ impl RangeReplayer for PoolRange {
     type Token = PoolSegment;
 
     fn alloc(&mut self, len: u64, rule: CarveRule) -> Option<(u64, PoolSegment)> {
-        match self
-            .session
-            .pool
-            .alloc_segment(self.kind, len, rule.align())
-        {
+        match self.session.pool.alloc_raw(self.kind, len, rule.align()) {
             Ok(s) => Some((s.raw.addr as u64, PoolSegment(s))),
             Err(_) => None,
         }

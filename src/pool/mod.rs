@@ -673,26 +673,9 @@ impl Pool {
     }
 
     /// Allocates a raw segment and the pool handle its region keeps (used by the typed
-    /// constructors).
+    /// constructors and the replay).
     #[inline]
-    pub(crate) fn alloc_raw(
-        &self,
-        kind: MemKind,
-        len: u64,
-        align: u64,
-    ) -> Result<(RawSegment, Arc<PoolInner>)> {
-        let OwnedSegment { raw, owner } = self.inner.allocate(kind, len, align)?;
-        Ok((raw, owner))
-    }
-
-    /// [`alloc_raw`](Self::alloc_raw) as one value, laid out for the replay's handle.
-    #[inline]
-    pub(crate) fn alloc_segment(
-        &self,
-        kind: MemKind,
-        len: u64,
-        align: u64,
-    ) -> Result<OwnedSegment> {
+    pub(crate) fn alloc_raw(&self, kind: MemKind, len: u64, align: u64) -> Result<OwnedSegment> {
         self.inner.allocate(kind, len, align)
     }
 }
@@ -1899,10 +1882,10 @@ mod handle_tests {
     fn a_stale_copy_is_refused_after_its_key_and_address_are_reused() {
         let config = PoolConfig::parse("thread_cache:off").unwrap();
         let pool = Pool::new(Arc::new(SimSource::default()), config).unwrap();
-        let (old, owner) = pool.alloc_raw(MemKind::DEVICE, 4096, 64).unwrap();
+        let OwnedSegment { raw: old, owner } = pool.alloc_raw(MemKind::DEVICE, 4096, 64).unwrap();
         let stale = old;
         PoolInner::release(owner, &old, &[]).unwrap();
-        let (new, owner) = pool.alloc_raw(MemKind::DEVICE, 4096, 64).unwrap();
+        let OwnedSegment { raw: new, owner } = pool.alloc_raw(MemKind::DEVICE, 4096, 64).unwrap();
         assert_eq!(
             (new.key(), new.addr, new.len()),
             (old.key(), old.addr, old.len())
@@ -1924,7 +1907,7 @@ mod handle_tests {
     #[test]
     fn bad_alignments_are_refused_on_the_cache_first_path() {
         let pool = Pool::new(Arc::new(SimSource::default()), PoolConfig::default()).unwrap();
-        let (seg, owner) = pool.alloc_raw(MemKind::DEVICE, 100, 64).unwrap();
+        let OwnedSegment { raw: seg, owner } = pool.alloc_raw(MemKind::DEVICE, 100, 64).unwrap();
         PoolInner::release(owner, &seg, &[]).unwrap();
         for align in [0, 1, 3, 32, 96, 100, 1 << 40, u64::MAX] {
             assert!(
@@ -1942,7 +1925,7 @@ mod handle_tests {
             );
         }
         // The cached segment is still there for its own shape.
-        let (again, owner) = pool.alloc_raw(MemKind::DEVICE, 100, 64).unwrap();
+        let OwnedSegment { raw: again, owner } = pool.alloc_raw(MemKind::DEVICE, 100, 64).unwrap();
         assert_eq!(again.addr, seg.addr);
         PoolInner::release(owner, &again, &[]).unwrap();
         pool.validate().unwrap();
