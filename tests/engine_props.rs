@@ -15,7 +15,13 @@ use std::collections::BTreeMap;
 
 #[derive(Debug, Clone)]
 enum Op {
-    Alloc { len: u64, align: u64, padding: u64 },
+    Alloc {
+        len: u64,
+        align: u64,
+        padding: u64,
+    },
+    /// `alloc_parked` of a freed segment's length under the default rule.
+    Parked(usize),
     Free(usize),
     DoubleFree(usize),
     Foreign,
@@ -39,6 +45,7 @@ fn op() -> impl Strategy<Value = Op> {
         6 => (len, align, prop_oneof![Just(32u64), Just(0u64), Just(64u64)])
             .prop_map(|(len, align, padding)| Op::Alloc { len, align, padding }),
         4 => any::<usize>().prop_map(Op::Free),
+        2 => any::<usize>().prop_map(Op::Parked),
         1 => any::<usize>().prop_map(Op::DoubleFree),
         1 => Just(Op::Foreign),
         1 => Just(Op::Trim),
@@ -116,6 +123,23 @@ fn run(ops: Vec<Op>, tier: RangeTier, slab_max: u64) {
                         assert_eq!(Ok(footprint), rule.footprint(len))
                     }
                     Err(other) => panic!("unexpected {other:?}"),
+                }
+            }
+            Op::Parked(i) if !s.freed.is_empty() => {
+                let len = s.freed[i % s.freed.len()].len();
+                let rule = CarveRule::default();
+                let before = e.counters();
+                match e.alloc_parked(len, rule).unwrap() {
+                    Some(a) => {
+                        assert!(!a.is_slab(), "slab sizes are never parked");
+                        assert_eq!(a.len(), len);
+                        assert_eq!(Ok(a.footprint()), rule.footprint(len));
+                        assert_eq!(a.offset() % rule.align(), 0, "misaligned start");
+                        assert!(a.offset() + a.footprint() <= capacity);
+                        assert!(s.live.insert(a.offset(), (a.footprint(), len)).is_none());
+                        s.handles.push(a);
+                    }
+                    None => assert_eq!(e.counters(), before, "a miss changes nothing"),
                 }
             }
             Op::Free(i) if !s.handles.is_empty() => {

@@ -277,6 +277,13 @@ impl Range {
         }
     }
     #[inline(always)]
+    fn alloc_parked(&mut self, size: u64, align: u64, tag: u32) -> Option<(u64, u32)> {
+        match self {
+            Self::Tlsf(t) => t.alloc_parked(size, align, tag),
+            Self::Buddy(_) => None,
+        }
+    }
+    #[inline(always)]
     fn free(&mut self, key: u32, offset: u64, tag: u32) -> Result<(), EngineError> {
         match self {
             Self::Tlsf(t) => t.free(key, offset, tag),
@@ -448,6 +455,19 @@ impl CarveEngine {
         } else {
             (offset, place) = self.alloc_in_range(footprint, align, tag)?;
         }
+        Ok(self.allocated(len, footprint, offset, place, tag))
+    }
+
+    /// Counts a new allocation and makes its handle.
+    #[inline(always)]
+    fn allocated(
+        &mut self,
+        len: u64,
+        footprint: u64,
+        offset: u64,
+        place: u32,
+        tag: u32,
+    ) -> Allocation {
         let c = &mut self.counters;
         c.live += 1;
         c.allocs += 1;
@@ -455,7 +475,7 @@ impl CarveEngine {
         c.footprint_bytes += footprint;
         c.peak_footprint_bytes = c.peak_footprint_bytes.max(c.footprint_bytes);
         c.peak_requested_bytes = c.peak_requested_bytes.max(c.requested_bytes);
-        Ok(Allocation {
+        Allocation {
             offset,
             footprint,
             // The carve rule adds at most 31 + padding + align - 1 bytes (asserted above).
@@ -463,7 +483,47 @@ impl CarveEngine {
             place,
             tag,
             engine: self.id,
-        })
+        }
+    }
+
+    /// Carves `len` under `rule` only from a block the range tier holds parked at exactly
+    /// its footprint: no bin search and no merge, and `Ok(None)` (nothing counted as failed)
+    /// when there is none. Sizes the slab tier serves are never parked. The pool asks the
+    /// one chunk where a large segment of this footprint was last freed, before it walks
+    /// its chunks in order.
+    ///
+    /// ```
+    /// use ascend_pool::engine::{CarveEngine, EngineConfig};
+    /// use ascend_pool::CarveRule;
+    ///
+    /// let mut e = CarveEngine::new(64 << 20, EngineConfig::default()).unwrap();
+    /// let rule = CarveRule::default();
+    /// let frame = e.alloc(3_110_400, rule).unwrap();
+    /// assert!(e.alloc_parked(3_110_400, rule).unwrap().is_none());
+    /// e.free(frame).unwrap();
+    /// let again = e.alloc_parked(3_110_400, rule).unwrap().unwrap();
+    /// assert_eq!(again.offset(), frame.offset());
+    /// assert!(e.alloc_parked(0, rule).is_err());
+    /// e.validate().unwrap();
+    /// ```
+    #[inline]
+    pub fn alloc_parked(
+        &mut self,
+        len: u64,
+        rule: CarveRule,
+    ) -> Result<Option<Allocation>, EngineError> {
+        let footprint = rule.footprint(len)?;
+        let align = rule.align();
+        if self.slabs.serves(footprint, align) {
+            return Ok(None);
+        }
+        let tag = self.next_tag;
+        let Some((offset, key)) = self.range.alloc_parked(footprint, align, tag) else {
+            return Ok(None);
+        };
+        self.next_tag = if tag >= tlsf::PARKED - 1 { 1 } else { tag + 1 };
+        self.range_live_bytes += footprint;
+        Ok(Some(self.allocated(len, footprint, offset, key, tag)))
     }
 
     /// A segment straight from the range tier: its offset and key (the handle's place).

@@ -243,6 +243,18 @@ impl TlsfRange {
     pub fn alloc(&mut self, size: u64, align: u64, tag: u32) -> Option<(u64, u32)> {
         debug_assert!(size % self.unit() == 0 && size > 0 && align.is_power_of_two());
         debug_assert!(tag != 0 && tag != PARKED);
+        if let Some(x) = self.alloc_parked(size, align, tag) {
+            return Some(x);
+        }
+        let len = size >> self.unit_shift;
+        let align_units = (align >> self.unit_shift).max(1);
+        self.alloc_search(len, align_units, tag)
+    }
+
+    /// [`alloc`](Self::alloc) from a block parked at exactly `size` bytes only: no search,
+    /// no merge. `None` when none is parked, or the first parked is not aligned enough.
+    #[inline(always)]
+    pub fn alloc_parked(&mut self, size: u64, align: u64, tag: u32) -> Option<(u64, u32)> {
         let len = size >> self.unit_shift;
         let align_units = (align >> self.unit_shift).max(1);
         // A parked block of exactly this length, if it is aligned enough.
@@ -260,7 +272,7 @@ impl TlsfRange {
                 return Some((n.start() << self.unit_shift, idx));
             }
         }
-        self.alloc_search(len, align_units, tag)
+        None
     }
 
     /// The request found no parked block: search the bins, then the wilderness.
