@@ -134,3 +134,47 @@ fn frame_ramp_uses_few_chunks_and_stops_growing_once_warm() {
     drop(frames);
     pool.validate().unwrap();
 }
+
+/// A frame is taken back from the chunk where a frame was last freed, where it waits
+/// parked: not carved from an earlier chunk's free frame, which the walk in chunk order
+/// would reach first (and merge on the way through every full chunk before it).
+#[test]
+fn a_recurring_frame_comes_back_from_the_chunk_that_last_freed_one() {
+    use ascend_pool::region::Region;
+    let pool = pool();
+    let mut frames: Vec<Option<DvppRegion>> = Vec::new();
+    while pool.stats(MemKind::Dvpp).chunks < 3 {
+        frames.push(Some(pool.alloc_dvpp(FRAME).unwrap()));
+    }
+    let snap = pool.snapshot();
+    let chunks = &snap
+        .kinds
+        .iter()
+        .find(|k| k.stats.kind == MemKind::Dvpp)
+        .unwrap()
+        .chunks;
+    let chunk_of = |addr: usize| {
+        chunks
+            .iter()
+            .position(|c| (c.addr..c.addr + c.size as usize).contains(&addr))
+            .unwrap()
+    };
+    let first = frames[0].take().unwrap();
+    let last = frames.pop().unwrap().unwrap();
+    let (first_addr, last_addr) = (first.addr(), last.addr());
+    // The first frame is in the first chunk made, which the walk tries first.
+    assert_ne!(chunk_of(first_addr), chunk_of(last_addr));
+    drop(first);
+    drop(last);
+    let again = pool.alloc_dvpp(FRAME).unwrap();
+    assert_eq!(
+        again.addr(),
+        last_addr,
+        "the frame freed last, in its own chunk"
+    );
+    let next = pool.alloc_dvpp(FRAME).unwrap();
+    assert_eq!(next.addr(), first_addr, "the other free frame");
+    pool.validate().unwrap();
+    drop((again, next, frames));
+    pool.validate().unwrap();
+}

@@ -238,6 +238,22 @@ struct KindPool {
     live: slab::Slab<LiveEntry>,
     pending: Vec<PendingFree>,
     stats: KindStats,
+    /// Per slot of [`memo_slot`]: the footprint and chunk of the last segment above
+    /// [`MEMO_MIN`] freed here, whose block the chunk's engine may still hold parked. A hint
+    /// only: the chunk may have merged the block, used it, or gone (its id reused).
+    parked_in: [(u64, usize); MEMO_SLOTS],
+}
+
+/// Slots of [`KindPool::parked_in`].
+const MEMO_SLOTS: usize = 16;
+
+/// Footprints above this are remembered in [`KindPool::parked_in`]: the sizes the thread
+/// caches leave to the kind, whose recurring shapes (frames, model outputs) are parked.
+const MEMO_MIN: u64 = 256 << 10;
+
+/// The slot of `footprint` (a multiple of 64) in [`KindPool::parked_in`].
+fn memo_slot(footprint: u64) -> usize {
+    ((footprint >> 6).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 60) as usize % MEMO_SLOTS
 }
 
 /// Shared state behind a [`Pool`] and its regions.
@@ -479,6 +495,7 @@ impl Pool {
                 live: slab::Slab::new(),
                 pending: Vec::new(),
                 stats: KindStats::new(kind),
+                parked_in: [(0, 0); MEMO_SLOTS],
             })
         });
         Ok(Self {
@@ -987,6 +1004,23 @@ impl PoolInner {
         footprint: u64,
     ) -> Option<(usize, Allocation)> {
         let align = rule.align();
+        // A large shape that recurs waits parked where it was last freed. Asked first, that
+        // chunk hands it back with no search; else the walk below tries the earlier chunks
+        // first, and each full one refuses after merging its own parked blocks. On
+        // video-1080p-16ch this takes 30-90 cycles off a DVPP or host frame's allocation,
+        // and every shared trace places exactly as before (`docs/benchmarks.md`, session 33).
+        if footprint > MEMO_MIN {
+            let (f, id) = k.parked_in[memo_slot(footprint)];
+            if let Some(c) = k
+                .chunks
+                .get_mut(id)
+                .filter(|c| f == footprint && c.base & (align as usize - 1) == 0)
+            {
+                if let Ok(Some(a)) = c.engine.alloc_parked(len, rule) {
+                    return Some((id, a));
+                }
+            }
+        }
         // No test of the chunk's free bytes before the engine call: a failed search merges
         // the engine's parked blocks, and skipping it moves later placement (random-mix
         // utilization fell from 0.874 to 0.868 when tried).
@@ -1540,6 +1574,9 @@ impl PoolInner {
     /// whether it is dedicated.
     fn settle(k: &mut KindPool, key: usize, user_free: bool) -> Option<bool> {
         let e = k.live.remove(key);
+        if e.alloc.footprint() > MEMO_MIN {
+            k.parked_in[memo_slot(e.alloc.footprint())] = (e.alloc.footprint(), e.chunk);
+        }
         let chunk = &mut k.chunks[e.chunk];
         chunk
             .engine
