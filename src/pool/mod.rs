@@ -1007,7 +1007,7 @@ impl PoolInner {
         // A large shape that recurs waits parked where it was last freed. Asked first, that
         // chunk hands it back with no search; else the walk below tries the earlier chunks
         // first, and each full one refuses after merging its own parked blocks. On
-        // video-1080p-16ch this takes 30-90 cycles off a DVPP or host frame's allocation,
+        // video-1080p-16ch this takes 20-95 cycles off a DVPP or host frame's allocation,
         // and every shared trace places exactly as before (`docs/benchmarks.md`, session 33).
         if footprint > MEMO_MIN {
             let (f, id) = k.parked_in[memo_slot(footprint)];
