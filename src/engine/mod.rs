@@ -260,6 +260,17 @@ impl Allocation {
     }
 }
 
+/// The tag after `tag`: counts up and wraps before [`tlsf::PARKED`], skipping 0 (both
+/// mean "not live").
+#[inline(always)]
+fn tag_after(tag: u32) -> u32 {
+    if tag >= tlsf::PARKED - 1 {
+        1
+    } else {
+        tag + 1
+    }
+}
+
 #[derive(Debug)]
 enum Range {
     // Boxed: the TLSF range's parked table is about 1 KiB, the buddy's sets a few words.
@@ -420,7 +431,7 @@ impl CarveEngine {
         };
         let align = rule.align();
         let tag = self.next_tag;
-        self.next_tag = if tag >= tlsf::PARKED - 1 { 1 } else { tag + 1 };
+        self.next_tag = tag_after(tag);
         let place;
         let offset;
         if self.slabs.serves(footprint, align) {
@@ -521,7 +532,7 @@ impl CarveEngine {
         let Some((offset, key)) = self.range.alloc_parked(footprint, align, tag) else {
             return Ok(None);
         };
-        self.next_tag = if tag >= tlsf::PARKED - 1 { 1 } else { tag + 1 };
+        self.next_tag = tag_after(tag);
         self.range_live_bytes += footprint;
         Ok(Some(self.allocated(len, footprint, offset, key, tag)))
     }

@@ -244,16 +244,18 @@ struct KindPool {
     parked_in: [(u64, usize); MEMO_SLOTS],
 }
 
-/// Slots of [`KindPool::parked_in`].
+/// Slots of [`KindPool::parked_in`] (a power of two: [`memo_slot`] takes a hash's top bits).
 const MEMO_SLOTS: usize = 16;
 
-/// Footprints above this are remembered in [`KindPool::parked_in`]: the sizes the thread
-/// caches leave to the kind, whose recurring shapes (frames, model outputs) are parked.
+/// Footprints above this are remembered in [`KindPool::parked_in`]: what the thread caches
+/// leave to the kind under the default `thread_cache_max`, where recurring shapes (frames,
+/// model outputs) wait parked.
 const MEMO_MIN: u64 = 256 << 10;
 
 /// The slot of `footprint` (a multiple of 64) in [`KindPool::parked_in`].
 fn memo_slot(footprint: u64) -> usize {
-    ((footprint >> 6).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 60) as usize % MEMO_SLOTS
+    ((footprint >> 6).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - MEMO_SLOTS.trailing_zeros()))
+        as usize
 }
 
 /// Shared state behind a [`Pool`] and its regions.
