@@ -129,9 +129,9 @@ enum Backend {
     Carve,
     /// Our CarveEngine with the buddy range tier.
     CarveBuddy,
-    /// Our CarveEngine behind a mutex, each segment holding a counted handle on it: the least
-    /// a thread-safe pool over the engine pays per call (a floor for the pool's time, not a
-    /// backend to run).
+    /// Our CarveEngine behind a mutex, each segment holding a counted handle on it: what a
+    /// plain thread-safe wrapper over the engine pays per call (a reference for the pool's
+    /// time, not a backend to run).
     CarveLocked,
     /// The offset-allocator crate.
     OffsetAllocator,
