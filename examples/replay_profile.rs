@@ -194,10 +194,20 @@ struct Floor {
     engine: EngineReplayer,
     /// (offset, requested length) of each live segment, keyed as its token says.
     live: slab::Slab<(u64, u64)>,
-    /// Footprint and requested bytes live, their peaks, live segments, allocations.
-    counters: [u64; 6],
+    counters: Counters,
     /// Frees whose token matched no live segment.
     refused_frees: u64,
+}
+
+/// The counters the pool keeps per kind on every call.
+#[derive(Default)]
+struct Counters {
+    allocated_bytes: u64,
+    requested_bytes: u64,
+    peak_allocated_bytes: u64,
+    peak_requested_bytes: u64,
+    live_regions: u64,
+    allocations: u64,
 }
 
 impl Floor {
@@ -228,12 +238,12 @@ impl RangeReplayer for Floor {
         let got = self.engine.alloc(len, rule).map(|(offset, a)| {
             let key = self.live.insert((offset, len));
             let c = &mut self.counters;
-            c[0] += a.footprint();
-            c[1] += len;
-            c[2] = c[2].max(c[0]);
-            c[3] = c[3].max(c[1]);
-            c[4] += 1;
-            c[5] += 1;
+            c.allocated_bytes += a.footprint();
+            c.requested_bytes += len;
+            c.peak_allocated_bytes = c.peak_allocated_bytes.max(c.allocated_bytes);
+            c.peak_requested_bytes = c.peak_requested_bytes.max(c.requested_bytes);
+            c.live_regions += 1;
+            c.allocations += 1;
             (offset, (a, key))
         });
         self.leave();
@@ -245,9 +255,9 @@ impl RangeReplayer for Floor {
         if self.live.get(key) == Some(&(a.offset(), a.len())) {
             self.live.remove(key);
             let c = &mut self.counters;
-            c[0] -= a.footprint();
-            c[1] -= a.len();
-            c[4] -= 1;
+            c.allocated_bytes -= a.footprint();
+            c.requested_bytes -= a.len();
+            c.live_regions -= 1;
             self.engine.free(a);
         } else {
             self.refused_frees += 1;
@@ -263,7 +273,7 @@ impl RangeReplayer for Floor {
         if self.refused_frees > 0 {
             return Err(format!("{} frees were refused", self.refused_frees));
         }
-        if self.counters[4] != self.live.len() as u64 {
+        if self.counters.live_regions != self.live.len() as u64 {
             return Err("the live count and the registry disagree".into());
         }
         self.engine.validate()
@@ -287,7 +297,7 @@ impl ReplayerFactory for FloorFactory {
             biased: AtomicBool::new(true),
             engine: EngineFactory::default().new_range(kind, capacity)?,
             live: slab::Slab::new(),
-            counters: [0; 6],
+            counters: Counters::default(),
             refused_frees: 0,
         })
     }
