@@ -199,7 +199,9 @@ struct Floor {
     refused_frees: u64,
 }
 
-/// The counters the pool keeps per kind on every call.
+/// The counters the pool updates on every kind-path call: a copy on purpose, of the
+/// `KindStats` fields `PoolInner::allocate_from_kind` and `settle` touch, so that the floor
+/// pays the same stores (the pool's type has no public constructor to reuse).
 #[derive(Default)]
 struct Counters {
     allocated_bytes: u64,
