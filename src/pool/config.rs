@@ -59,7 +59,8 @@ pub struct PoolConfig {
     /// Fill each segment's padding with a canary and check it on free.
     pub debug: bool,
     /// Footprint bytes of free segments each thread may keep per pool for reuse without
-    /// locking; 0 turns thread caches off.
+    /// locking; 0 turns thread caches off, and the kinds' shape slots for larger segments
+    /// with them.
     pub thread_cache: u64,
     /// Largest footprint kept in a thread cache (at most `thread_cache`, below
     /// `large_threshold`).

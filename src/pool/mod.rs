@@ -11,6 +11,10 @@
 //! In front of the kind pools, each thread keeps a small cache of segments it freed
 //! (see the private `cache` module): a thread's next allocation of the same length and alignment takes one
 //! back without taking the kind's lock, so threads allocating at once scale with the cores.
+//! Segments too large for those caches (frames, model outputs) go to the kind's *shape
+//! slots* (the private `shapes` module), one per recurring shape, which an allocation of
+//! that shape takes back without the kind lock too; the kind drains them into its engines
+//! before it carves anything, so they never change where the engines place segments.
 
 mod biased;
 mod cache;
@@ -18,6 +22,9 @@ mod cache;
 mod cache_tests;
 pub mod config;
 pub mod record;
+mod shapes;
+#[cfg(test)]
+mod shapes_tests;
 
 pub use config::PoolConfig;
 
@@ -86,10 +93,11 @@ pub struct KindStats {
     pub source_free_calls: u64,
     /// Allocations that failed for lack of memory (after retrying).
     pub ooms: u64,
-    /// Footprint bytes of free segments held in per-thread caches (not in `allocated_bytes`;
-    /// `allocated_bytes + cached_bytes` is what the chunks' engines have carved out).
+    /// Footprint bytes of free segments held in per-thread caches and shape slots (not in
+    /// `allocated_bytes`; `allocated_bytes + cached_bytes` is what the chunks' engines have
+    /// carved out).
     pub cached_bytes: u64,
-    /// Free segments held in per-thread caches (not in `live_regions`).
+    /// Free segments held in per-thread caches and shape slots (not in `live_regions`).
     pub cached_regions: u64,
 }
 
@@ -281,6 +289,16 @@ pub(crate) struct PoolInner {
     closed: AtomicBool,
     /// Neither `config.debug` nor a recorder: the hot paths test this one flag.
     plain: bool,
+    /// Per kind: free segments of large recurring shapes, outside the kind lock (see
+    /// [`shapes`]). Drained into the engines before every carve, and by every flush.
+    shapes: [shapes::ShapeSlots<OwnedSegment>; 5],
+    /// Whether frees use `shapes`: with thread caches on and `plain`.
+    slots_on: bool,
+    /// Per kind: reserved less allocated bytes (segments in slots and caches counted as
+    /// allocated), as of the kind lock's last change to either. Read without the lock to
+    /// budget the shape slots (see [`shapes`]); exact between two locked changes, since
+    /// slot and cache traffic changes neither.
+    free_hint: [AtomicU64; 5],
 }
 
 /// Ids for [`PoolInner::id`].
@@ -511,6 +529,9 @@ impl Pool {
                 closed: AtomicBool::new(false),
                 me: Weak::clone(me),
                 plain: !config.debug && recorder.is_none(),
+                shapes: std::array::from_fn(|_| Default::default()),
+                slots_on: config.thread_cache > 0 && !config.debug && recorder.is_none(),
+                free_hint: std::array::from_fn(|_| AtomicU64::new(0)),
                 recorder,
                 config,
             }),
@@ -534,8 +555,9 @@ impl Pool {
 
     /// Counters of one kind.
     ///
-    /// Segments held free in thread caches count in `cached_bytes` / `cached_regions`, not
-    /// as allocated or live; allocations served from a cache and frees into one count as
+    /// Segments held free in thread caches and shape slots count in `cached_bytes` /
+    /// `cached_regions`, not as allocated or live; allocations served from them and frees
+    /// into them count as
     /// allocations and frees. The peaks are those of `allocated_bytes + cached_bytes`.
     pub fn stats(&self, kind: MemKind) -> KindStats {
         let k = self.inner.kinds[kind.index()].lock();
@@ -558,6 +580,7 @@ impl Pool {
             self.inner.reclaim(&mut k, false);
             released += self.inner.trim_kind(&mut k, 0);
             released += self.inner.shrink_tails(&mut k);
+            self.inner.note_free(&k);
         }
         released
     }
@@ -571,8 +594,9 @@ impl Pool {
         Ok(())
     }
 
-    /// Gives every segment held in any thread's cache back to its kind pool (each thread
-    /// keeps using its cache afterwards). Returns the footprint bytes given back.
+    /// Gives every segment held in any thread's cache, and in the shape slots, back to its
+    /// kind pool (each thread keeps using its cache afterwards). Returns the footprint
+    /// bytes given back.
     ///
     /// Caches are also flushed when their thread exits, by [`trim`](Self::trim), and when
     /// an allocation would otherwise grow or fail.
@@ -591,12 +615,24 @@ impl Pool {
         for m in &self.inner.kinds {
             let k = m.lock();
             k.validate()?;
-            let Some(reg) = &self.inner.caches else {
-                continue;
-            };
             let class = k.kind.index();
             let mut seen = std::collections::HashSet::new();
             let mut problem = None;
+            self.inner.shapes[class].for_each_held(|c| match k.live.get(c.raw.key()) {
+                Some(e) if c.raw.is(e) && !e.pending && seen.insert(c.raw.key()) => {}
+                _ => {
+                    problem.get_or_insert(format!(
+                        "segment at {:#x} in a shape slot is not a live, unique, settled segment",
+                        c.raw.addr
+                    ));
+                }
+            });
+            if let Some(p) = problem {
+                return Err(Error::Invalid(format!("{} shape slots: {p}", k.kind)));
+            }
+            let Some(reg) = &self.inner.caches else {
+                continue;
+            };
             reg.for_each(|c| {
                 if let Err(e) = c.check() {
                     problem.get_or_insert(e);
@@ -850,6 +886,13 @@ impl PoolInner {
                 }
                 known = Some(footprint);
             }
+        } else if self.slots_on {
+            let key = shapes::shape_key(len, align);
+            if let Some(c) =
+                self.shapes[kind.index()].take(key, |c| c.raw.len == len && c.raw.align() == align)
+            {
+                return Ok(c);
+            }
         }
         self.allocate_uncached(kind, len, align, known)
     }
@@ -939,6 +982,11 @@ impl PoolInner {
             )));
         }
         let kind = k.kind;
+        // The engines see every free before any carve (see `shapes`): placement is as if
+        // the slots were not there.
+        if self.shapes[kind.index()].any() {
+            self.drain_shapes(&mut k);
+        }
         let (chunk, alloc) = match Self::carve_existing(&mut k, len, rule, footprint) {
             Some(x) => x,
             None => self.carve_after_reclaim(&mut k, len, rule, footprint)?,
@@ -958,6 +1006,7 @@ impl PoolInner {
         s.peak_requested_bytes = s.peak_requested_bytes.max(s.requested_bytes);
         s.live_regions += 1;
         s.allocations += 1;
+        self.note_free(&k);
         if let Some(r) = &self.recorder {
             // Under the kind lock, so the free that released this address is written first.
             r.alloc(kind, addr, len, align);
@@ -1425,6 +1474,9 @@ impl PoolInner {
         // No stream uses it: this thread's cache may keep it. (A region releases its
         // segment exactly once, so the registry check below is not needed to get here.)
         if !(streams.is_empty() && owner.cacheable(seg.footprint())) {
+            if streams.is_empty() && owner.slotted(seg.footprint()) {
+                return Self::put_in_slot(owner, *seg);
+            }
             return owner.release_to_kind(seg, streams);
             // `owner` drops here, after the kind lock.
         }
@@ -1482,6 +1534,11 @@ impl PoolInner {
     /// The kind pool's free path.
     fn release_to_kind(&self, seg: &RawSegment, streams: &[StreamHandle]) -> Result<()> {
         let mut k = self.kinds[seg.kind.index()].lock();
+        // The shape slots' segments were freed first: their engines take them first, so
+        // the release threshold below sees every free byte.
+        if self.shapes[seg.kind.index()].any() {
+            self.drain_shapes(&mut k);
+        }
         match k.live.get(seg.key()) {
             Some(e) if seg.is(e) && !e.pending => {}
             Some(e) if seg.is(e) => return Err(Error::AlreadyFreed),
@@ -1569,6 +1626,7 @@ impl PoolInner {
                 );
             }
         }
+        self.note_free(k);
     }
 
     /// The part of a free that never calls the source (so it is safe while a thread
@@ -1812,11 +1870,82 @@ impl PoolInner {
     /// The drained pool handles drop here, under the kind lock: the caller's own handle
     /// keeps the pool alive meanwhile.
     fn flush_kind(&self, k: &mut KindPool) -> u64 {
+        let mut bytes = self.drain_shapes(k);
         let Some(reg) = &self.caches else {
-            return 0;
+            return bytes;
         };
-        let mut bytes = 0;
         for c in reg.drain_all(k.kind.index()) {
+            bytes += c.raw.footprint();
+            self.finish_free(k, c.raw.key(), false);
+        }
+        bytes
+    }
+
+    /// Whether a free of `footprint` bytes, too large for the thread caches and with no
+    /// stream, goes into a shape slot: with caches on, no debug checks or recording (they
+    /// need the kind lock), below the dedicated-chunk size (a slot would hold a whole
+    /// chunk), and not once the pool handle has dropped.
+    #[inline(always)]
+    fn slotted(&self, footprint: u64) -> bool {
+        self.slots_on
+            && footprint < self.config.large_threshold
+            && footprint <= shapes::MAX_FOOTPRINT
+            && !self.closed.load(Ordering::Acquire)
+    }
+
+    /// Records `k`'s free bytes for the shape slots' budget; called under the kind lock after
+    /// each change to its reserved or allocated bytes.
+    #[inline]
+    fn note_free(&self, k: &KindPool) {
+        let free = k
+            .stats
+            .reserved_bytes
+            .saturating_sub(k.stats.allocated_bytes);
+        self.free_hint[k.kind.index()].store(free, Ordering::Relaxed);
+    }
+
+    /// Frees `raw` into its kind's shape slot, which may hand an older segment back to the
+    /// engine or decline this one.
+    #[inline]
+    fn put_in_slot(owner: Arc<PoolInner>, raw: RawSegment) -> Result<()> {
+        let key = shapes::shape_key(raw.len, raw.align());
+        // Had every segment in the slots gone to its engine, the kind would have this many
+        // free bytes: while they stay within the release threshold, no chunk would have
+        // gone back, so holding them changes nothing the source sees.
+        let free = owner.free_hint[raw.kind.index()].load(Ordering::Relaxed);
+        let budget = owner.config.release_threshold.saturating_sub(free) / shapes::UNIT;
+        let units = raw.footprint().div_ceil(shapes::UNIT);
+        let slots: *const shapes::ShapeSlots<OwnedSegment> = &owner.shapes[raw.kind.index()];
+        // SAFETY: `owner` keeps the pool, and so its slots, alive until it moves into the
+        // slot; from then the slot's own copy of it does, and if it comes back (declined),
+        // the returned segment does.
+        match unsafe { &*slots }.put(key, units, budget, OwnedSegment { raw, owner }) {
+            shapes::Put::Kept => Ok(()),
+            shapes::Put::Displaced(old) => {
+                old.owner.give_back(old.raw);
+                Ok(())
+            }
+            shapes::Put::Declined(back) => back.owner.release_to_kind(&back.raw, &[]),
+        }
+    }
+
+    /// Gives a segment a shape slot displaced back to its engine (its free was counted
+    /// when it went in).
+    #[cold]
+    #[inline(never)]
+    fn give_back(&self, raw: RawSegment) {
+        let mut k = self.kinds[raw.kind.index()].lock();
+        self.finish_free(&mut k, raw.key(), false);
+    }
+
+    /// Frees every segment the kind's shape slots hold into its engine; returns the bytes.
+    #[cold]
+    #[inline(never)]
+    fn drain_shapes(&self, k: &mut KindPool) -> u64 {
+        let mut bytes = 0;
+        let mut drained: SmallVec<[OwnedSegment; 4]> = SmallVec::new();
+        self.shapes[k.kind.index()].drain(|c| drained.push(c));
+        for c in &drained {
             bytes += c.raw.footprint();
             self.finish_free(k, c.raw.key(), false);
         }
@@ -1851,9 +1980,12 @@ impl PoolInner {
         drop(drained);
     }
 
-    /// Registry keys of `k`'s segments held in thread caches.
+    /// Registry keys of `k`'s segments held in thread caches and shape slots.
     fn cached_keys(&self, k: &KindPool) -> std::collections::HashSet<usize> {
         let mut keys = std::collections::HashSet::new();
+        self.shapes[k.kind.index()].for_each_held(|c| {
+            keys.insert(c.raw.key());
+        });
         if let Some(reg) = &self.caches {
             reg.for_each(|c| {
                 c.for_each_held(k.kind.index(), |c| {
@@ -1864,10 +1996,24 @@ impl PoolInner {
         keys
     }
 
-    /// `k`'s counters as users see them: thread-cached segments are free, not live.
+    /// `k`'s counters as users see them: segments in thread caches and shape slots are
+    /// free, not live.
     fn kind_stats(&self, k: &KindPool) -> KindStats {
         let mut s = k.stats;
         s.pending_frees = k.pending.len() as u64;
+        let (mut bytes, mut requested, mut items) = (0, 0, 0);
+        let t = self.shapes[k.kind.index()].for_each_held(|c| {
+            bytes += c.raw.footprint();
+            requested += c.raw.len();
+            items += 1;
+        });
+        s.allocated_bytes -= bytes;
+        s.requested_bytes -= requested;
+        s.live_regions -= items;
+        s.allocations += t.hits;
+        s.frees += t.puts;
+        s.cached_bytes += bytes;
+        s.cached_regions += items;
         if let Some(reg) = &self.caches {
             let t = reg.totals(k.kind.index());
             s.allocated_bytes -= t.bytes;
@@ -1875,8 +2021,8 @@ impl PoolInner {
             s.live_regions -= t.items;
             s.allocations += t.hits;
             s.frees += t.puts;
-            s.cached_bytes = t.bytes;
-            s.cached_regions = t.items;
+            s.cached_bytes += t.bytes;
+            s.cached_regions += t.items;
         }
         s
     }

@@ -1,0 +1,444 @@
+//! Shape slots: per memory kind, a few free segments of large recurring shapes (video
+//! frames, model outputs, KV-cache blocks), each taken and given back without the kind lock.
+//!
+//! A thread cache keeps small segments for its own thread; a large one freed there would be
+//! held out of its engine until the same shape came again, and the engine would place
+//! everything else around it (caching frames that way cut video utilization to 0.79-0.83,
+//! `docs/benchmarks.md`). A shape slot holds its segment only until the kind next carves:
+//! every allocation under the kind lock first *drains* the kind's slots into their engines.
+//! An engine therefore sees each free before any allocation that could search or merge, as
+//! if the free had gone straight to it, and places exactly as it would without the slots,
+//! while a free followed by an allocation of the same shape (the common case for frames)
+//! takes no kind lock at all.
+//!
+//! Slots also hold memory back from the source: a chunk whose last segment waits in a slot is
+//! not empty, and would not go back past the release threshold. So a free enters a slot only
+//! while the kind's free bytes, counting every slot's segment as free, stay within a budget
+//! the caller gives (the release threshold less the kind's free bytes): then no chunk could
+//! have gone back had the free gone to the engine.
+//!
+//! Each slot is one atomic word, `key << 34 | units << 2 | state` (the four words share a
+//! line, so the test before a carve and the budget read one line), and an item. A thread
+//! that moves the word from `FULL` or `EMPTY` to `BUSY` owns the item and the slot's counters
+//! until it stores the word back; nobody blocks while holding `BUSY`, so a drain that finds
+//! it waits a few instructions at most. The key is a hash of the shape, and its slot is
+//! direct-mapped by the key: two shapes that share a slot take turns, a hash collision is
+//! caught by checking the item itself. `units` is the item's footprint in 64-byte units.
+
+use std::cell::UnsafeCell;
+use std::mem::MaybeUninit;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Slot states, in the low bits of the word.
+const EMPTY: u64 = 0;
+const FULL: u64 = 1;
+const BUSY: u64 = 2;
+const STATE: u64 = 3;
+/// Where the key starts in a word; the footprint's units sit between it and the state.
+const KEY_SHIFT: u32 = 34;
+/// Bytes per unit of a word's footprint.
+pub(crate) const UNIT: u64 = 64;
+/// Largest footprint a slot takes: its units must fit their 32 bits.
+pub(crate) const MAX_FOOTPRINT: u64 = (1 << 32) * UNIT - 1;
+
+/// A word naming `key`, `units` and `state`.
+#[inline(always)]
+fn word_of(key: u64, units: u64, state: u64) -> u64 {
+    key << KEY_SHIFT | units << 2 | state
+}
+
+/// The units of a word.
+#[inline(always)]
+fn units_of(w: u64) -> u64 {
+    (w >> 2) & u64::from(u32::MAX)
+}
+
+/// Slots per kind (a power of two). Video-1080p-16ch recurs in two large shapes per kind.
+pub(crate) const SLOTS: usize = 4;
+
+/// One slot's item and counters, on cache lines of their own; its word is in
+/// [`ShapeSlots::words`].
+#[repr(C, align(128))]
+struct Slot<T> {
+    /// Initialised iff the slot's state is `FULL`, or was `FULL` when the thread holding
+    /// `BUSY` took it. Written and read only by the thread holding `BUSY`.
+    item: UnsafeCell<MaybeUninit<T>>,
+    /// Items taken out by allocations, and put in by frees (displacing or not); written
+    /// only by the thread holding `BUSY`.
+    hits: UnsafeCell<u64>,
+    puts: UnsafeCell<u64>,
+}
+
+/// What a slot did with a freed item that it could not simply keep.
+#[derive(Debug)]
+pub(crate) enum Put<T> {
+    /// Kept, in an empty slot.
+    Kept,
+    /// Kept in place of this older item, which the kind must take back (its free was
+    /// counted when it came in).
+    Displaced(T),
+    /// Not kept (the slot was busy): the caller frees it the usual way.
+    Declined(T),
+}
+
+/// Figures of one kind's slots.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SlotTotals {
+    /// Allocations served from a slot.
+    pub(crate) hits: u64,
+    /// Frees kept in a slot.
+    pub(crate) puts: u64,
+}
+
+/// The slots of one kind.
+pub(crate) struct ShapeSlots<T> {
+    /// Each slot's word (see the module docs), all on one line: the test before every
+    /// carve, [`any`](Self::any), reads one line, not one per slot.
+    words: Words,
+    slots: [Slot<T>; SLOTS],
+}
+
+/// The slots' words, alone on their line.
+#[repr(align(64))]
+struct Words([AtomicU64; SLOTS]);
+
+// SAFETY: an item and the counters are only touched by the one thread that holds its slot
+// `BUSY` (acquired by a compare-exchange with `Acquire`, released by a `Release` store), so
+// sharing the slots shares no unsynchronised access; items move between threads, so `T`
+// must be `Send`.
+unsafe impl<T: Send> Sync for ShapeSlots<T> {}
+// SAFETY: the slots own their items, which are `Send`.
+unsafe impl<T: Send> Send for ShapeSlots<T> {}
+
+impl<T> std::fmt::Debug for ShapeSlots<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let states: Vec<u64> = self
+            .words
+            .0
+            .iter()
+            .map(|w| w.load(Ordering::Relaxed) & STATE)
+            .collect();
+        f.debug_struct("ShapeSlots")
+            .field("states", &states)
+            .finish()
+    }
+}
+
+/// Key of a shape: a 30-bit hash of length and alignment, never 0 (so a fresh slot's word,
+/// 0, names no shape).
+#[inline(always)]
+pub(crate) fn shape_key(len: u64, align: u64) -> u64 {
+    ((len ^ align.rotate_left(48)).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> KEY_SHIFT) | 1 << 29
+}
+
+impl<T> Default for ShapeSlots<T> {
+    fn default() -> Self {
+        Self {
+            words: Words(std::array::from_fn(|_| AtomicU64::new(EMPTY))),
+            slots: std::array::from_fn(|_| Slot {
+                item: UnsafeCell::new(MaybeUninit::uninit()),
+                hits: UnsafeCell::new(0),
+                puts: UnsafeCell::new(0),
+            }),
+        }
+    }
+}
+
+impl<T> ShapeSlots<T> {
+    /// The word and the item of `key`'s slot.
+    #[inline(always)]
+    fn slot(&self, key: u64) -> (&AtomicU64, &Slot<T>) {
+        let i = (key >> 20) as usize & (SLOTS - 1);
+        (&self.words.0[i], &self.slots[i])
+    }
+
+    /// The item kept for `key`, if `ok` accepts it (it checks the shape itself: keys can
+    /// collide).
+    #[inline(always)]
+    pub(crate) fn take(&self, key: u64, ok: impl FnOnce(&T) -> bool) -> Option<T> {
+        let (word, s) = self.slot(key);
+        // A plain load first: a miss costs no read-modify-write.
+        let full = word.load(Ordering::Relaxed);
+        if full >> KEY_SHIFT != key
+            || full & STATE != FULL
+            || word
+                .compare_exchange(
+                    full,
+                    full ^ FULL ^ BUSY,
+                    Ordering::Acquire,
+                    Ordering::Relaxed,
+                )
+                .is_err()
+        {
+            return None;
+        }
+        // SAFETY: the word was FULL, so the item is initialised, and this thread holds the
+        // slot BUSY: nobody else reads or writes it until the store below.
+        let item = unsafe { (*s.item.get()).assume_init_read() };
+        if !ok(&item) {
+            // SAFETY: still BUSY; the item goes back as it was.
+            unsafe { (*s.item.get()).write(item) };
+            word.store(full, Ordering::Release);
+            return None;
+        }
+        // SAFETY: BUSY, as above.
+        unsafe { *s.hits.get() += 1 };
+        word.store(word_of(key, 0, EMPTY), Ordering::Release);
+        Some(item)
+    }
+
+    /// Keeps `item` (of the shape `key` names, `units` of footprint) in its slot, displacing
+    /// an older item of any shape the slot held, if the items the other slots hold and this
+    /// one come to at most `budget` units. Declines it otherwise, or when the slot is busy.
+    #[inline(always)]
+    pub(crate) fn put(&self, key: u64, units: u64, budget: u64, item: T) -> Put<T> {
+        debug_assert!(units <= u64::from(u32::MAX));
+        let (word, s) = self.slot(key);
+        let mine = word as *const AtomicU64;
+        let mut held = units;
+        for w in &self.words.0 {
+            let v = w.load(Ordering::Relaxed);
+            if !std::ptr::eq(w, mine) && v & STATE != EMPTY {
+                held += units_of(v);
+            }
+        }
+        let w = word.load(Ordering::Relaxed);
+        let state = w & STATE;
+        if held > budget
+            || state == BUSY
+            || word
+                .compare_exchange(
+                    w,
+                    word_of(key, units, BUSY),
+                    Ordering::Acquire,
+                    Ordering::Relaxed,
+                )
+                .is_err()
+        {
+            return Put::Declined(item);
+        }
+        // SAFETY: this thread holds the slot BUSY; the item is initialised iff the word was
+        // FULL.
+        let old = (state == FULL).then(|| unsafe { (*s.item.get()).assume_init_read() });
+        // SAFETY: BUSY, as above.
+        unsafe {
+            (*s.item.get()).write(item);
+            *s.puts.get() += 1;
+        }
+        word.store(word_of(key, units, FULL), Ordering::Release);
+        match old {
+            Some(old) => Put::Displaced(old),
+            None => Put::Kept,
+        }
+    }
+
+    /// Whether any slot may hold an item (a hint: a put may land right after).
+    #[inline(always)]
+    pub(crate) fn any(&self) -> bool {
+        self.words
+            .0
+            .iter()
+            .any(|w| w.load(Ordering::Relaxed) & STATE != EMPTY)
+    }
+
+    /// Holds slot `s` BUSY and calls `f` with its item (if any) and counters, then stores
+    /// the word back as `f` leaves it: `f` returns whether the slot now holds an item.
+    fn with_slot<R>(
+        word: &AtomicU64,
+        s: &Slot<T>,
+        f: impl FnOnce(&mut MaybeUninit<T>, bool, &mut u64, &mut u64) -> (bool, R),
+    ) -> R {
+        loop {
+            let w = word.load(Ordering::Relaxed);
+            if w & STATE == BUSY {
+                std::hint::spin_loop();
+                continue;
+            }
+            if word
+                .compare_exchange(w, (w & !STATE) | BUSY, Ordering::Acquire, Ordering::Relaxed)
+                .is_err()
+            {
+                continue;
+            }
+            // SAFETY: this thread holds the slot BUSY until the store below.
+            let (item, hits, puts) =
+                unsafe { (&mut *s.item.get(), &mut *s.hits.get(), &mut *s.puts.get()) };
+            let (full, r) = f(item, w & STATE == FULL, hits, puts);
+            word.store(
+                (w & !STATE) | if full { FULL } else { EMPTY },
+                Ordering::Release,
+            );
+            return r;
+        }
+    }
+
+    /// Empties every slot into `f`.
+    pub(crate) fn drain(&self, mut f: impl FnMut(T)) {
+        for (word, s) in self.words.0.iter().zip(&self.slots) {
+            let item = Self::with_slot(word, s, |item, full, _, _| {
+                // SAFETY: initialised iff the slot was FULL.
+                (false, full.then(|| unsafe { item.assume_init_read() }))
+            });
+            if let Some(item) = item {
+                f(item);
+            }
+        }
+    }
+
+    /// Calls `f` on every item held, and returns the counters.
+    pub(crate) fn for_each_held(&self, mut f: impl FnMut(&T)) -> SlotTotals {
+        let mut t = SlotTotals::default();
+        for (word, s) in self.words.0.iter().zip(&self.slots) {
+            Self::with_slot(word, s, |item, full, hits, puts| {
+                if full {
+                    // SAFETY: the slot was FULL, so the item is initialised.
+                    f(unsafe { item.assume_init_ref() });
+                }
+                t.hits += *hits;
+                t.puts += *puts;
+                (full, ())
+            });
+        }
+        t
+    }
+}
+
+impl<T> Drop for ShapeSlots<T> {
+    fn drop(&mut self) {
+        for (word, s) in self.words.0.iter_mut().zip(&mut self.slots) {
+            if *word.get_mut() & STATE == FULL {
+                // SAFETY: FULL means initialised, and `&mut self` means no one else holds it.
+                unsafe { s.item.get_mut().assume_init_drop() };
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn key(len: u64) -> u64 {
+        shape_key(len, 64)
+    }
+
+    #[test]
+    fn a_put_is_taken_back_by_its_shape_only() {
+        let s = ShapeSlots::<(u64, Arc<()>)>::default();
+        let token = Arc::new(());
+        assert!(matches!(
+            s.put(key(100), 2, 2, (100, token.clone())),
+            Put::Kept
+        ));
+        assert!(s.any());
+        assert!(s.take(key(200), |_| true).is_none());
+        // A colliding key is caught by the check of the item.
+        assert!(s.take(key(100), |i| i.0 == 101).is_none());
+        assert_eq!(s.take(key(100), |i| i.0 == 100).map(|i| i.0), Some(100));
+        assert!(s.take(key(100), |_| true).is_none());
+        assert!(!s.any());
+        let t = s.for_each_held(|_| panic!("nothing held"));
+        assert_eq!(t, SlotTotals { hits: 1, puts: 1 });
+        assert_eq!(
+            Arc::strong_count(&token),
+            1,
+            "the taken item was dropped once"
+        );
+    }
+
+    #[test]
+    fn a_second_put_of_a_slot_displaces_the_first_and_drain_empties_all() {
+        let s = ShapeSlots::<u64>::default();
+        assert!(matches!(s.put(key(7), 1, 1, 7), Put::Kept));
+        match s.put(key(7), 1, 1, 8) {
+            Put::Displaced(old) => assert_eq!(old, 7),
+            other => panic!("expected a displacement, got {other:?}"),
+        }
+        let mut seen = Vec::new();
+        s.for_each_held(|&i| seen.push(i));
+        assert_eq!(seen, [8]);
+        let mut drained = Vec::new();
+        s.drain(|i| drained.push(i));
+        assert_eq!(drained, [8]);
+        assert!(!s.any());
+        assert!(s.take(key(7), |_| true).is_none());
+    }
+
+    #[test]
+    fn a_put_past_the_budget_is_declined() {
+        let s = ShapeSlots::<u64>::default();
+        let (a, b) = (
+            key(1),
+            (1..)
+                .map(key)
+                .find(|&k| (k >> 20) & 3 != (key(1) >> 20) & 3)
+                .unwrap(),
+        );
+        assert!(matches!(s.put(a, 10, 10, 1), Put::Kept));
+        // Another slot: its 5 units and the 10 held pass 12.
+        assert!(matches!(s.put(b, 5, 12, 2), Put::Declined(2)));
+        assert!(matches!(s.put(b, 2, 12, 2), Put::Kept));
+        // The same slot: the item it displaces does not count.
+        assert!(matches!(s.put(a, 10, 12, 3), Put::Displaced(1)));
+        assert!(matches!(s.put(a, 11, 12, 4), Put::Declined(4)));
+    }
+
+    #[test]
+    fn items_left_in_slots_are_dropped_with_them() {
+        let token = Arc::new(());
+        {
+            let s = ShapeSlots::<Arc<()>>::default();
+            assert!(matches!(s.put(key(1), 1, 1, token.clone()), Put::Kept));
+            assert_eq!(Arc::strong_count(&token), 2);
+        }
+        assert_eq!(Arc::strong_count(&token), 1);
+    }
+
+    #[test]
+    fn threads_racing_on_one_slot_lose_and_duplicate_nothing() {
+        let s = Arc::new(ShapeSlots::<u64>::default());
+        let threads: Vec<_> = (0..4u64)
+            .map(|t| {
+                let s = Arc::clone(&s);
+                std::thread::spawn(move || {
+                    // Each thread owns its items: whatever it cannot keep comes back to it.
+                    let mut mine: Vec<u64> = (0..8).map(|i| t * 100 + i).collect();
+                    let mut back = Vec::new();
+                    for round in 0..20_000u64 {
+                        if round % 2 == 0 {
+                            if let Some(i) = mine.pop() {
+                                match s.put(key(5), 1, 1, i) {
+                                    Put::Kept => {}
+                                    Put::Displaced(o) | Put::Declined(o) => back.push(o),
+                                }
+                            }
+                        } else if let Some(i) = s.take(key(5), |_| true) {
+                            back.push(i);
+                        }
+                        if mine.is_empty() {
+                            mine.append(&mut back);
+                        }
+                        if round % 1000 == 0 {
+                            s.for_each_held(|_| {});
+                        }
+                    }
+                    mine.append(&mut back);
+                    mine
+                })
+            })
+            .collect();
+        let mut all: Vec<u64> = threads
+            .into_iter()
+            .flat_map(|t| t.join().unwrap())
+            .collect();
+        s.drain(|i| all.push(i));
+        all.sort_unstable();
+        let want: Vec<u64> = (0..4u64)
+            .flat_map(|t| (0..8).map(move |i| t * 100 + i))
+            .collect();
+        assert_eq!(all, want, "every item is somewhere exactly once");
+        let t = s.for_each_held(|_| {});
+        assert!(t.puts >= t.hits);
+    }
+}
