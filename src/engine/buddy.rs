@@ -113,7 +113,7 @@ fn blocks_in_run(mut a: u64, b: u64) -> u64 {
 /// - free runs and live allocations never overlap and together cover the range exactly, and
 ///   no two runs touch (each is maximal: the buddy blocks in it are coalesced), so no offset
 ///   is the end of one run and the start of another;
-/// - `by_order[k]` holds exactly the starts of the runs whose [`top_order`] is `k`;
+/// - `by_order[k]` holds exactly the starts of the runs whose `top_order` is `k`;
 /// - bit `k` of `nonempty` is set iff `by_order[k]` is non-empty;
 /// - `lowest[k]` is the lowest start (bytes) in `by_order[k]`, `u64::MAX` when it is empty;
 /// - `free_bytes` is the total length of the runs.
