@@ -740,6 +740,15 @@ impl Drop for Pool {
         // No allocation can come any more: what the caches hold is free memory.
         self.inner.closed.store(true, Ordering::Release);
         self.flush_thread_caches();
+        // Closed for good: a free racing with this drop cannot leave a segment behind.
+        for m in &self.inner.kinds {
+            let mut k = m.lock();
+            let mut closed: SmallVec<[OwnedSegment; 4]> = SmallVec::new();
+            self.inner.shapes[k.kind.index()].close(|c| closed.push(c));
+            for c in &closed {
+                self.inner.finish_free(&mut k, c.raw.key(), false);
+            }
+        }
         let leaks = self.leak_report();
         if !leaks.is_empty() {
             eprintln!(

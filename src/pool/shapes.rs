@@ -33,7 +33,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 const EMPTY: u64 = 0;
 const FULL: u64 = 1;
 const BUSY: u64 = 2;
+/// Set by [`ShapeSlots::close`] for good: a put is declined, so nothing can be left in a slot
+/// after the pool's last drain.
+const CLOSED: u64 = 3;
 const STATE: u64 = 3;
+
+/// Whether a slot in `state` holds an item or is about to.
+#[inline(always)]
+fn in_use(state: u64) -> bool {
+    state == FULL || state == BUSY
+}
 /// Where the key starts in a word; the footprint's units sit between it and the state.
 const KEY_SHIFT: u32 = 34;
 /// Bytes per unit of a word's footprint.
@@ -198,7 +207,7 @@ impl<T> ShapeSlots<T> {
         let mut held = units;
         for w in &self.words.0 {
             let v = w.load(Ordering::Relaxed);
-            if !std::ptr::eq(w, mine) && v & STATE != EMPTY {
+            if !std::ptr::eq(w, mine) && in_use(v & STATE) {
                 held += units_of(v);
             }
         }
@@ -206,6 +215,7 @@ impl<T> ShapeSlots<T> {
         let state = w & STATE;
         if held > budget
             || state == BUSY
+            || state == CLOSED
             || word
                 .compare_exchange(
                     w,
@@ -238,15 +248,15 @@ impl<T> ShapeSlots<T> {
         self.words
             .0
             .iter()
-            .any(|w| w.load(Ordering::Relaxed) & STATE != EMPTY)
+            .any(|w| in_use(w.load(Ordering::Relaxed) & STATE))
     }
 
-    /// Holds slot `s` BUSY and calls `f` with its item (if any) and counters, then stores
-    /// the word back as `f` leaves it: `f` returns whether the slot now holds an item.
+    /// Holds slot `s` BUSY and calls `f` with its item, state and counters, then stores the
+    /// word back in the state `f` returns (`FULL` iff the item is initialised then).
     fn with_slot<R>(
         word: &AtomicU64,
         s: &Slot<T>,
-        f: impl FnOnce(&mut MaybeUninit<T>, bool, &mut u64, &mut u64) -> (bool, R),
+        f: impl FnOnce(&mut MaybeUninit<T>, u64, &mut u64, &mut u64) -> (u64, R),
     ) -> R {
         loop {
             let w = word.load(Ordering::Relaxed);
@@ -263,11 +273,8 @@ impl<T> ShapeSlots<T> {
             // SAFETY: this thread holds the slot BUSY until the store below.
             let (item, hits, puts) =
                 unsafe { (&mut *s.item.get(), &mut *s.hits.get(), &mut *s.puts.get()) };
-            let (full, r) = f(item, w & STATE == FULL, hits, puts);
-            word.store(
-                (w & !STATE) | if full { FULL } else { EMPTY },
-                Ordering::Release,
-            );
+            let (state, r) = f(item, w & STATE, hits, puts);
+            word.store((w & !STATE) | state, Ordering::Release);
             return r;
         }
     }
@@ -275,9 +282,27 @@ impl<T> ShapeSlots<T> {
     /// Empties every slot into `f`.
     pub(crate) fn drain(&self, mut f: impl FnMut(T)) {
         for (word, s) in self.words.0.iter().zip(&self.slots) {
-            let item = Self::with_slot(word, s, |item, full, _, _| {
-                // SAFETY: initialised iff the slot was FULL.
-                (false, full.then(|| unsafe { item.assume_init_read() }))
+            let item = Self::with_slot(word, s, |item, state, _, _| match state {
+                // SAFETY: initialised, since the slot was FULL.
+                FULL => (EMPTY, Some(unsafe { item.assume_init_read() })),
+                other => (other, None),
+            });
+            if let Some(item) = item {
+                f(item);
+            }
+        }
+    }
+
+    /// Empties every slot into `f` and closes it: no put is kept from then on. The pool
+    /// closes its slots when its handle drops, after which a free that raced with the drop
+    /// finds them closed and goes to its engine, instead of keeping a segment (and the pool
+    /// with it, through the segment's handle) in a slot nobody would drain again.
+    pub(crate) fn close(&self, mut f: impl FnMut(T)) {
+        for (word, s) in self.words.0.iter().zip(&self.slots) {
+            let item = Self::with_slot(word, s, |item, state, _, _| match state {
+                // SAFETY: initialised, since the slot was FULL.
+                FULL => (CLOSED, Some(unsafe { item.assume_init_read() })),
+                _ => (CLOSED, None),
             });
             if let Some(item) = item {
                 f(item);
@@ -289,14 +314,14 @@ impl<T> ShapeSlots<T> {
     pub(crate) fn for_each_held(&self, mut f: impl FnMut(&T)) -> SlotTotals {
         let mut t = SlotTotals::default();
         for (word, s) in self.words.0.iter().zip(&self.slots) {
-            Self::with_slot(word, s, |item, full, hits, puts| {
-                if full {
+            Self::with_slot(word, s, |item, state, hits, puts| {
+                if state == FULL {
                     // SAFETY: the slot was FULL, so the item is initialised.
                     f(unsafe { item.assume_init_ref() });
                 }
                 t.hits += *hits;
                 t.puts += *puts;
-                (full, ())
+                (state, ())
             });
         }
         t
@@ -382,6 +407,20 @@ mod tests {
         // The same slot: the item it displaces does not count.
         assert!(matches!(s.put(a, 10, 12, 3), Put::Displaced(1)));
         assert!(matches!(s.put(a, 11, 12, 4), Put::Declined(4)));
+    }
+
+    #[test]
+    fn closed_slots_give_their_items_up_and_keep_nothing_more() {
+        let s = ShapeSlots::<u64>::default();
+        assert!(matches!(s.put(key(3), 1, 9, 3), Put::Kept));
+        let mut out = Vec::new();
+        s.close(|i| out.push(i));
+        assert_eq!(out, [3]);
+        assert!(!s.any());
+        assert!(matches!(s.put(key(3), 1, 9, 4), Put::Declined(4)));
+        assert!(s.take(key(3), |_| true).is_none());
+        s.drain(|_| panic!("nothing held"));
+        assert_eq!(s.for_each_held(|_| {}), SlotTotals { hits: 0, puts: 1 });
     }
 
     #[test]
