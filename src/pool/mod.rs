@@ -991,12 +991,7 @@ impl PoolInner {
             )));
         }
         let kind = k.kind;
-        // The engines see every free before any carve (see `shapes`): placement is as if
-        // the slots were not there.
-        if self.shapes[kind.index()].any() {
-            self.drain_shapes(&mut k);
-        }
-        let (chunk, alloc) = match Self::carve_existing(&mut k, len, rule, footprint) {
+        let (chunk, alloc) = match self.carve_existing(&mut k, len, rule, footprint) {
             Some(x) => x,
             None => self.carve_after_reclaim(&mut k, len, rule, footprint)?,
         };
@@ -1046,9 +1041,13 @@ impl PoolInner {
         rule: CarveRule,
         footprint: u64,
     ) -> Result<(usize, Allocation)> {
+        // Growth and the trim before it see every free byte (see `shapes`).
+        if self.shapes[k.kind.index()].any() {
+            self.drain_shapes(k);
+        }
         // Memory freed behind streams may be usable now: look lazily, only here.
         if !k.pending.is_empty() && self.reclaim(k, false) > 0 {
-            if let Some(x) = Self::carve_existing(k, len, rule, footprint) {
+            if let Some(x) = self.carve_existing(k, len, rule, footprint) {
                 return Ok(x);
             }
         }
@@ -1058,6 +1057,7 @@ impl PoolInner {
     /// Carves `len` under `rule` (whose footprint is `footprint`) from the first chunk that
     /// can hold it.
     fn carve_existing(
+        &self,
         k: &mut KindPool,
         len: u64,
         rule: CarveRule,
@@ -1086,17 +1086,50 @@ impl PoolInner {
         // utilization fell from 0.874 to 0.868 when tried).
         // A mask, not `%`: a division per chunk costs more than the rest of the test.
         let misaligned = align as usize - 1;
-        for (id, c) in k.chunks.iter_mut() {
-            if c.base & misaligned != 0 || (footprint >= c.refused.0 && align >= c.refused.1) {
-                continue;
+        let slots = &self.shapes[k.kind.index()];
+        let mut from = 0;
+        loop {
+            // Chunks whose segments wait in shape slots (by tag; usually none).
+            let tags = slots.tags();
+            let mut drain = None;
+            for (id, c) in k.chunks.iter_mut() {
+                if id < from {
+                    continue;
+                }
+                // Such segments go to the engine before it is asked (it merges what it has
+                // parked) or skipped (their free would have reset the refusal hint).
+                let tag = c.engine.id() as u8;
+                if tags.contains(&Some(tag)) {
+                    drain = Some((id, tag));
+                    break;
+                }
+                if c.base & misaligned != 0 || (footprint >= c.refused.0 && align >= c.refused.1) {
+                    continue;
+                }
+                match c.engine.alloc(len, rule) {
+                    Ok(a) => return Some((id, a)),
+                    Err(_) if footprint < c.refused.0 => c.refused = (footprint, align),
+                    Err(_) => {}
+                }
             }
-            match c.engine.alloc(len, rule) {
-                Ok(a) => return Some((id, a)),
-                Err(_) if footprint < c.refused.0 => c.refused = (footprint, align),
-                Err(_) => {}
-            }
+            let (id, tag) = drain?;
+            self.drain_tag(k, tag);
+            from = id;
         }
-        None
+    }
+
+    /// Gives the segments the shape slots hold from chunks tagged `tag` to their engines.
+    /// No chunk goes back: the slots' budget kept the kind's free bytes, those segments
+    /// counted, within the release threshold.
+    #[cold]
+    #[inline(never)]
+    fn drain_tag(&self, k: &mut KindPool, tag: u8) {
+        let mut drained: SmallVec<[OwnedSegment; 4]> = SmallVec::new();
+        self.shapes[k.kind.index()].drain_tag(tag, |c| drained.push(c));
+        for c in &drained {
+            Self::settle(k, c.raw.key(), false);
+        }
+        self.note_free(k);
     }
 
     /// Whether holding `more` bytes beside `reserved` passes `limit` (a sum past `u64::MAX`
@@ -1180,7 +1213,7 @@ impl PoolInner {
                 self.reclaim(k, true);
             }
             self.trim_kind(k, 0);
-            if let Some(x) = Self::carve_existing(k, len, rule, footprint) {
+            if let Some(x) = self.carve_existing(k, len, rule, footprint) {
                 return Ok(x);
             }
             // A source that can grow a block in place (virtual memory) extends a chunk
@@ -1924,11 +1957,14 @@ impl PoolInner {
         let free = owner.free_hint[raw.kind.index()].load(Ordering::Relaxed);
         let budget = owner.config.release_threshold.saturating_sub(free) / shapes::UNIT;
         let units = raw.footprint().div_ceil(shapes::UNIT);
+        // The chunk's engine's id, as `carve_existing` reads it (8 bits: a shared tag only
+        // drains a chunk early).
+        let tag = raw.engine as u8;
         let slots: *const shapes::ShapeSlots<OwnedSegment> = &owner.shapes[raw.kind.index()];
         // SAFETY: `owner` keeps the pool, and so its slots, alive until it moves into the
         // slot; from then the slot's own copy of it does, and if it comes back (declined),
         // the returned segment does.
-        match unsafe { &*slots }.put(key, units, budget, OwnedSegment { raw, owner }) {
+        match unsafe { &*slots }.put(key, tag, units, budget, OwnedSegment { raw, owner }) {
             shapes::Put::Kept => Ok(()),
             shapes::Put::Displaced(old) => {
                 old.owner.give_back(old.raw);

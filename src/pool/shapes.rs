@@ -4,12 +4,14 @@
 //! A thread cache keeps small segments for its own thread; a large one freed there would be
 //! held out of its engine until the same shape came again, and the engine would place
 //! everything else around it (caching frames that way cut video utilization to 0.79-0.83,
-//! `docs/benchmarks.md`). A shape slot holds its segment only until the kind next carves:
-//! every allocation under the kind lock first *drains* the kind's slots into their engines.
-//! An engine therefore sees each free before any allocation that could search or merge, as
-//! if the free had gone straight to it, and places exactly as it would without the slots,
-//! while a free followed by an allocation of the same shape (the common case for frames)
-//! takes no kind lock at all.
+//! `docs/benchmarks.md`). A shape slot holds its segment only until its chunk's engine is
+//! next asked to carve: the kind *drains* the slots holding segments of a chunk into that
+//! chunk's engine before it asks the engine for anything (or skips the chunk on a refusal
+//! hint that the free would have reset), and drains them all before it grows, trims or
+//! frees under its lock. An engine therefore sees each free before any allocation that could
+//! search or merge there, as if the free had gone straight to it, and places exactly as it
+//! would without the slots, while a free followed by an allocation of the same shape (the
+//! common case for frames) takes no kind lock at all.
 //!
 //! Slots also hold memory back from the source: a chunk whose last segment waits in a slot is
 //! not empty, and would not go back past the release threshold. So a free enters a slot only
@@ -17,13 +19,15 @@
 //! the caller gives (the release threshold less the kind's free bytes): then no chunk could
 //! have gone back had the free gone to the engine.
 //!
-//! Each slot is one atomic word, `key << 34 | units << 2 | state` (the four words share a
-//! line, so the test before a carve and the budget read one line), and an item. A thread
+//! Each slot is one atomic word, `key << 34 | tag << 26 | units << 2 | state` (the four
+//! words share a line, so the tests before a carve and the budget read one line), and an
+//! item. A thread
 //! that moves the word from `FULL` or `EMPTY` to `BUSY` owns the item and the slot's counters
 //! until it stores the word back; nobody blocks while holding `BUSY`, so a drain that finds
 //! it waits a few instructions at most. The key is a hash of the shape, and its slot is
 //! direct-mapped by the key: two shapes that share a slot take turns, a hash collision is
-//! caught by checking the item itself. `units` is the item's footprint in 64-byte units.
+//! caught by checking the item itself. `tag` is 8 bits of the item's chunk (its engine id),
+//! `units` its footprint in 4 KiB units, rounded up.
 
 use std::cell::UnsafeCell;
 use std::mem::MaybeUninit;
@@ -43,23 +47,33 @@ const STATE: u64 = 3;
 fn in_use(state: u64) -> bool {
     state == FULL || state == BUSY
 }
-/// Where the key starts in a word; the footprint's units sit between it and the state.
+/// Where the key starts in a word.
 const KEY_SHIFT: u32 = 34;
+/// Where the item's chunk tag starts in a word.
+const TAG_SHIFT: u32 = 26;
+/// Bits of a word's footprint units, between the state and the tag.
+const UNIT_BITS: u32 = 24;
 /// Bytes per unit of a word's footprint.
-pub(crate) const UNIT: u64 = 64;
-/// Largest footprint a slot takes: its units must fit their 32 bits.
-pub(crate) const MAX_FOOTPRINT: u64 = (1 << 32) * UNIT - 1;
+pub(crate) const UNIT: u64 = 4096;
+/// Largest footprint a slot takes: its units must fit their bits.
+pub(crate) const MAX_FOOTPRINT: u64 = (1 << UNIT_BITS) * UNIT - 1;
 
-/// A word naming `key`, `units` and `state`.
+/// A word naming `key`, the item's chunk `tag`, its `units` and `state`.
 #[inline(always)]
-fn word_of(key: u64, units: u64, state: u64) -> u64 {
-    key << KEY_SHIFT | units << 2 | state
+fn word_of(key: u64, tag: u8, units: u64, state: u64) -> u64 {
+    key << KEY_SHIFT | u64::from(tag) << TAG_SHIFT | units << 2 | state
 }
 
 /// The units of a word.
 #[inline(always)]
 fn units_of(w: u64) -> u64 {
-    (w >> 2) & u64::from(u32::MAX)
+    (w >> 2) & ((1 << UNIT_BITS) - 1)
+}
+
+/// The chunk tag of a word.
+#[inline(always)]
+fn tag_of(w: u64) -> u8 {
+    (w >> TAG_SHIFT) as u8
 }
 
 /// Slots per kind (a power of two). Video-1080p-16ch recurs in two large shapes per kind.
@@ -154,19 +168,16 @@ impl<T> Default for ShapeSlots<T> {
 }
 
 impl<T> ShapeSlots<T> {
-    /// The word and the item of `key`'s slot.
-    #[inline(always)]
-    fn slot(&self, key: u64) -> (&AtomicU64, &Slot<T>) {
-        let i = (key >> 20) as usize & (SLOTS - 1);
-        (&self.words.0[i], &self.slots[i])
-    }
-
     /// The item kept for `key`, if `ok` accepts it (it checks the shape itself: keys can
     /// collide).
     #[inline(always)]
     pub(crate) fn take(&self, key: u64, ok: impl FnOnce(&T) -> bool) -> Option<T> {
-        let (word, s) = self.slot(key);
-        // A plain load first: a miss costs no read-modify-write.
+        // Plain loads first (one line): a miss costs no read-modify-write.
+        let i = (0..SLOTS).find(|&i| {
+            let w = self.words.0[i].load(Ordering::Relaxed);
+            w >> KEY_SHIFT == key && w & STATE == FULL
+        })?;
+        let (word, s) = (&self.words.0[i], &self.slots[i]);
         let full = word.load(Ordering::Relaxed);
         if full >> KEY_SHIFT != key
             || full & STATE != FULL
@@ -192,25 +203,34 @@ impl<T> ShapeSlots<T> {
         }
         // SAFETY: BUSY, as above.
         unsafe { *s.hits.get() += 1 };
-        word.store(word_of(key, 0, EMPTY), Ordering::Release);
+        word.store(word_of(key, 0, 0, EMPTY), Ordering::Release);
         Some(item)
     }
 
-    /// Keeps `item` (of the shape `key` names, `units` of footprint) in its slot, displacing
-    /// an older item of any shape the slot held, if the items the other slots hold and this
-    /// one come to at most `budget` units. Declines it otherwise, or when the slot is busy.
+    /// Keeps `item` (of the shape `key` names, from the chunk `tag` names, `units` of
+    /// footprint) in a slot, if the items the slots hold (any it displaces included) and
+    /// this one come to at most `budget` units. Declines it otherwise, or when the slot it
+    /// picks is busy or closed. The slot is the one holding this shape (whose older item it
+    /// displaces: an allocation takes the newest, as the engine's parked lists would give
+    /// it), else an empty one, else the shape's own by hash (displacing another shape).
     #[inline(always)]
-    pub(crate) fn put(&self, key: u64, units: u64, budget: u64, item: T) -> Put<T> {
-        debug_assert!(units <= u64::from(u32::MAX));
-        let (word, s) = self.slot(key);
-        let mine = word as *const AtomicU64;
+    pub(crate) fn put(&self, key: u64, tag: u8, units: u64, budget: u64, item: T) -> Put<T> {
+        debug_assert!(units < 1 << UNIT_BITS);
         let mut held = units;
-        for w in &self.words.0 {
+        let (mut same, mut empty) = (None, None);
+        for (i, w) in self.words.0.iter().enumerate() {
             let v = w.load(Ordering::Relaxed);
-            if !std::ptr::eq(w, mine) && in_use(v & STATE) {
+            if in_use(v & STATE) {
                 held += units_of(v);
+                if v >> KEY_SHIFT == key {
+                    same = same.or(Some(i));
+                }
+            } else if v & STATE == EMPTY {
+                empty = empty.or(Some(i));
             }
         }
+        let i = same.or(empty).unwrap_or((key >> 20) as usize & (SLOTS - 1));
+        let (word, s) = (&self.words.0[i], &self.slots[i]);
         let w = word.load(Ordering::Relaxed);
         let state = w & STATE;
         if held > budget
@@ -219,7 +239,7 @@ impl<T> ShapeSlots<T> {
             || word
                 .compare_exchange(
                     w,
-                    word_of(key, units, BUSY),
+                    word_of(key, tag, units, BUSY),
                     Ordering::Acquire,
                     Ordering::Relaxed,
                 )
@@ -235,7 +255,7 @@ impl<T> ShapeSlots<T> {
             (*s.item.get()).write(item);
             *s.puts.get() += 1;
         }
-        word.store(word_of(key, units, FULL), Ordering::Release);
+        word.store(word_of(key, tag, units, FULL), Ordering::Release);
         match old {
             Some(old) => Put::Displaced(old),
             None => Put::Kept,
@@ -276,6 +296,41 @@ impl<T> ShapeSlots<T> {
             let (state, r) = f(item, w & STATE, hits, puts);
             word.store((w & !STATE) | state, Ordering::Release);
             return r;
+        }
+    }
+
+    /// Whether a slot may hold an item from the chunk `tag` names (or from another chunk
+    /// whose tag is the same).
+    #[cfg(test)]
+    pub(crate) fn holds_tag(&self, tag: u8) -> bool {
+        self.tags().contains(&Some(tag))
+    }
+
+    /// The chunk tag of each slot holding an item (or about to).
+    #[inline(always)]
+    pub(crate) fn tags(&self) -> [Option<u8>; SLOTS] {
+        std::array::from_fn(|i| {
+            let v = self.words.0[i].load(Ordering::Relaxed);
+            in_use(v & STATE).then(|| tag_of(v))
+        })
+    }
+
+    /// Empties into `f` every slot holding an item from a chunk whose tag is `tag`.
+    pub(crate) fn drain_tag(&self, tag: u8, mut f: impl FnMut(T)) {
+        for (word, s) in self.words.0.iter().zip(&self.slots) {
+            if tag_of(word.load(Ordering::Relaxed)) != tag {
+                continue;
+            }
+            let item = Self::with_slot(word, s, |item, state, _, _| match state {
+                // SAFETY: initialised, since the slot was FULL.
+                FULL if tag_of(word.load(Ordering::Relaxed)) == tag => {
+                    (EMPTY, Some(unsafe { item.assume_init_read() }))
+                }
+                other => (other, None),
+            });
+            if let Some(item) = item {
+                f(item);
+            }
         }
     }
 
@@ -353,7 +408,7 @@ mod tests {
         let s = ShapeSlots::<(u64, Arc<()>)>::default();
         let token = Arc::new(());
         assert!(matches!(
-            s.put(key(100), 2, 2, (100, token.clone())),
+            s.put(key(100), 0, 2, 2, (100, token.clone())),
             Put::Kept
         ));
         assert!(s.any());
@@ -375,8 +430,8 @@ mod tests {
     #[test]
     fn a_second_put_of_a_slot_displaces_the_first_and_drain_empties_all() {
         let s = ShapeSlots::<u64>::default();
-        assert!(matches!(s.put(key(7), 1, 1, 7), Put::Kept));
-        match s.put(key(7), 1, 1, 8) {
+        assert!(matches!(s.put(key(7), 0, 1, 2, 7), Put::Kept));
+        match s.put(key(7), 0, 1, 2, 8) {
             Put::Displaced(old) => assert_eq!(old, 7),
             other => panic!("expected a displacement, got {other:?}"),
         }
@@ -400,24 +455,58 @@ mod tests {
                 .find(|&k| (k >> 20) & 3 != (key(1) >> 20) & 3)
                 .unwrap(),
         );
-        assert!(matches!(s.put(a, 10, 10, 1), Put::Kept));
+        assert!(matches!(s.put(a, 0, 10, 10, 1), Put::Kept));
         // Another slot: its 5 units and the 10 held pass 12.
-        assert!(matches!(s.put(b, 5, 12, 2), Put::Declined(2)));
-        assert!(matches!(s.put(b, 2, 12, 2), Put::Kept));
-        // The same slot: the item it displaces does not count.
-        assert!(matches!(s.put(a, 10, 12, 3), Put::Displaced(1)));
-        assert!(matches!(s.put(a, 11, 12, 4), Put::Declined(4)));
+        assert!(matches!(s.put(b, 0, 5, 12, 2), Put::Declined(2)));
+        assert!(matches!(s.put(b, 0, 2, 12, 2), Put::Kept));
+        // The same slot: the item it would displace counts too (its free comes with it).
+        assert!(matches!(s.put(a, 0, 1, 12, 3), Put::Declined(3)));
+        assert!(matches!(s.put(a, 0, 1, 13, 3), Put::Displaced(1)));
+    }
+
+    #[test]
+    fn shapes_that_hash_to_one_slot_are_kept_side_by_side() {
+        let s = ShapeSlots::<u64>::default();
+        let a = key(1);
+        let b = (2..)
+            .map(key)
+            .find(|&k| (k >> 20) & 3 == (a >> 20) & 3)
+            .unwrap();
+        assert!(matches!(s.put(a, 0, 1, 9, 1), Put::Kept));
+        assert!(matches!(s.put(b, 0, 1, 9, 2), Put::Kept));
+        assert_eq!(s.take(a, |_| true), Some(1));
+        assert_eq!(s.take(b, |_| true), Some(2));
+    }
+
+    #[test]
+    fn a_tagged_drain_takes_only_its_chunks_items() {
+        let s = ShapeSlots::<u64>::default();
+        let (a, b) = (
+            key(1),
+            (1..)
+                .map(key)
+                .find(|&k| (k >> 20) & 3 != (key(1) >> 20) & 3)
+                .unwrap(),
+        );
+        assert!(matches!(s.put(a, 7, 1, 9, 1), Put::Kept));
+        assert!(matches!(s.put(b, 8, 1, 9, 2), Put::Kept));
+        assert!(s.holds_tag(7) && s.holds_tag(8) && !s.holds_tag(9));
+        let mut out = Vec::new();
+        s.drain_tag(8, |i| out.push(i));
+        assert_eq!(out, [2]);
+        assert!(!s.holds_tag(8) && s.holds_tag(7));
+        assert_eq!(s.take(a, |_| true), Some(1));
     }
 
     #[test]
     fn closed_slots_give_their_items_up_and_keep_nothing_more() {
         let s = ShapeSlots::<u64>::default();
-        assert!(matches!(s.put(key(3), 1, 9, 3), Put::Kept));
+        assert!(matches!(s.put(key(3), 0, 1, 9, 3), Put::Kept));
         let mut out = Vec::new();
         s.close(|i| out.push(i));
         assert_eq!(out, [3]);
         assert!(!s.any());
-        assert!(matches!(s.put(key(3), 1, 9, 4), Put::Declined(4)));
+        assert!(matches!(s.put(key(3), 0, 1, 9, 4), Put::Declined(4)));
         assert!(s.take(key(3), |_| true).is_none());
         s.drain(|_| panic!("nothing held"));
         assert_eq!(s.for_each_held(|_| {}), SlotTotals { hits: 0, puts: 1 });
@@ -428,7 +517,7 @@ mod tests {
         let token = Arc::new(());
         {
             let s = ShapeSlots::<Arc<()>>::default();
-            assert!(matches!(s.put(key(1), 1, 1, token.clone()), Put::Kept));
+            assert!(matches!(s.put(key(1), 0, 1, 1, token.clone()), Put::Kept));
             assert_eq!(Arc::strong_count(&token), 2);
         }
         assert_eq!(Arc::strong_count(&token), 1);
@@ -447,7 +536,7 @@ mod tests {
                     for round in 0..20_000u64 {
                         if round % 2 == 0 {
                             if let Some(i) = mine.pop() {
-                                match s.put(key(5), 1, 1, i) {
+                                match s.put(key(5), 0, 1, 2, i) {
                                     Put::Kept => {}
                                     Put::Displaced(o) | Put::Declined(o) => back.push(o),
                                 }
