@@ -895,13 +895,6 @@ impl PoolInner {
                 }
                 known = Some(footprint);
             }
-        } else if self.slots_on {
-            let key = shapes::shape_key(len, align);
-            if let Some(c) =
-                self.shapes[kind.index()].take(key, |c| c.raw.len == len && c.raw.align() == align)
-            {
-                return Ok(c);
-            }
         }
         self.allocate_uncached(kind, len, align, known)
     }
@@ -916,6 +909,16 @@ impl PoolInner {
         align: u64,
         known: Option<u64>,
     ) -> Result<OwnedSegment> {
+        // Too large for the thread caches (`known` unset): maybe in a shape slot. Here, not
+        // in the inlined cache path, which stays as short as it was.
+        if known.is_none() && self.slots_on {
+            let key = shapes::shape_key(len, align);
+            if let Some(c) =
+                self.shapes[kind.index()].take(key, |c| c.raw.len == len && c.raw.align() == align)
+            {
+                return Ok(c);
+            }
+        }
         let rule = self.rule(kind, align)?;
         let footprint = match known {
             // Once the rule has accepted `align`, only a zero length can still be refused.
@@ -1947,15 +1950,19 @@ impl PoolInner {
     }
 
     /// Frees `raw` into its kind's shape slot, which may hand an older segment back to the
-    /// engine or decline this one.
-    #[inline]
+    /// engine or decline this one. Out of line: [`release`](Self::release)'s cache path
+    /// stays as short as it was.
+    #[inline(never)]
     fn put_in_slot(owner: Arc<PoolInner>, raw: RawSegment) -> Result<()> {
         let key = shapes::shape_key(raw.len, raw.align());
         // Had every segment in the slots gone to its engine, the kind would have this many
         // free bytes: while they stay within the release threshold, no chunk would have
         // gone back, so holding them changes nothing the source sees.
         let free = owner.free_hint[raw.kind.index()].load(Ordering::Relaxed);
-        let budget = owner.config.release_threshold.saturating_sub(free) / shapes::UNIT;
+        if free >= owner.config.release_threshold {
+            return owner.release_to_kind(&raw, &[]);
+        }
+        let budget = (owner.config.release_threshold - free) / shapes::UNIT;
         let units = raw.footprint().div_ceil(shapes::UNIT);
         // The chunk's engine's id, as `carve_existing` reads it (8 bits: a shared tag only
         // drains a chunk early).
