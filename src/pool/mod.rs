@@ -618,13 +618,17 @@ impl Pool {
             let class = k.kind.index();
             let mut seen = std::collections::HashSet::new();
             let mut problem = None;
-            self.inner.shapes[class].for_each_held(|c| match k.live.get(c.raw.key()) {
-                Some(e) if c.raw.is(e) && !e.pending && seen.insert(c.raw.key()) => {}
-                _ => {
-                    problem.get_or_insert(format!(
-                        "segment at {:#x} in a shape slot is not a live, unique, settled segment",
-                        c.raw.addr
-                    ));
+            // Each held segment is live, not pending, and held once (in a slot or a cache).
+            let mut unsettled = |c: &OwnedSegment| match k.live.get(c.raw.key()) {
+                Some(e) if c.raw.is(e) && !e.pending && seen.insert(c.raw.key()) => None,
+                _ => Some(format!(
+                    "segment at {:#x} is not a live, unique, settled segment",
+                    c.raw.addr
+                )),
+            };
+            self.inner.shapes[class].for_each_held(|c| {
+                if let Some(p) = unsettled(c) {
+                    problem.get_or_insert(p);
                 }
             });
             if let Some(p) = problem {
@@ -637,13 +641,9 @@ impl Pool {
                 if let Err(e) = c.check() {
                     problem.get_or_insert(e);
                 }
-                c.for_each_held(class, |c| match k.live.get(c.raw.key()) {
-                    Some(e) if c.raw.is(e) && !e.pending && seen.insert(c.raw.key()) => {}
-                    _ => {
-                        problem.get_or_insert(format!(
-                            "cached segment at {:#x} is not a live, unique, settled segment",
-                            c.raw.addr
-                        ));
+                c.for_each_held(class, |c| {
+                    if let Some(p) = unsettled(c) {
+                        problem.get_or_insert(p);
                     }
                 });
             });
