@@ -301,6 +301,18 @@ pub(crate) struct PoolInner {
     free_hint: [AtomicU64; 5],
 }
 
+/// Which shape slots [`PoolInner::empty_slots`] empties.
+#[derive(Debug, Clone, Copy)]
+enum Emptying {
+    /// Every slot.
+    All,
+    /// The slots holding segments of chunks with this engine-id tag, before that chunk's
+    /// engine is asked to carve.
+    Chunk(u8),
+    /// Every slot, closed for good (the pool handle is dropping).
+    Close,
+}
+
 /// Ids for [`PoolInner::id`].
 static NEXT_POOL_ID: AtomicU64 = AtomicU64::new(0);
 
@@ -739,16 +751,12 @@ impl Drop for Pool {
     fn drop(&mut self) {
         // No allocation can come any more: what the caches hold is free memory.
         self.inner.closed.store(true, Ordering::Release);
-        self.flush_thread_caches();
-        // Closed for good: a free racing with this drop cannot leave a segment behind.
+        // Shape slots closed for good (their segments freed): a free racing with this drop
+        // cannot leave a segment behind.
         for m in &self.inner.kinds {
-            let mut k = m.lock();
-            let mut closed: SmallVec<[OwnedSegment; 4]> = SmallVec::new();
-            self.inner.shapes[k.kind.index()].close(|c| closed.push(c));
-            for c in &closed {
-                self.inner.finish_free(&mut k, c.raw.key(), false);
-            }
+            self.inner.empty_slots(&mut m.lock(), Emptying::Close);
         }
+        self.flush_thread_caches();
         let leaks = self.leak_report();
         if !leaks.is_empty() {
             eprintln!(
@@ -1046,7 +1054,7 @@ impl PoolInner {
     ) -> Result<(usize, Allocation)> {
         // Growth and the trim before it see every free byte (see `shapes`).
         if self.shapes[k.kind.index()].any() {
-            self.drain_shapes(k);
+            self.empty_slots(k, Emptying::All);
         }
         // Memory freed behind streams may be usable now: look lazily, only here.
         if !k.pending.is_empty() && self.reclaim(k, false) > 0 {
@@ -1116,23 +1124,9 @@ impl PoolInner {
                 }
             }
             let (id, tag) = drain?;
-            self.drain_tag(k, tag);
+            self.empty_slots(k, Emptying::Chunk(tag));
             from = id;
         }
-    }
-
-    /// Gives the segments the shape slots hold from chunks tagged `tag` to their engines.
-    /// No chunk goes back: the slots' budget kept the kind's free bytes, those segments
-    /// counted, within the release threshold.
-    #[cold]
-    #[inline(never)]
-    fn drain_tag(&self, k: &mut KindPool, tag: u8) {
-        let mut drained: SmallVec<[OwnedSegment; 4]> = SmallVec::new();
-        self.shapes[k.kind.index()].drain_tag(tag, |c| drained.push(c));
-        for c in &drained {
-            Self::settle(k, c.raw.key(), false);
-        }
-        self.note_free(k);
     }
 
     /// Whether holding `more` bytes beside `reserved` passes `limit` (a sum past `u64::MAX`
@@ -1582,7 +1576,7 @@ impl PoolInner {
         // The shape slots' segments were freed first: their engines take them first, so
         // the release threshold below sees every free byte.
         if self.shapes[seg.kind.index()].any() {
-            self.drain_shapes(&mut k);
+            self.empty_slots(&mut k, Emptying::All);
         }
         match k.live.get(seg.key()) {
             Some(e) if seg.is(e) && !e.pending => {}
@@ -1915,7 +1909,7 @@ impl PoolInner {
     /// The drained pool handles drop here, under the kind lock: the caller's own handle
     /// keeps the pool alive meanwhile.
     fn flush_kind(&self, k: &mut KindPool) -> u64 {
-        let mut bytes = self.drain_shapes(k);
+        let mut bytes = self.empty_slots(k, Emptying::All);
         let Some(reg) = &self.caches else {
             return bytes;
         };
@@ -1990,17 +1984,25 @@ impl PoolInner {
         self.finish_free(&mut k, raw.key(), false);
     }
 
-    /// Frees every segment the kind's shape slots hold into its engine; returns the bytes.
+    /// Frees into their engines the segments `which` empties out of `k`'s shape slots;
+    /// returns their bytes.
     #[cold]
     #[inline(never)]
-    fn drain_shapes(&self, k: &mut KindPool) -> u64 {
+    fn empty_slots(&self, k: &mut KindPool, which: Emptying) -> u64 {
+        let slots = &self.shapes[k.kind.index()];
+        let mut out: SmallVec<[OwnedSegment; 4]> = SmallVec::new();
+        match which {
+            Emptying::All => slots.drain(|c| out.push(c)),
+            Emptying::Chunk(tag) => slots.drain_tag(tag, |c| out.push(c)),
+            Emptying::Close => slots.close(|c| out.push(c)),
+        }
         let mut bytes = 0;
-        let mut drained: SmallVec<[OwnedSegment; 4]> = SmallVec::new();
-        self.shapes[k.kind.index()].drain(|c| drained.push(c));
-        for c in &drained {
+        for c in &out {
             bytes += c.raw.footprint();
             self.finish_free(k, c.raw.key(), false);
         }
+        // The segments' pool handles drop here, under the kind lock: the caller's own
+        // handle keeps the pool alive meanwhile.
         bytes
     }
 
