@@ -1052,9 +1052,12 @@ impl PoolInner {
         rule: CarveRule,
         footprint: u64,
     ) -> Result<(usize, Allocation)> {
-        // Growth and the trim before it see every free byte (see `shapes`).
-        if self.shapes[k.kind.index()].any() {
-            self.empty_slots(k, Emptying::All);
+        // Growth and the trim before it see every free byte (see `shapes`); a small request
+        // may fit where a proven slot's segment was.
+        if self.shapes[k.kind.index()].any() && self.empty_slots(k, Emptying::All) > 0 {
+            if let Some(x) = self.carve_existing(k, len, rule, footprint) {
+                return Ok(x);
+            }
         }
         // Memory freed behind streams may be usable now: look lazily, only here.
         if !k.pending.is_empty() && self.reclaim(k, false) > 0 {
@@ -1098,10 +1101,12 @@ impl PoolInner {
         // A mask, not `%`: a division per chunk costs more than the rest of the test.
         let misaligned = align as usize - 1;
         let slots = &self.shapes[k.kind.index()];
+        // A request the thread caches could hold leaves proven slots held (see `shapes`).
+        let small = footprint <= self.config.thread_cache_max;
         let mut from = 0;
         loop {
             // Chunks whose segments wait in shape slots (by tag; usually none).
-            let tags = slots.tags();
+            let tags = slots.tags(small);
             let mut drain = None;
             for (id, c) in k.chunks.iter_mut() {
                 if id < from {

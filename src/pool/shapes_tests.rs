@@ -1,5 +1,6 @@
-//! The shape slots inside a pool: what they hold counts as cached, they never move a
-//! placement, and nothing they hold is lost or leaked.
+//! The shape slots inside a pool: what they hold counts as cached, an unproven shape never
+//! moves a placement, a proven one never makes the pool grow, and nothing they hold is lost
+//! or leaked.
 
 use super::*;
 use crate::source::sim::SimSource;
@@ -83,20 +84,88 @@ fn the_kind_drains_its_slots_before_it_carves_so_placement_does_not_move() {
 }
 
 #[test]
-fn a_second_free_of_a_shape_displaces_the_first_into_its_engine() {
+fn frees_of_one_shape_fill_the_slots_and_each_comes_back() {
     let (_, pool) = pool("");
-    let a = alloc(&pool, MemKind::DEVICE, OUTPUT);
-    let b = alloc(&pool, MemKind::DEVICE, OUTPUT);
-    let addr_b = b.raw.addr;
-    free(a);
-    free(b);
+    let segs: Vec<_> = (0..shapes::SLOTS + 1)
+        .map(|_| alloc(&pool, MemKind::DEVICE, OUTPUT))
+        .collect();
+    let mut addrs: Vec<_> = segs.iter().map(|s| s.raw.addr).collect();
+    segs.into_iter().for_each(free);
+    // The last free found every slot full of its shape and displaced one into its engine.
     let s = pool.stats(MemKind::DEVICE);
-    assert_eq!((s.cached_regions, s.frees, s.live_regions), (1, 2, 0));
+    assert_eq!(
+        (s.cached_regions, s.frees, s.live_regions),
+        (shapes::SLOTS as u64, shapes::SLOTS as u64 + 1, 0)
+    );
     pool.validate().unwrap();
-    // The newer one is in the slot (as a stack would hand it back), the older parked.
-    let c = alloc(&pool, MemKind::DEVICE, OUTPUT);
-    assert_eq!(c.raw.addr, addr_b);
-    free(c);
+    let again: Vec<_> = (0..shapes::SLOTS + 1)
+        .map(|_| alloc(&pool, MemKind::DEVICE, OUTPUT))
+        .collect();
+    let mut got: Vec<_> = again.iter().map(|s| s.raw.addr).collect();
+    addrs.sort_unstable();
+    got.sort_unstable();
+    assert_eq!(got, addrs, "the same segments came back");
+    again.into_iter().for_each(free);
+    pool.validate().unwrap();
+}
+
+#[test]
+fn a_proven_frame_stays_in_its_slot_while_small_requests_carve_beside_it() {
+    for kind in [MemKind::Dvpp, MemKind::Host] {
+        let (_, pool) = pool("");
+        free(alloc(&pool, kind, 32 << 20));
+        let a = alloc(&pool, kind, FRAME);
+        let addr = a.raw.addr;
+        free(a);
+        // Taken back once: proven.
+        let a = alloc(&pool, kind, FRAME);
+        assert_eq!(a.raw.addr, addr);
+        free(a);
+        // A packet in the same chunk no longer drains it (an unproven one would: see
+        // `the_kind_drains_its_slots_before_it_carves_so_placement_does_not_move`)...
+        let p = alloc(&pool, kind, 60_000);
+        assert_ne!(p.raw.addr, addr, "{kind}");
+        assert_eq!(pool.stats(kind).cached_regions, 1, "{kind}: still held");
+        pool.validate().unwrap();
+        // ...and the next frame takes it without a carve.
+        let b = alloc(&pool, kind, FRAME);
+        assert_eq!(b.raw.addr, addr, "{kind}");
+        // A request larger than the thread caches' limit still drains it.
+        free(b);
+        let c = alloc(&pool, kind, OUTPUT);
+        assert_eq!(pool.stats(kind).cached_regions, 0, "{kind}: drained");
+        free(c);
+        free(p);
+        pool.validate().unwrap();
+    }
+}
+
+#[test]
+fn a_request_with_room_only_under_a_proven_frame_gets_it_and_the_pool_does_not_grow() {
+    let (sim, pool) = pool("limit:4m");
+    let kind = MemKind::Dvpp;
+    let a = alloc(&pool, kind, FRAME);
+    let addr = a.raw.addr;
+    // Fill the rest of the kind's memory.
+    let mut fillers = Vec::new();
+    while let Ok(f) = pool.alloc_raw(kind, 16 << 10, 128) {
+        fillers.push(f);
+    }
+    assert!(!fillers.is_empty());
+    free(a);
+    let a = alloc(&pool, kind, FRAME);
+    free(a);
+    assert_eq!(pool.stats(kind).cached_regions, 1, "proven, in its slot");
+    let (calls, blocks) = (pool.stats(kind).source_alloc_calls, sim.stats().live_blocks);
+    // Room only where the frame is: the kind empties the slots and carves again.
+    let p = alloc(&pool, kind, 100_000);
+    assert_eq!(p.raw.addr, addr);
+    assert_eq!(pool.stats(kind).source_alloc_calls, calls);
+    assert_eq!(sim.stats().live_blocks, blocks);
+    assert_eq!(pool.stats(kind).cached_regions, 0);
+    pool.validate().unwrap();
+    free(p);
+    fillers.into_iter().for_each(free);
     pool.validate().unwrap();
 }
 
