@@ -1115,7 +1115,7 @@ impl PoolInner {
                 // Such segments go to the engine before it is asked (it merges what it has
                 // parked) or skipped (their free would have reset the refusal hint).
                 let tag = c.engine.id() as u8;
-                if tags.contains(&Some(tag)) {
+                if tags.contains(tag) {
                     drain = Some((id, tag));
                     break;
                 }
