@@ -118,11 +118,11 @@ pub(crate) enum Put<T> {
 }
 
 /// The chunk tags of some slots, a byte per slot: the walk over a kind's chunks tests each
-/// chunk against all four at once, rather than one `Option` at a time (which cost about 70
-/// instructions per walk on random-mix).
+/// chunk against all four at once, rather than one `Option` at a time (about 25 instructions
+/// more per walk on random-mix, `docs/benchmarks.md` session 37).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Tags {
-    /// Slot `i`'s tag in byte `i`; 0 where `held` is.
+    /// Slot `i`'s tag in byte `i`; 0 in the bytes of slots out of the set.
     bytes: u32,
     /// `0xFF` in byte `i` iff slot `i` is in the set.
     held: u32,
