@@ -909,6 +909,11 @@ impl PoolInner {
 
     /// [`allocate`](Self::allocate) past the thread cache; `known` is the footprint when
     /// the cache path has computed it.
+    ///
+    /// A segment too large for the thread caches (`known` unset) is looked for in a shape
+    /// slot first: here, not in the inlined cache path, which stays as short as it was. The
+    /// kind path is a call of its own, so that a slot hit does not pay for that path's frame
+    /// (the registers it saves and restores): 14 instructions an allocation.
     #[inline(never)]
     fn allocate_uncached(
         self: &Arc<Self>,
@@ -917,8 +922,6 @@ impl PoolInner {
         align: u64,
         known: Option<u64>,
     ) -> Result<OwnedSegment> {
-        // Too large for the thread caches (`known` unset): maybe in a shape slot. Here, not
-        // in the inlined cache path, which stays as short as it was.
         if known.is_none() && self.slots_on {
             let key = shapes::shape_key(len, align);
             if let Some(c) =
@@ -927,6 +930,18 @@ impl PoolInner {
                 return Ok(c);
             }
         }
+        self.allocate_carved(kind, len, align, known)
+    }
+
+    /// The kind pool's allocation, for [`allocate_uncached`](Self::allocate_uncached).
+    #[inline(never)]
+    fn allocate_carved(
+        self: &Arc<Self>,
+        kind: MemKind,
+        len: u64,
+        align: u64,
+        known: Option<u64>,
+    ) -> Result<OwnedSegment> {
         let rule = self.rule(kind, align)?;
         let footprint = match known {
             // Once the rule has accepted `align`, only a zero length can still be refused.

@@ -223,22 +223,18 @@ impl<T> ShapeSlots<T> {
     #[inline(always)]
     pub(crate) fn take(&self, key: u64, ok: impl FnOnce(&T) -> bool) -> Option<T> {
         // Plain loads first (one line): a miss costs no read-modify-write.
-        let i = (0..SLOTS).find(|&i| {
-            let w = self.words.0[i].load(Ordering::Relaxed);
-            w >> KEY_SHIFT == key && w & STATE == FULL
-        })?;
+        let (i, full) = (0..SLOTS)
+            .map(|i| (i, self.words.0[i].load(Ordering::Relaxed)))
+            .find(|&(_, w)| w >> KEY_SHIFT == key && w & STATE == FULL)?;
         let (word, s) = (&self.words.0[i], &self.slots[i]);
-        let full = word.load(Ordering::Relaxed);
-        if full >> KEY_SHIFT != key
-            || full & STATE != FULL
-            || word
-                .compare_exchange(
-                    full,
-                    full ^ FULL ^ BUSY,
-                    Ordering::Acquire,
-                    Ordering::Relaxed,
-                )
-                .is_err()
+        if word
+            .compare_exchange(
+                full,
+                full ^ FULL ^ BUSY,
+                Ordering::Acquire,
+                Ordering::Relaxed,
+            )
+            .is_err()
         {
             return None;
         }
@@ -267,31 +263,20 @@ impl<T> ShapeSlots<T> {
     #[inline(always)]
     pub(crate) fn put(&self, key: u64, tag: u8, units: u64, budget: u64, item: T) -> Put<T> {
         debug_assert!(units < 1 << UNIT_BITS);
+        // The slots' units in use, and an empty slot last used by this shape (the common
+        // case: a frame comes back to the slot it was taken from), in one short pass; the
+        // lowest index first, as `pick` ranks them.
         let mut held = units;
-        // An empty slot last used by this shape keeps its proven bit; else one whose shape
-        // never came back loses the least.
-        let (mut same, mut empty, mut rank) = (None, None, 3);
-        for (i, w) in self.words.0.iter().enumerate() {
+        let mut home = SLOTS;
+        for (i, w) in self.words.0.iter().enumerate().rev() {
             let v = w.load(Ordering::Relaxed);
             if in_use(v & STATE) {
                 held += units_of(v);
-                if v >> KEY_SHIFT == key {
-                    same = same.or(Some(i));
-                }
-            } else if v & STATE == EMPTY {
-                let r = if v >> KEY_SHIFT == key {
-                    0
-                } else if v & PROVEN == 0 {
-                    1
-                } else {
-                    2
-                };
-                if r < rank {
-                    (empty, rank) = (Some(i), r);
-                }
+            } else if v & STATE == EMPTY && v >> KEY_SHIFT == key {
+                home = i;
             }
         }
-        let i = empty.or(same).unwrap_or((key >> 20) as usize & (SLOTS - 1));
+        let i = if home < SLOTS { home } else { self.pick(key) };
         let (word, s) = (&self.words.0[i], &self.slots[i]);
         let w = word.load(Ordering::Relaxed);
         let state = w & STATE;
@@ -323,6 +308,35 @@ impl<T> ShapeSlots<T> {
             Some(old) => Put::Displaced(old),
             None => Put::Kept,
         }
+    }
+
+    /// The slot a put of shape `key` takes, by rank: an empty one last used by that shape,
+    /// an empty one whose shape never came back, another empty one, one holding this
+    /// shape (whose older item it displaces), else the shape's own by hash (displacing
+    /// another shape). [`put`](Self::put) finds the first rank itself.
+    #[inline(never)]
+    fn pick(&self, key: u64) -> usize {
+        let (mut same, mut empty, mut rank) = (None, None, 3);
+        for (i, w) in self.words.0.iter().enumerate() {
+            let v = w.load(Ordering::Relaxed);
+            if in_use(v & STATE) {
+                if v >> KEY_SHIFT == key {
+                    same = same.or(Some(i));
+                }
+            } else if v & STATE == EMPTY {
+                let r = if v >> KEY_SHIFT == key {
+                    0
+                } else if v & PROVEN == 0 {
+                    1
+                } else {
+                    2
+                };
+                if r < rank {
+                    (empty, rank) = (Some(i), r);
+                }
+            }
+        }
+        empty.or(same).unwrap_or((key >> 20) as usize & (SLOTS - 1))
     }
 
     /// Whether any slot may hold an item (a hint: a put may land right after).
@@ -539,6 +553,28 @@ mod tests {
         }
         assert!(matches!(s.put(key(5), 6, 1, 9, 7), Put::Kept));
         assert_eq!(s.tags(true).slot(0), Some(6));
+    }
+
+    #[test]
+    fn a_free_goes_back_to_the_lowest_slot_its_shape_left() {
+        let s = ShapeSlots::<u64>::default();
+        let (a, b) = (key(1), key(2));
+        // Slots 0 and 1 for `a`, 2 for `b`; all three taken back, so all three proven.
+        for (k, tag) in [(a, 7), (a, 7), (b, 8)] {
+            assert!(matches!(s.put(k, tag, 1, 9, 0), Put::Kept));
+        }
+        for k in [a, a, b] {
+            assert_eq!(s.take(k, |_| true), Some(0));
+        }
+        // `b` goes home to slot 2, past two lower empty slots.
+        assert!(matches!(s.put(b, 8, 1, 9, 1), Put::Kept));
+        assert_eq!(s.tags(false).list(), [None, None, Some(8), None]);
+        // `a` has two: the lower.
+        assert!(matches!(s.put(a, 7, 1, 9, 2), Put::Kept));
+        assert_eq!(s.tags(false).list(), [Some(7), None, Some(8), None]);
+        // A third shape has no slot of its own: the never-used one, not a proven one.
+        assert!(matches!(s.put(key(3), 9, 1, 9, 3), Put::Kept));
+        assert_eq!(s.tags(false).list(), [Some(7), None, Some(8), Some(9)]);
     }
 
     #[test]
