@@ -913,7 +913,7 @@ impl PoolInner {
     /// A segment too large for the thread caches (`known` unset) is looked for in a shape
     /// slot first: here, not in the inlined cache path, which stays as short as it was. The
     /// kind path is a call of its own, so that a slot hit does not pay for that path's frame
-    /// (the registers it saves and restores): 14 instructions an allocation.
+    /// (the registers it saves and restores; `docs/benchmarks.md`, session 38).
     #[inline(never)]
     fn allocate_uncached(
         self: &Arc<Self>,
