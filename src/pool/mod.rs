@@ -995,7 +995,7 @@ impl PoolInner {
     }
 
     /// The kind pool's allocation path: carve (reclaiming or growing if need be), register.
-    /// Inline into its one caller, [`allocate_uncached`](Self::allocate_uncached), which
+    /// Inline into its one caller, [`allocate_carved`](Self::allocate_carved), which
     /// keeps it out of the thread-cache path: the segment is then written once, where that
     /// returns it, rather than copied out of a frame of its own in 16-byte words that
     /// straddle its fields (about 12 cycles an allocation, `docs/benchmarks.md` session 32).
