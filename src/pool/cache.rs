@@ -14,7 +14,7 @@
 //! Lock order (every path that takes more than one): kind pool → [`CacheRegistry`] →
 //! [`ThreadCache`]. The hot path takes only its own thread's cache lock, which no other
 //! thread takes except to flush, read statistics or validate. That lock is a
-//! [`CacheLock`](super::sync::CacheLock), biased to the owning thread: while no other
+//! [`CacheLock`], biased to the owning thread: while no other
 //! thread has taken it lately, the owner takes it with plain loads and stores, no atomic
 //! read-modify-write.
 //!
