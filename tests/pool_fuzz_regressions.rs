@@ -136,3 +136,59 @@ fn dropping_the_pool_gives_every_chunk_back() {
     let s = sim.stats();
     assert_eq!((s.live_blocks, s.live_events, s.live_streams), (0, 0, 0));
 }
+
+/// A DVPP request of `u64::MAX / 2` bytes under the buddy range tier: the carve rule accepts
+/// it (footprint 2^63 + 32), but a buddy chunk must be the next power of two, 2^64, and the
+/// caller got `Error::Carve(LengthOverflow)`, an error of the rule, which had not
+/// overflowed. The TLSF tier did the same for lengths within 2 MiB of `u64::MAX`, where the
+/// chunk's size in whole granules overflows. Fixed by refusing such requests as any other
+/// request no chunk can hold: `LimitExceeded` under a limit, else `OutOfMemory`, without
+/// asking the source.
+#[test]
+fn a_request_no_chunk_size_can_hold_is_out_of_memory() {
+    let huge = [u64::MAX / 2 - 30, u64::MAX / 2, u64::MAX - MIB];
+    for range in [RangeTier::Tlsf, RangeTier::Buddy] {
+        for limit in [0, 146 * MIB] {
+            let sim = Arc::new(SimSource::default());
+            let config = PoolConfig::default()
+                .with_limit(limit)
+                .with_engine(EngineConfig {
+                    range,
+                    slab_max: 1024,
+                });
+            let pool = Pool::new(sim.clone(), config).unwrap();
+            let stream = pool.create_stream().unwrap();
+            let held = pool.alloc_dvpp(3000).unwrap();
+            for len in huge {
+                let results = [
+                    (MemKind::Dvpp, pool.alloc_dvpp(len).map(drop)),
+                    (MemKind::Dvpp, pool.alloc_dvpp_on(len, &stream).map(drop)),
+                    (MemKind::Host, pool.alloc_host(len).map(drop)),
+                    (
+                        MemKind::Device(MallocPolicy::HugeFirst),
+                        pool.alloc_device(len).map(drop),
+                    ),
+                ];
+                for (kind, res) in results {
+                    let ok = match &res {
+                        Err(Error::LimitExceeded { requested, .. }) => {
+                            limit != 0 && *requested == len
+                        }
+                        Err(Error::OutOfMemory { requested, .. }) => *requested == len,
+                        _ => false,
+                    };
+                    assert!(
+                        ok,
+                        "{range:?}, limit {limit}, {len} bytes of {kind:?}: {res:?}"
+                    );
+                    pool.validate().unwrap();
+                }
+            }
+            // The pool still serves, and loses nothing.
+            let after = pool.alloc_dvpp(5000).unwrap();
+            drop((held, after));
+            pool.synchronize().unwrap();
+            assert_empty(&pool);
+        }
+    }
+}

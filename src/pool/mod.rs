@@ -1212,11 +1212,17 @@ impl PoolInner {
             crate::engine::RangeTier::Tlsf => Some(footprint),
             crate::engine::RangeTier::Buddy => footprint.checked_next_power_of_two(),
         };
-        let fit = needs
-            .and_then(|n| crate::align::align_up(n, granule))
-            .ok_or(Error::Carve(crate::align::CarveRuleError::LengthOverflow {
-                len,
-            }))?;
+        let Some(fit) = needs.and_then(|n| crate::align::align_up(n, granule)) else {
+            // The rule accepted the length, but no chunk size in 64 bits holds it (a buddy
+            // range's power of two, or whole granules, pass 2^64): refused as any request
+            // that fits no chunk is, and the source is not asked for what it cannot have.
+            k.stats.ooms += 1;
+            return Err(if self.config.limit != 0 {
+                self.limit_exceeded(k, len)
+            } else {
+                Self::out_of_memory(k, len, None)
+            });
+        };
         // Make room and retry, then grow. First the chunks' own free space is made whole
         // (cached slab pages back, parked blocks merged) and empty chunks go back: they
         // could not hold the request, and holding them beside a new chunk only raises the
@@ -1261,12 +1267,7 @@ impl PoolInner {
                 if self.config.limit != 0
                     && Self::past_limit(k.stats.reserved_bytes, size, self.config.limit)
                 {
-                    last_err = Some(Error::LimitExceeded {
-                        kind: k.kind,
-                        requested: len,
-                        limit: self.config.limit,
-                        reserved: k.stats.reserved_bytes,
-                    });
+                    last_err = Some(self.limit_exceeded(k, len));
                     continue;
                 }
                 match self.new_chunk(k, size, rule.align(), dedicated) {
@@ -1286,25 +1287,38 @@ impl PoolInner {
         }
         k.stats.ooms += 1;
         Err(match last_err {
-            Some(Error::OutOfMemory { source, .. }) => {
-                let largest_free = k
-                    .chunks
-                    .iter()
-                    .map(|(_, c)| c.engine.largest_free())
-                    .max()
-                    .unwrap_or(0);
-                Error::OutOfMemory {
-                    kind: k.kind,
-                    requested: len,
-                    reserved: k.stats.reserved_bytes,
-                    in_use: k.stats.allocated_bytes,
-                    largest_free,
-                    source,
-                }
-            }
+            Some(Error::OutOfMemory { source, .. }) => Self::out_of_memory(k, len, source),
             Some(e) => e,
             None => Error::Invalid("growth failed without an error".into()),
         })
+    }
+
+    /// `LimitExceeded` for `len` bytes of `k`, with its reserved bytes at the time.
+    fn limit_exceeded(&self, k: &KindPool, len: u64) -> Error {
+        Error::LimitExceeded {
+            kind: k.kind,
+            requested: len,
+            limit: self.config.limit,
+            reserved: k.stats.reserved_bytes,
+        }
+    }
+
+    /// `OutOfMemory` for `len` bytes of `k`, with the kind's figures at the time.
+    fn out_of_memory(k: &KindPool, len: u64, source: Option<crate::error::AclError>) -> Error {
+        let largest_free = k
+            .chunks
+            .iter()
+            .map(|(_, c)| c.engine.largest_free())
+            .max()
+            .unwrap_or(0);
+        Error::OutOfMemory {
+            kind: k.kind,
+            requested: len,
+            reserved: k.stats.reserved_bytes,
+            in_use: k.stats.allocated_bytes,
+            largest_free,
+            source,
+        }
     }
 
     fn new_chunk(&self, k: &mut KindPool, size: u64, align: u64, dedicated: bool) -> Result<usize> {
@@ -1374,12 +1388,7 @@ impl PoolInner {
             if self.config.limit != 0
                 && Self::past_limit(k.stats.reserved_bytes, additional, self.config.limit)
             {
-                return Err(Error::LimitExceeded {
-                    kind: k.kind,
-                    requested: len,
-                    limit: self.config.limit,
-                    reserved: k.stats.reserved_bytes,
-                });
+                return Err(self.limit_exceeded(k, len));
             }
             let old = k.chunks[id].block;
             let Some(block) = self.source.extend_block(old, additional)? else {
