@@ -1249,7 +1249,7 @@ impl PoolInner {
                     continue;
                 }
                 Err(Error::Runtime { code, .. }) if code.is_out_of_memory() => {
-                    last_err = Some(code.into_oom(k, len));
+                    last_err = Some(Self::out_of_memory(k, len, Some(code)));
                     continue;
                 }
                 Err(e) => return Err(e),
@@ -1279,7 +1279,7 @@ impl PoolInner {
                         return Ok((id, a));
                     }
                     Err(Error::Runtime { code, .. }) if code.is_out_of_memory() => {
-                        last_err = Some(code.into_oom(k, len));
+                        last_err = Some(Self::out_of_memory(k, len, Some(code)));
                     }
                     Err(e) => return Err(e),
                 }
@@ -2108,23 +2108,6 @@ impl PoolInner {
             s.cached_regions += t.items;
         }
         s
-    }
-}
-
-trait IntoOom {
-    fn into_oom(self, k: &KindPool, len: u64) -> Error;
-}
-
-impl IntoOom for crate::error::AclError {
-    fn into_oom(self, k: &KindPool, len: u64) -> Error {
-        Error::OutOfMemory {
-            kind: k.kind,
-            requested: len,
-            reserved: k.stats.reserved_bytes,
-            in_use: k.stats.allocated_bytes,
-            largest_free: 0,
-            source: Some(self),
-        }
     }
 }
 
