@@ -149,14 +149,13 @@ fn a_request_no_chunk_size_can_hold_is_out_of_memory() {
     let huge = [u64::MAX / 2 - 30, u64::MAX / 2, u64::MAX - MIB];
     for range in [RangeTier::Tlsf, RangeTier::Buddy] {
         for limit in [0, 146 * MIB] {
-            let sim = Arc::new(SimSource::default());
             let config = PoolConfig::default()
                 .with_limit(limit)
                 .with_engine(EngineConfig {
                     range,
                     slab_max: 1024,
                 });
-            let pool = Pool::new(sim.clone(), config).unwrap();
+            let pool = Pool::new(Arc::new(SimSource::default()), config).unwrap();
             let stream = pool.create_stream().unwrap();
             let held = pool.alloc_dvpp(3000).unwrap();
             for len in huge {
