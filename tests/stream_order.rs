@@ -8,9 +8,9 @@
 //! - When memory runs short, the pool waits for the streams before it fails.
 
 use ascend_pool::region::Region;
-use ascend_pool::source::sim::{SimConfig, SimSource};
+use ascend_pool::source::sim::{AclFunc, Fault, SimConfig, SimSource};
 use ascend_pool::source::BlockSource;
-use ascend_pool::{MemKind, Pool, PoolConfig};
+use ascend_pool::{AclError, MemKind, Pool, PoolConfig};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -264,4 +264,43 @@ fn a_host_slice_waits_for_queued_stream_writes() {
     // A recorded stream that is gone since has run its work: no error.
     drop(stream);
     assert!(host.try_as_slice().is_ok());
+}
+
+/// A failed event query says nothing about the stream: the deferred free stays pending (it
+/// is asked again later, and waited for when memory runs short) rather than being taken for
+/// done, which would hand out memory the stream may still write.
+#[test]
+fn a_failed_event_query_keeps_the_free_pending() {
+    let sim = sim(0);
+    let pool = pool_over(&sim);
+    let s = pool.create_stream().unwrap();
+    let staging = pool.alloc_host(LEN).unwrap();
+    let hold = sim.hold_stream(s.handle()).unwrap();
+    let mut target = pool.alloc_device(LEN).unwrap();
+    let target_addr = target.addr();
+    pool.copy_async(&mut target, 0, &staging, 0, LEN, &s)
+        .unwrap();
+    drop(target);
+    assert_eq!(pool.stats(MemKind::DEVICE).pending_frees, 1);
+
+    sim.inject_fault(Fault::next(
+        AclFunc::QueryEventStatus,
+        AclError::RT_FAILURE,
+        u64::MAX,
+    ));
+    pool.trim(); // asks the event, and is refused
+    assert!(sim.stats().failures(AclFunc::QueryEventStatus) > 0);
+    assert_eq!(pool.stats(MemKind::DEVICE).pending_frees, 1);
+    let plain = pool.alloc_device(LEN).unwrap();
+    assert!(
+        !overlaps(plain.addr(), target_addr, LEN),
+        "got memory the held stream may still write"
+    );
+    pool.validate().unwrap();
+
+    sim.clear_faults();
+    hold.release();
+    pool.synchronize().unwrap();
+    assert_eq!(pool.stats(MemKind::DEVICE).pending_frees, 0);
+    pool.validate().unwrap();
 }

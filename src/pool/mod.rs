@@ -1496,7 +1496,9 @@ impl PoolInner {
                 if wait {
                     self.source.synchronize_event(ev).is_ok()
                 } else {
-                    self.source.query_event(ev).unwrap_or(true)
+                    // A failed query says nothing about the stream: ask again later (and
+                    // wait when memory runs short) rather than hand out what it may write.
+                    self.source.query_event(ev).unwrap_or(false)
                 }
             });
             if ready {
