@@ -1329,13 +1329,30 @@ impl PoolInner {
             // An over-aligned request on a block the source aligned less: take a bigger block
             // and start the chunk at the first aligned address.
             k.stats.source_free_calls += 1;
-            self.source.free_block(block)?;
+            if let Err(e) = self.source.free_block(block) {
+                // The source kept the block: so does the pool, as a chunk for the requests it
+                // suits (trim gives it back later), rather than lose track of it.
+                self.add_chunk(k, block, base, false)?;
+                return Err(e);
+            }
             k.stats.source_alloc_calls += 1;
             block = self
                 .source
                 .alloc_block(self.config.device, k.kind, size + align)?;
             base = block.addr.next_multiple_of(align as usize);
         }
+        self.add_chunk(k, block, base, dedicated)
+    }
+
+    /// Makes a chunk of `block` whose usable range starts at `base`; on failure the block
+    /// goes back to the source.
+    fn add_chunk(
+        &self,
+        k: &mut KindPool,
+        block: Block,
+        base: usize,
+        dedicated: bool,
+    ) -> Result<usize> {
         let usable = (block.size - (base - block.addr) as u64) / 64 * 64;
         let engine = match CarveEngine::new(usable, self.config.engine) {
             Ok(e) => e,
@@ -2183,5 +2200,51 @@ mod handle_tests {
         PoolInner::release(owner, &again, &[]).unwrap();
         pool.validate().unwrap();
         assert_eq!(pool.stats(MemKind::DEVICE).live_regions, 0);
+    }
+}
+
+#[cfg(test)]
+mod chunk_tests {
+    use super::*;
+    use crate::source::sim::{AclFunc, Fault, SimSource};
+    use crate::AclError;
+
+    /// An over-aligned request hands back a block the source aligned less and takes a bigger
+    /// one. If the source refuses the block back, the pool keeps it as a chunk (and says so
+    /// with the source's error) rather than lose it; trim gives it back once the source
+    /// takes it.
+    #[test]
+    fn a_block_the_source_will_not_take_back_stays_a_chunk() {
+        let sim = Arc::new(SimSource::default());
+        let pool = Pool::new(sim.clone(), PoolConfig::default()).unwrap();
+        let mut refused = None;
+        // Some alignment past the page the source's block does not have.
+        for shift in 13..=30 {
+            sim.inject_fault(Fault::next(AclFunc::Free, AclError::RT_FAILURE, 1));
+            let r = pool.alloc_raw(MemKind::DEVICE, 100, 1 << shift);
+            sim.clear_faults();
+            if sim.stats().failures(AclFunc::Free) > 0 {
+                refused = Some(r.map(|_| ()));
+                break;
+            }
+            let OwnedSegment { raw, owner } = r.unwrap();
+            PoolInner::release(owner, &raw, &[]).unwrap();
+        }
+        let refused = refused.expect("some alignment past the source's");
+        assert!(
+            matches!(refused, Err(Error::Runtime { code, .. }) if code == AclError::RT_FAILURE),
+            "{refused:?}"
+        );
+        pool.validate().unwrap();
+        let s = pool.stats(MemKind::DEVICE);
+        assert_eq!(s.live_regions, 0);
+        assert_eq!(
+            s.chunks,
+            sim.stats().live_blocks,
+            "every block the source holds is a chunk"
+        );
+        pool.trim();
+        assert_eq!(pool.stats(MemKind::DEVICE).chunks, 0);
+        assert_eq!(sim.stats().live_blocks, 0, "trim gave the kept block back");
     }
 }
