@@ -1,6 +1,7 @@
 //! Arbitrary operation sequences against the public pool API on the simulator: every typed
 //! region, the stream-ordered allocations, copies and fills in and out of bounds, sub-regions,
-//! foreign handles, on a small machine so memory runs out often. After every operation the
+//! foreign handles, on a small machine so memory runs out often, over the simulator itself or
+//! over virtual memory mapped from it, with runtime calls failing on demand. After every operation the
 //! pool validates, every refusal is the typed error the contract names, the counters agree
 //! with the regions alive, and the first bytes of every region match a shadow copy; at the
 //! end nothing is lost.
@@ -12,10 +13,13 @@ use ascend_pool::engine::{EngineConfig, RangeTier};
 use ascend_pool::region::{
     Align128, AsyncCopySafe, DeviceRegion, DvppRegion, HostRegion, Region, SubRegion,
 };
-use ascend_pool::source::sim::{SimConfig, SimSource};
-use ascend_pool::{Error, MallocPolicy, MemKind, Pool, PoolConfig, Stream};
+use ascend_pool::source::sim::{AclFunc, Fault, FaultTimes, SimConfig, SimSource};
+use ascend_pool::source::vmm::{VmmConfig, VmmSource};
+use ascend_pool::source::BlockSource;
+use ascend_pool::{AclError, Error, MallocPolicy, MemKind, Pool, PoolConfig, Stream};
 use libfuzzer_sys::fuzz_target;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Operations run per input: enough to fill and drain a small machine, few enough that an
 /// input runs in milliseconds.
@@ -158,6 +162,50 @@ enum ForeignOp {
     RecordStreamOn { idx: u8 },
 }
 
+/// A runtime function the pool calls to get, map, give back or fence memory: the ones a
+/// failure of which must leave the pool intact (copies and stream calls are not faulted,
+/// since the harness needs them to check contents).
+#[derive(Arbitrary, Debug, Clone, Copy)]
+enum FaultOn {
+    Malloc,
+    MallocAlign32,
+    MallocCached,
+    DvppMalloc,
+    MallocHost,
+    MallocPhysical,
+    MapMem,
+    Free,
+    DvppFree,
+    FreeHost,
+    UnmapMem,
+    FreePhysical,
+    CreateEvent,
+    RecordEvent,
+    QueryEventStatus,
+}
+
+impl FaultOn {
+    fn func(self) -> AclFunc {
+        match self {
+            Self::Malloc => AclFunc::Malloc,
+            Self::MallocAlign32 => AclFunc::MallocAlign32,
+            Self::MallocCached => AclFunc::MallocCached,
+            Self::DvppMalloc => AclFunc::DvppMalloc,
+            Self::MallocHost => AclFunc::MallocHost,
+            Self::MallocPhysical => AclFunc::MallocPhysical,
+            Self::MapMem => AclFunc::MapMem,
+            Self::Free => AclFunc::Free,
+            Self::DvppFree => AclFunc::DvppFree,
+            Self::FreeHost => AclFunc::FreeHost,
+            Self::UnmapMem => AclFunc::UnmapMem,
+            Self::FreePhysical => AclFunc::FreePhysical,
+            Self::CreateEvent => AclFunc::CreateEvent,
+            Self::RecordEvent => AclFunc::RecordEvent,
+            Self::QueryEventStatus => AclFunc::QueryEventStatus,
+        }
+    }
+}
+
 #[derive(Arbitrary, Debug, Clone, Copy)]
 enum Op {
     Alloc {
@@ -243,6 +291,21 @@ enum Op {
     Synchronize,
     FlushThreadCaches,
     Snapshot,
+    /// The next calls of a function fail: out of memory or a plain runtime failure, at
+    /// once or after a few calls run (a failure half-way through a growth).
+    Fault {
+        on: FaultOn,
+        oom: bool,
+        skip: u8,
+        n: u8,
+    },
+    ClearFaults,
+    /// Busy time on a stream (`ticks` of 4 µs, about a millisecond at most), as a kernel
+    /// would queue: work queued behind it, and the frees waiting on it, stay outstanding.
+    Delay {
+        stream: u8,
+        ticks: u8,
+    },
 }
 
 #[derive(Arbitrary, Debug)]
@@ -257,6 +320,9 @@ struct Input {
     buddy: bool,
     no_padding: bool,
     release: u8,
+    /// Device memory from a virtual-memory source over the simulator: chunks are granules
+    /// mapped into one reservation and grow and shrink in place.
+    vmm: bool,
     /// End by dropping the pool handle first, with regions still live and frees queued.
     abandon: bool,
     ops: Vec<Op>,
@@ -450,6 +516,10 @@ fn pair_mut<T>(v: &mut [T], i: usize, j: usize) -> (&mut T, &mut T) {
 struct Harness {
     pool: Pool,
     sim: Arc<SimSource>,
+    vmm: Option<Arc<VmmSource<SimSource>>>,
+    /// A fault was injected since the last clear: a source call may fail, so an allocation
+    /// may be refused with the runtime's error.
+    faults: bool,
     streams: Vec<Stream>,
     live: Vec<Tracked>,
     padding: u64,
@@ -635,6 +705,7 @@ impl Harness {
                     }
                     Error::OutOfMemory { requested, .. }
                     | Error::LimitExceeded { requested, .. } => *requested == len && len > 0,
+                    Error::Runtime { .. } => self.faults && len > 0,
                     _ => false,
                 };
                 assert!(ok, "allocating {len} bytes of {kind:?} gave {e:?}");
@@ -1128,6 +1199,31 @@ impl Harness {
                     assert_eq!(reserved, k.stats.reserved_bytes);
                 }
             }
+            Op::Fault { on, oom, skip, n } => {
+                let code = if oom {
+                    AclError::RT_MEMORY_ALLOCATION
+                } else {
+                    AclError::RT_FAILURE
+                };
+                self.sim.inject_fault(Fault {
+                    func: on.func(),
+                    code,
+                    times: FaultTimes::After {
+                        skip: u64::from(skip % 4),
+                        n: 1 + u64::from(n % 3),
+                    },
+                });
+                self.faults = true;
+            }
+            Op::ClearFaults => {
+                self.sim.clear_faults();
+                self.faults = false;
+            }
+            Op::Delay { stream, ticks } => {
+                let s = &self.streams[Self::stream_index(stream)];
+                let busy = Duration::from_micros(4 * u64::from(ticks));
+                self.sim.enqueue_delay(s.handle(), busy).unwrap();
+            }
         }
     }
 
@@ -1179,6 +1275,13 @@ fn build(input: &Input) -> Harness {
         .with_host_capacity(mib(input.host_mib, 2))
         .with_dvpp_limit(mib(input.dvpp_mib, 2));
     let sim = Arc::new(SimSource::new(sim).unwrap());
+    let vmm = input
+        .vmm
+        .then(|| Arc::new(VmmSource::new(sim.clone(), 0, VmmConfig::default()).unwrap()));
+    let source: Arc<dyn BlockSource> = match &vmm {
+        Some(v) => v.clone(),
+        None => sim.clone(),
+    };
     let chunk = 2 * MIB * (1 + u64::from(input.chunk_mib % 4));
     let padding = if input.no_padding { 0 } else { 32 };
     let limit = match input.limit_mib % 4 {
@@ -1211,7 +1314,7 @@ fn build(input: &Input) -> Harness {
             },
             slab_max: 1024,
         });
-    let pool = Pool::new(sim.clone(), config).unwrap();
+    let pool = Pool::new(source, config).unwrap();
     let streams = (0..STREAMS)
         .map(|_| pool.create_stream().unwrap())
         .collect();
@@ -1221,6 +1324,8 @@ fn build(input: &Input) -> Harness {
     Harness {
         pool,
         sim,
+        vmm,
+        faults: false,
         streams,
         live: Vec::new(),
         padding,
@@ -1240,9 +1345,12 @@ fuzz_target!(|input: Input| {
     for i in 0..h.live.len() {
         h.check_head(i);
     }
+    // What is left goes back with every call working again.
+    h.sim.clear_faults();
     let Harness {
         pool,
         sim,
+        vmm,
         streams,
         live,
         ..
@@ -1266,14 +1374,25 @@ fuzz_target!(|input: Input| {
             assert_eq!((s.reserved_bytes, s.chunks), (0, 0), "{s:?}");
         }
         assert_eq!(sim.stats().live_blocks, 0, "blocks still held after trim");
+        if let Some(v) = &vmm {
+            v.validate().unwrap();
+            assert_eq!(v.stats().blocks, 0, "virtual blocks still held after trim");
+        }
         drop(pool);
     }
     drop(streams);
+    drop(vmm);
     let s = sim.stats();
     let held = (s.live_blocks, s.live_events, s.live_streams);
     assert_eq!(
         held,
         (0, 0, 0),
         "blocks, events, streams left at the simulator"
+    );
+    let mapped = (s.reservations, s.physical_handles, s.mappings);
+    assert_eq!(
+        mapped,
+        (0, 0, 0),
+        "reservations, physical memory, mappings left at the simulator"
     );
 });
