@@ -292,12 +292,14 @@ enum Op {
     FlushThreadCaches,
     Snapshot,
     /// The next calls of a function fail: out of memory or a plain runtime failure, at
-    /// once or after a few calls run (a failure half-way through a growth).
+    /// once or after a few calls run (a failure half-way through a growth); then maybe a
+    /// trim, the call that gives chunks back (so a refused free meets one often).
     Fault {
         on: FaultOn,
         oom: bool,
         skip: u8,
         n: u8,
+        then_trim: bool,
     },
     ClearFaults,
     /// Busy time on a stream (`ticks` of 4 µs, about a millisecond at most), as a kernel
@@ -1199,7 +1201,13 @@ impl Harness {
                     assert_eq!(reserved, k.stats.reserved_bytes);
                 }
             }
-            Op::Fault { on, oom, skip, n } => {
+            Op::Fault {
+                on,
+                oom,
+                skip,
+                n,
+                then_trim,
+            } => {
                 let code = if oom {
                     AclError::RT_MEMORY_ALLOCATION
                 } else {
@@ -1214,6 +1222,9 @@ impl Harness {
                     },
                 });
                 self.faults = true;
+                if then_trim {
+                    self.pool.trim();
+                }
             }
             Op::ClearFaults => {
                 self.sim.clear_faults();
