@@ -10,7 +10,7 @@
 use ascend_pool::region::Region;
 use ascend_pool::source::sim::{AclFunc, Fault, SimConfig, SimSource};
 use ascend_pool::source::BlockSource;
-use ascend_pool::{AclError, MemKind, Pool, PoolConfig};
+use ascend_pool::{AclError, Error, MemKind, Pool, PoolConfig};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -300,6 +300,39 @@ fn a_failed_event_query_keeps_the_free_pending() {
 
     sim.clear_faults();
     hold.release();
+    pool.synchronize().unwrap();
+    assert_eq!(pool.stats(MemKind::DEVICE).pending_frees, 0);
+    pool.validate().unwrap();
+}
+
+/// `synchronize` reports a wait the runtime refused instead of returning as if every free had
+/// completed: that free stays pending (its memory is not handed out), and a later call
+/// finishes it.
+#[test]
+fn a_failed_wait_is_reported_and_its_free_stays_pending() {
+    let sim = sim(0);
+    let pool = pool_over(&sim);
+    let s = pool.create_stream().unwrap();
+    let staging = pool.alloc_host(LEN).unwrap();
+    let mut target = pool.alloc_device(LEN).unwrap();
+    pool.copy_async(&mut target, 0, &staging, 0, LEN, &s)
+        .unwrap();
+    drop(target);
+    assert_eq!(pool.stats(MemKind::DEVICE).pending_frees, 1);
+
+    sim.inject_fault(Fault::next(
+        AclFunc::SynchronizeEvent,
+        AclError::RT_FAILURE,
+        1,
+    ));
+    let got = pool.synchronize();
+    assert!(
+        matches!(&got, Err(Error::Runtime { code, .. }) if *code == AclError::RT_FAILURE),
+        "{got:?}"
+    );
+    assert_eq!(pool.stats(MemKind::DEVICE).pending_frees, 1);
+    pool.validate().unwrap();
+
     pool.synchronize().unwrap();
     assert_eq!(pool.stats(MemKind::DEVICE).pending_frees, 0);
     pool.validate().unwrap();

@@ -598,12 +598,19 @@ impl Pool {
     }
 
     /// Waits for every stream a deferred free is waiting on, then completes those frees.
+    ///
+    /// When the runtime fails to wait for one (`aclrtSynchronizeEvent`), that free stays
+    /// pending (its memory is not handed out) and the first such error is returned, after
+    /// every other free has been completed.
     pub fn synchronize(&self) -> Result<()> {
+        let mut first = Ok(());
         for m in &self.inner.kinds {
             let mut k = m.lock();
-            self.inner.reclaim(&mut k, true);
+            if let (_, Some(e)) = self.inner.reclaim(&mut k, true) {
+                first = first.and(Err(e));
+            }
         }
-        Ok(())
+        first
     }
 
     /// Gives every segment held in any thread's cache, and in the shape slots, back to its
@@ -1075,7 +1082,7 @@ impl PoolInner {
             }
         }
         // Memory freed behind streams may be usable now: look lazily, only here.
-        if !k.pending.is_empty() && self.reclaim(k, false) > 0 {
+        if !k.pending.is_empty() && self.reclaim(k, false).0 > 0 {
             if let Some(x) = self.carve_existing(k, len, rule, footprint) {
                 return Ok(x);
             }
@@ -1504,14 +1511,22 @@ impl PoolInner {
     }
 
     /// Completes deferred frees whose events have completed (waiting for all if `wait`).
-    /// Returns how many completed.
-    fn reclaim(&self, k: &mut KindPool, wait: bool) -> usize {
+    /// Returns how many completed, and the first error waiting for an event gave (that
+    /// free stays pending).
+    fn reclaim(&self, k: &mut KindPool, wait: bool) -> (usize, Option<Error>) {
         let mut done = 0;
+        let mut failed = None;
         let mut i = 0;
         while i < k.pending.len() {
             let ready = k.pending[i].events.iter().all(|&ev| {
                 if wait {
-                    self.source.synchronize_event(ev).is_ok()
+                    match self.source.synchronize_event(ev) {
+                        Ok(()) => true,
+                        Err(e) => {
+                            failed.get_or_insert(e);
+                            false
+                        }
+                    }
                 } else {
                     // A failed query says nothing about the stream: ask again later (and
                     // wait when memory runs short) rather than hand out what it may write.
@@ -1529,7 +1544,7 @@ impl PoolInner {
                 i += 1;
             }
         }
-        done
+        (done, failed)
     }
 
     fn take_event(&self) -> Result<EventHandle> {
