@@ -1,10 +1,10 @@
 //! Arbitrary operation sequences against the public pool API on the simulator: every typed
 //! region, the stream-ordered allocations, copies and fills in and out of bounds, sub-regions,
 //! foreign handles, on a small machine so memory runs out often, over the simulator itself or
-//! over virtual memory mapped from it, with runtime calls failing on demand. After every operation the
-//! pool validates, every refusal is the typed error the contract names, the counters agree
-//! with the regions alive, and the first bytes of every region match a shadow copy; at the
-//! end nothing is lost.
+//! over virtual memory mapped from it, with runtime calls failing on demand. After every
+//! operation the pool validates, every refusal is the typed error the contract names, the
+//! counters agree with the regions alive, and the first bytes of every region match a shadow
+//! copy; at the end nothing is lost.
 #![no_main]
 
 use arbitrary::Arbitrary;
