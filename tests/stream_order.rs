@@ -7,10 +7,10 @@
 //!   region stays safe for host-side access and for other streams.
 //! - When memory runs short, the pool waits for the streams before it fails.
 
-use ascend_pool::region::Region;
+use ascend_pool::region::{HostRegion, Region};
 use ascend_pool::source::sim::{AclFunc, Fault, SimConfig, SimSource};
 use ascend_pool::source::BlockSource;
-use ascend_pool::{AclError, Error, MemKind, Pool, PoolConfig};
+use ascend_pool::{AclError, Error, MemKind, Pool, PoolConfig, Stream};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -40,6 +40,23 @@ fn read(pool: &Pool, r: &impl Region) -> Vec<u8> {
     let mut out = vec![0u8; r.len() as usize];
     pool.copy_to_host(r, 0, &mut out).unwrap();
     out
+}
+
+/// Drops a device region of `LEN` bytes with a copy into it queued on `stream`, so its free
+/// waits for the stream. Returns the region's address.
+fn drop_behind_a_copy(pool: &Pool, staging: &HostRegion, stream: &Stream) -> usize {
+    let mut target = pool.alloc_device(LEN).unwrap();
+    let addr = target.addr();
+    pool.copy_async(&mut target, 0, staging, 0, LEN, stream)
+        .unwrap();
+    addr
+}
+
+/// Waits for the streams: every deferred free completes and the pool is whole.
+fn every_free_completes(pool: &Pool) {
+    pool.synchronize().unwrap();
+    assert_eq!(pool.stats(MemKind::DEVICE).pending_frees, 0);
+    pool.validate().unwrap();
 }
 
 #[test]
@@ -98,11 +115,7 @@ fn a_held_stream_keeps_freed_memory_from_other_allocations() {
     let (s, t) = (pool.create_stream().unwrap(), pool.create_stream().unwrap());
     let staging = pool.alloc_host(LEN).unwrap();
     let hold = sim.hold_stream(s.handle()).unwrap();
-    let mut target = pool.alloc_device(LEN).unwrap();
-    let target_addr = target.addr();
-    pool.copy_async(&mut target, 0, &staging, 0, LEN, &s)
-        .unwrap();
-    drop(target);
+    let target_addr = drop_behind_a_copy(&pool, &staging, &s);
     // Neither a plain allocation nor one on another stream may land on it.
     let plain = pool.alloc_device(LEN).unwrap();
     let on_t = pool.alloc_device_on(LEN, &t).unwrap();
@@ -110,9 +123,7 @@ fn a_held_stream_keeps_freed_memory_from_other_allocations() {
     assert!(!overlaps(on_t.addr(), target_addr, LEN));
     assert_eq!(pool.stats(MemKind::DEVICE).pending_frees, 1);
     hold.release();
-    pool.synchronize().unwrap();
-    assert_eq!(pool.stats(MemKind::DEVICE).pending_frees, 0);
-    pool.validate().unwrap();
+    every_free_completes(&pool);
 }
 
 #[test]
@@ -276,11 +287,7 @@ fn a_failed_event_query_keeps_the_free_pending() {
     let s = pool.create_stream().unwrap();
     let staging = pool.alloc_host(LEN).unwrap();
     let hold = sim.hold_stream(s.handle()).unwrap();
-    let mut target = pool.alloc_device(LEN).unwrap();
-    let target_addr = target.addr();
-    pool.copy_async(&mut target, 0, &staging, 0, LEN, &s)
-        .unwrap();
-    drop(target);
+    let target_addr = drop_behind_a_copy(&pool, &staging, &s);
     assert_eq!(pool.stats(MemKind::DEVICE).pending_frees, 1);
 
     sim.inject_fault(Fault::next(
@@ -300,9 +307,7 @@ fn a_failed_event_query_keeps_the_free_pending() {
 
     sim.clear_faults();
     hold.release();
-    pool.synchronize().unwrap();
-    assert_eq!(pool.stats(MemKind::DEVICE).pending_frees, 0);
-    pool.validate().unwrap();
+    every_free_completes(&pool);
 }
 
 /// `synchronize` reports a wait the runtime refused instead of returning as if every free had
@@ -314,10 +319,7 @@ fn a_failed_wait_is_reported_and_its_free_stays_pending() {
     let pool = pool_over(&sim);
     let s = pool.create_stream().unwrap();
     let staging = pool.alloc_host(LEN).unwrap();
-    let mut target = pool.alloc_device(LEN).unwrap();
-    pool.copy_async(&mut target, 0, &staging, 0, LEN, &s)
-        .unwrap();
-    drop(target);
+    drop_behind_a_copy(&pool, &staging, &s);
     assert_eq!(pool.stats(MemKind::DEVICE).pending_frees, 1);
 
     sim.inject_fault(Fault::next(
@@ -333,7 +335,5 @@ fn a_failed_wait_is_reported_and_its_free_stays_pending() {
     assert_eq!(pool.stats(MemKind::DEVICE).pending_frees, 1);
     pool.validate().unwrap();
 
-    pool.synchronize().unwrap();
-    assert_eq!(pool.stats(MemKind::DEVICE).pending_frees, 0);
-    pool.validate().unwrap();
+    every_free_completes(&pool);
 }
