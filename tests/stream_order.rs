@@ -337,3 +337,37 @@ fn a_failed_wait_is_reported_and_its_free_stays_pending() {
 
     every_free_completes(&pool);
 }
+
+/// The last handle of a pool can go while a stream is still writing a freed region. If the
+/// runtime then refuses to wait for the free's event, the pool waits for the stream itself
+/// before its chunks go back, rather than hand the runtime memory the stream still writes.
+#[test]
+fn a_dropped_pool_waits_for_the_stream_when_the_event_wait_fails() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let sim = sim(0);
+    let pool = pool_over(&sim);
+    let s = pool.create_stream().unwrap();
+    let staging = pool.alloc_host(LEN).unwrap();
+    let hold = sim.hold_stream(s.handle()).unwrap();
+    drop_behind_a_copy(&pool, &staging, &s);
+    sim.inject_fault(Fault::always(
+        AclFunc::SynchronizeEvent,
+        AclError::RT_FAILURE,
+    ));
+    let released = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            std::thread::sleep(Duration::from_millis(100));
+            released.store(true, Ordering::SeqCst);
+            hold.release();
+        });
+        drop(staging);
+        drop(pool); // the last handle: the chunks go back now
+        assert!(
+            released.load(Ordering::SeqCst),
+            "the chunks went back while the stream was held"
+        );
+    });
+    sim.clear_faults();
+    assert_eq!(sim.stats().live_blocks, 0);
+}

@@ -804,7 +804,13 @@ impl Drop for PoolInner {
             let k = m.get_mut();
             for p in k.pending.drain(..) {
                 for ev in p.events {
-                    let _ = self.source.synchronize_event(ev);
+                    if self.source.synchronize_event(ev).is_err() {
+                        // The chunk must not go back while the stream may still write it:
+                        // wait for the stream itself where the free names it.
+                        if let Some(s) = p.only_on {
+                            let _ = self.source.synchronize_stream(s);
+                        }
+                    }
                     let _ = self.source.destroy_event(ev);
                 }
             }
