@@ -339,17 +339,31 @@ fn a_failed_wait_is_reported_and_its_free_stays_pending() {
 }
 
 /// The last handle of a pool can go while a stream is still writing a freed region. If the
-/// runtime then refuses to wait for the free's event, the pool waits for the stream itself
-/// before its chunks go back, rather than hand the runtime memory the stream still writes.
+/// runtime then refuses to wait for the free's events, the pool waits for their streams
+/// before its chunks go back, rather than hand the runtime memory a stream still writes:
+/// for a region used on one stream, and on two.
 #[test]
 fn a_dropped_pool_waits_for_the_stream_when_the_event_wait_fails() {
+    for also_on_another_stream in [false, true] {
+        dropped_pool_waits(also_on_another_stream);
+    }
+}
+
+fn dropped_pool_waits(also_on_another_stream: bool) {
     use std::sync::atomic::{AtomicBool, Ordering};
     let sim = sim(0);
     let pool = pool_over(&sim);
-    let s = pool.create_stream().unwrap();
-    let staging = pool.alloc_host(LEN).unwrap();
+    let (s, t) = (pool.create_stream().unwrap(), pool.create_stream().unwrap());
     let hold = sim.hold_stream(s.handle()).unwrap();
-    drop_behind_a_copy(&pool, &staging, &s);
+    // A fill, not a copy: no other region waits on the stream, so only this free can make
+    // the pool wait for it.
+    let mut target = pool.alloc_device(LEN).unwrap();
+    pool.memset_async(&mut target, 0, 0xAB, LEN, &s).unwrap();
+    if also_on_another_stream {
+        target.record_stream(&t).unwrap();
+    }
+    drop(target);
+    assert_eq!(pool.stats(MemKind::DEVICE).pending_frees, 1);
     sim.inject_fault(Fault::always(
         AclFunc::SynchronizeEvent,
         AclError::RT_FAILURE,
@@ -361,11 +375,11 @@ fn a_dropped_pool_waits_for_the_stream_when_the_event_wait_fails() {
             released.store(true, Ordering::SeqCst);
             hold.release();
         });
-        drop(staging);
         drop(pool); // the last handle: the chunks go back now
         assert!(
             released.load(Ordering::SeqCst),
-            "the chunks went back while the stream was held"
+            "the chunks went back while the stream was held (also on another stream: \
+             {also_on_another_stream})"
         );
     });
     sim.clear_faults();

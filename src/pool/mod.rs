@@ -221,8 +221,9 @@ impl LiveEntry {
 #[derive(Debug)]
 struct PendingFree {
     key: usize,
-    /// One per stream that used the segment, recorded at free time.
-    events: SmallVec<[EventHandle; 2]>,
+    /// One per stream that used the segment, recorded on it at free time (the stream is
+    /// kept for when the runtime cannot wait for the event).
+    events: SmallVec<[(EventHandle, StreamHandle); 2]>,
     /// The stream, when exactly one used the segment: an allocation on that stream may
     /// take the segment at once, since stream order puts its work after the old work.
     only_on: Option<StreamHandle>,
@@ -803,13 +804,11 @@ impl Drop for PoolInner {
         for m in &mut self.kinds {
             let k = m.get_mut();
             for p in k.pending.drain(..) {
-                for ev in p.events {
+                for (ev, s) in p.events {
                     if self.source.synchronize_event(ev).is_err() {
                         // The chunk must not go back while the stream may still write it:
-                        // wait for the stream itself where the free names it.
-                        if let Some(s) = p.only_on {
-                            let _ = self.source.synchronize_stream(s);
-                        }
+                        // wait for the stream itself.
+                        let _ = self.source.synchronize_stream(s);
                     }
                     let _ = self.source.destroy_event(ev);
                 }
@@ -1000,7 +999,7 @@ impl PoolInner {
                 r.free(raw.addr);
                 r.alloc(kind, raw.addr, len, align);
             }
-            return Ok((raw, Arc::clone(self), p.events.first().copied()));
+            return Ok((raw, Arc::clone(self), p.events.first().map(|&(ev, _)| ev)));
         }
         drop(k);
         let OwnedSegment { raw, owner } = self.allocate(kind, len, align)?;
@@ -1524,7 +1523,7 @@ impl PoolInner {
         let mut failed = None;
         let mut i = 0;
         while i < k.pending.len() {
-            let ready = k.pending[i].events.iter().all(|&ev| {
+            let ready = k.pending[i].events.iter().all(|&(ev, _)| {
                 if wait {
                     match self.source.synchronize_event(ev) {
                         Ok(()) => true,
@@ -1541,7 +1540,7 @@ impl PoolInner {
             });
             if ready {
                 let p = k.pending.swap_remove(i);
-                for ev in p.events {
+                for (ev, _) in p.events {
                     self.put_event(ev);
                 }
                 self.finish_free(k, p.key, true);
@@ -1686,7 +1685,7 @@ impl PoolInner {
                 let _ = self.source.synchronize_stream(s);
                 continue;
             }
-            events.push(ev);
+            events.push((ev, s));
         }
         if !events.is_empty() {
             k.live[seg.key()].pending = true;
