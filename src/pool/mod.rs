@@ -604,14 +604,14 @@ impl Pool {
     /// pending (its memory is not handed out) and the first such error is returned, after
     /// every other free has been completed.
     pub fn synchronize(&self) -> Result<()> {
-        let mut first = Ok(());
+        let mut first = None;
         for m in &self.inner.kinds {
             let mut k = m.lock();
             if let (_, Some(e)) = self.inner.reclaim(&mut k, true) {
-                first = first.and(Err(e));
+                first.get_or_insert(e);
             }
         }
-        first
+        first.map_or(Ok(()), Err)
     }
 
     /// Gives every segment held in any thread's cache, and in the shape slots, back to its
