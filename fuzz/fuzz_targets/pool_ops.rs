@@ -18,6 +18,7 @@ use ascend_pool::source::vmm::{VmmConfig, VmmSource};
 use ascend_pool::source::BlockSource;
 use ascend_pool::{AclError, Error, MallocPolicy, MemKind, Pool, PoolConfig, Stream};
 use libfuzzer_sys::fuzz_target;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -163,8 +164,9 @@ enum ForeignOp {
 }
 
 /// A runtime function the pool calls to get, map, give back or fence memory: the ones a
-/// failure of which must leave the pool intact (copies and stream calls are not faulted,
-/// since the harness needs them to check contents).
+/// failure of which must leave the pool intact. The copies are not faulted, since the
+/// harness needs them to check contents; the waits are, and the harness's own checks
+/// retry them (see [`retry`]).
 #[derive(Arbitrary, Debug, Clone, Copy)]
 enum FaultOn {
     Malloc,
@@ -182,6 +184,9 @@ enum FaultOn {
     CreateEvent,
     RecordEvent,
     QueryEventStatus,
+    SynchronizeEvent,
+    SynchronizeStream,
+    StreamWaitEvent,
 }
 
 impl FaultOn {
@@ -202,8 +207,52 @@ impl FaultOn {
             Self::CreateEvent => AclFunc::CreateEvent,
             Self::RecordEvent => AclFunc::RecordEvent,
             Self::QueryEventStatus => AclFunc::QueryEventStatus,
+            Self::SynchronizeEvent => AclFunc::SynchronizeEvent,
+            Self::SynchronizeStream => AclFunc::SynchronizeStream,
+            Self::StreamWaitEvent => AclFunc::StreamWaitEvent,
         }
     }
+
+    /// A wait or an ordering call: any operation that touches a region's bytes or queues
+    /// work on it may make one.
+    fn is_wait(self) -> bool {
+        matches!(
+            self,
+            Self::SynchronizeEvent | Self::SynchronizeStream | Self::StreamWaitEvent
+        )
+    }
+}
+
+/// A wait was made to fail since the last clear: an operation on a region may be refused
+/// with the runtime's error, and must then have changed nothing. A static rather than a
+/// harness field, since the outcome checks below are free functions over the pool.
+static WAITS_FAULTED: AtomicBool = AtomicBool::new(false);
+
+fn waits_faulted() -> bool {
+    WAITS_FAULTED.load(Ordering::Relaxed)
+}
+
+/// A call the harness makes to check contents, retried while it fails with the runtime's
+/// error under a faulted wait: each fault fails a few calls only, then the call goes through.
+fn retry<T: std::fmt::Debug>(what: &str, mut f: impl FnMut() -> ascend_pool::Result<T>) -> T {
+    let mut tries = 0;
+    loop {
+        match f() {
+            Ok(v) => return v,
+            Err(Error::Runtime { .. }) if waits_faulted() && tries < 32 => tries += 1,
+            Err(e) => panic!("{what}: {e:?} after {tries} retries"),
+        }
+    }
+}
+
+/// What runs right after a fault is armed, so the failing call meets the pool often.
+#[derive(Arbitrary, Debug, Clone, Copy)]
+enum AfterFault {
+    Nothing,
+    /// Gives chunks back: a refused free or unmap.
+    Trim,
+    /// Waits for the deferred frees: a refused wait.
+    Synchronize,
 }
 
 #[derive(Arbitrary, Debug, Clone, Copy)]
@@ -292,14 +341,14 @@ enum Op {
     FlushThreadCaches,
     Snapshot,
     /// The next calls of a function fail: out of memory or a plain runtime failure, at
-    /// once or after a few calls run (a failure half-way through a growth); then maybe a
-    /// trim, the call that gives chunks back (so a refused free meets one often).
+    /// once or after a few calls run (a failure half-way through a growth); then maybe the
+    /// pool call most likely to meet it.
     Fault {
         on: FaultOn,
         oom: bool,
         skip: u8,
         n: u8,
-        then_trim: bool,
+        then: AfterFault,
     },
     ClearFaults,
     /// Busy time on a stream (`ticks` of 4 µs, about a millisecond at most), as a kernel
@@ -384,13 +433,17 @@ fn bounds(off: u64, len: u64, cap: u64) -> Expect {
 
 /// Panics unless `r` is the outcome `want` names.
 fn expect<T: std::fmt::Debug>(r: &ascend_pool::Result<T>, want: Expect, what: &str) -> bool {
-    let fits = matches!(
-        (r, want),
-        (Ok(_), Expect::Ok)
-            | (Err(Error::OutOfBounds { .. }), Expect::OutOfBounds)
-            | (Err(Error::Misaligned { .. }), Expect::Misaligned)
-            | (Err(Error::ForeignHandle), Expect::Foreign)
-    );
+    // A faulted wait may refuse an operation the contract lets through.
+    let waited_in_vain =
+        want == Expect::Ok && waits_faulted() && matches!(r, Err(Error::Runtime { .. }));
+    let fits = waited_in_vain
+        || matches!(
+            (r, want),
+            (Ok(_), Expect::Ok)
+                | (Err(Error::OutOfBounds { .. }), Expect::OutOfBounds)
+                | (Err(Error::Misaligned { .. }), Expect::Misaligned)
+                | (Err(Error::ForeignHandle), Expect::Foreign)
+        );
     assert!(fits, "{what}: expected {want:?}, got {r:?}");
     r.is_ok()
 }
@@ -410,7 +463,7 @@ fn write_host<R: Region>(pool: &Pool, r: &mut R, off: u64, len: u64, seed: u8) -
         return None;
     }
     let mut back = vec![0u8; len as usize];
-    pool.copy_to_host(r, off, &mut back).unwrap();
+    retry("read back", || pool.copy_to_host(r, off, &mut back));
     assert!(back == data, "copy_from_host did not round-trip");
     Some(data)
 }
@@ -430,7 +483,7 @@ fn fill<R: Region>(pool: &Pool, r: &mut R, off: u64, len: u64, value: u8) -> boo
         return false;
     }
     let mut back = vec![0u8; len.min(CHECK_MAX) as usize];
-    pool.copy_to_host(r, off, &mut back).unwrap();
+    retry("read back", || pool.copy_to_host(r, off, &mut back));
     assert!(back.iter().all(|&b| b == value), "memset did not fill");
     true
 }
@@ -468,8 +521,8 @@ fn copy<D: Region, S: Region>(
     if compare {
         let n = len.min(CHECK_MAX) as usize;
         let (mut a, mut b) = (vec![0u8; n], vec![0u8; n]);
-        pool.copy_to_host(dst, dst_off, &mut a).unwrap();
-        pool.copy_to_host(src, src_off, &mut b).unwrap();
+        retry("read back", || pool.copy_to_host(dst, dst_off, &mut a));
+        retry("read back", || pool.copy_to_host(src, src_off, &mut b));
         assert!(a == b, "copy did not copy");
     }
     true
@@ -564,7 +617,7 @@ impl Harness {
 
     /// Waits for stream `s`: nothing queued on it is outstanding any more.
     fn sync_stream(&mut self, s: usize) {
-        self.streams[s].synchronize().unwrap();
+        retry("synchronize a stream", || self.streams[s].synchronize());
         for t in &mut self.live {
             t.dirty[s] = false;
         }
@@ -618,10 +671,11 @@ impl Harness {
         let t = &self.live[i];
         let n = t.head.len() as u64;
         let mut back = vec![0u8; n as usize];
-        with!(&t.region, r => self.pool.copy_to_host(r, 0, &mut back).unwrap());
+        with!(&t.region, r => retry("read back", || self.pool.copy_to_host(r, 0, &mut back)));
         if let Any::Host(h) = &t.region {
+            let bytes = retry("a host slice", || h.try_as_slice());
             assert!(
-                h.as_slice()[..n as usize] == back[..],
+                bytes[..n as usize] == back[..],
                 "host slice and copy differ"
             );
         }
@@ -752,8 +806,13 @@ impl Harness {
             let data = pattern(len as u8, head_len);
             let t = &mut self.live[i];
             match &mut t.region {
-                Any::Host(h) => h.as_mut_slice()[..head_len as usize].copy_from_slice(&data),
-                region => with!(region, r => self.pool.copy_from_host(r, 0, &data).unwrap()),
+                Any::Host(h) => retry("a host slice", || {
+                    h.try_as_mut_slice()
+                        .map(|b| b[..head_len as usize].copy_from_slice(&data))
+                }),
+                region => {
+                    with!(region, r => retry("initialize", || self.pool.copy_from_host(r, 0, &data)))
+                }
             }
             t.head = data.into_iter().map(Some).collect();
         }
@@ -1047,7 +1106,14 @@ impl Harness {
                 let n = n.min(HOST_BUF_MAX);
                 let data = pattern(seed, n);
                 if let Any::Host(h) = &mut t.region {
-                    h.as_mut_slice()[o as usize..(o + n) as usize].copy_from_slice(&data);
+                    match h.try_as_mut_slice() {
+                        Ok(b) => b[o as usize..(o + n) as usize].copy_from_slice(&data),
+                        Err(e) => {
+                            let ok = waits_faulted() && matches!(e, Error::Runtime { .. });
+                            assert!(ok, "a host slice: {e:?}");
+                            return;
+                        }
+                    }
                 }
                 self.shadow_write(i, o, |p| Some(data[p as usize]), n);
             }
@@ -1173,7 +1239,7 @@ impl Harness {
             Op::Trim => {
                 self.pool.trim();
             }
-            Op::Synchronize => self.pool.synchronize().unwrap(),
+            Op::Synchronize => self.synchronize(),
             Op::FlushThreadCaches => {
                 self.pool.flush_thread_caches();
                 for k in MemKind::ALL {
@@ -1206,7 +1272,7 @@ impl Harness {
                 oom,
                 skip,
                 n,
-                then_trim,
+                then,
             } => {
                 let code = if oom {
                     AclError::RT_MEMORY_ALLOCATION
@@ -1222,19 +1288,36 @@ impl Harness {
                     },
                 });
                 self.faults = true;
-                if then_trim {
-                    self.pool.trim();
+                if on.is_wait() {
+                    WAITS_FAULTED.store(true, Ordering::Relaxed);
+                }
+                match then {
+                    AfterFault::Nothing => {}
+                    AfterFault::Trim => {
+                        self.pool.trim();
+                    }
+                    AfterFault::Synchronize => self.synchronize(),
                 }
             }
             Op::ClearFaults => {
                 self.sim.clear_faults();
                 self.faults = false;
+                WAITS_FAULTED.store(false, Ordering::Relaxed);
             }
             Op::Delay { stream, ticks } => {
                 let s = &self.streams[Self::stream_index(stream)];
                 let busy = Duration::from_micros(4 * u64::from(ticks));
                 self.sim.enqueue_delay(s.handle(), busy).unwrap();
             }
+        }
+    }
+
+    /// Waits for every deferred free; under a faulted wait, a refused one stays pending
+    /// and a later call completes it.
+    fn synchronize(&self) {
+        match self.pool.synchronize() {
+            Err(Error::Runtime { .. }) if waits_faulted() => {}
+            r => r.unwrap(),
         }
     }
 
@@ -1348,6 +1431,7 @@ fn build(input: &Input) -> Harness {
 }
 
 fuzz_target!(|input: Input| {
+    WAITS_FAULTED.store(false, Ordering::Relaxed);
     let mut h = build(&input);
     for &op in input.ops.iter().take(MAX_OPS) {
         h.run(op);
