@@ -338,6 +338,72 @@ fn a_failed_wait_is_reported_and_its_free_stays_pending() {
     every_free_completes(&pool);
 }
 
+/// A region taken over on its stream while the old owner's copy is still queued there: when
+/// the runtime refuses the wait a host-side use needs, or the ordering another stream's work
+/// needs, the use is refused and writes nothing, and the region still orders its next use
+/// after the old copy.
+#[test]
+fn a_refused_wait_for_the_old_owner_refuses_the_use_and_keeps_the_order() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let sim = sim(0);
+    let pool = pool_over(&sim);
+    let (s, t) = (pool.create_stream().unwrap(), pool.create_stream().unwrap());
+    let mut old_data = pool.alloc_host(LEN).unwrap();
+    old_data.as_mut_slice().fill(0xAA);
+    let hold = sim.hold_stream(s.handle()).unwrap();
+    let addr = drop_behind_a_copy(&pool, &old_data, &s);
+    let mut b = pool.alloc_device_on(LEN, &s).unwrap();
+    assert_eq!(b.addr(), addr, "taken over on its stream");
+
+    let refused = |r: Result<(), Error>, what: &str| {
+        assert!(
+            matches!(&r, Err(Error::Runtime { code, .. }) if *code == AclError::RT_FAILURE),
+            "{what}: {r:?}"
+        );
+    };
+    sim.inject_fault(Fault::next(
+        AclFunc::SynchronizeEvent,
+        AclError::RT_FAILURE,
+        1,
+    ));
+    let host_side = pool.copy_from_host(&mut b, 0, &vec![0xCC; LEN as usize]);
+    refused(host_side, "a host-side write");
+    sim.inject_fault(Fault::next(
+        AclFunc::StreamWaitEvent,
+        AclError::RT_FAILURE,
+        1,
+    ));
+    refused(
+        pool.memset_async(&mut b, 0, 0xDD, LEN, &t),
+        "a fill on another stream",
+    );
+    assert_eq!(
+        sim.pending_ops(t.handle()).unwrap(),
+        0,
+        "queued on t anyway"
+    );
+    pool.validate().unwrap();
+
+    // Asked again, a host-side read waits for the held copy, and only that copy wrote.
+    let released = AtomicBool::new(false);
+    let got = std::thread::scope(|scope| {
+        scope.spawn(|| {
+            std::thread::sleep(Duration::from_millis(100));
+            released.store(true, Ordering::SeqCst);
+            hold.release();
+        });
+        let got = read(&pool, &b);
+        assert!(
+            released.load(Ordering::SeqCst),
+            "read before the old owner's copy ran"
+        );
+        got
+    });
+    assert!(got.iter().all(|&x| x == 0xAA), "a refused use wrote");
+    drop(b);
+    every_free_completes(&pool);
+}
+
 /// The last handle of a pool can go while a stream is still writing a freed region. If the
 /// runtime then refuses to wait for the free's events, the pool waits for their streams
 /// before its chunks go back, rather than hand the runtime memory a stream still writes:
