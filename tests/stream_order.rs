@@ -404,6 +404,65 @@ fn a_refused_wait_for_the_old_owner_refuses_the_use_and_keeps_the_order() {
     every_free_completes(&pool);
 }
 
+/// A free whose stream the runtime will neither fence with an event nor wait for stays
+/// pending: its memory is not handed out while the stream may still write it. Once the
+/// runtime answers again, the free completes.
+#[test]
+fn a_free_the_runtime_cannot_fence_or_wait_for_stays_pending() {
+    let sim = sim(0);
+    let pool = pool_over(&sim);
+    let s = pool.create_stream().unwrap();
+    let hold = sim.hold_stream(s.handle()).unwrap();
+    let mut target = pool.alloc_device(LEN).unwrap();
+    let target_addr = target.addr();
+    pool.memset_async(&mut target, 0, 0xAB, LEN, &s).unwrap();
+
+    for func in [AclFunc::RecordEvent, AclFunc::SynchronizeStream] {
+        sim.inject_fault(Fault::always(func, AclError::RT_FAILURE));
+    }
+    drop(target);
+    assert_eq!(pool.stats(MemKind::DEVICE).pending_frees, 1);
+    pool.trim(); // tries to fence the stream again, and is refused
+    let plain = pool.alloc_device(LEN).unwrap();
+    assert!(
+        !overlaps(plain.addr(), target_addr, LEN),
+        "got memory the held stream may still write"
+    );
+    assert_eq!(pool.stats(MemKind::DEVICE).pending_frees, 1);
+    pool.validate().unwrap();
+
+    sim.clear_faults();
+    hold.release();
+    every_free_completes(&pool);
+}
+
+/// When the pool's last handle goes and the runtime will wait neither for a deferred free's
+/// event nor for its stream, that free's chunk is kept from the runtime: giving back memory
+/// a stream may still write is worse than holding it.
+#[test]
+fn a_dropped_pool_keeps_a_chunk_it_cannot_wait_for() {
+    let sim = sim(0);
+    let pool = pool_over(&sim);
+    let s = pool.create_stream().unwrap();
+    let hold = sim.hold_stream(s.handle()).unwrap();
+    let mut target = pool.alloc_device(LEN).unwrap();
+    pool.memset_async(&mut target, 0, 0xAB, LEN, &s).unwrap();
+    drop(target);
+    assert_eq!(pool.stats(MemKind::DEVICE).pending_frees, 1);
+    for func in [AclFunc::SynchronizeEvent, AclFunc::SynchronizeStream] {
+        sim.inject_fault(Fault::always(func, AclError::RT_FAILURE));
+    }
+    drop(pool);
+    assert_eq!(
+        sim.stats().live_blocks,
+        1,
+        "the chunk went back while the stream was held"
+    );
+    sim.clear_faults();
+    hold.release(); // the fill lands in memory that is still the pool's
+    s.synchronize().unwrap();
+}
+
 /// The last handle of a pool can go while a stream is still writing a freed region. If the
 /// runtime then refuses to wait for the free's events, the pool waits for their streams
 /// before its chunks go back, rather than hand the runtime memory a stream still writes:

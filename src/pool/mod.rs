@@ -221,12 +221,21 @@ impl LiveEntry {
 #[derive(Debug)]
 struct PendingFree {
     key: usize,
-    /// One per stream that used the segment, recorded on it at free time (the stream is
-    /// kept for when the runtime cannot wait for the event).
-    events: SmallVec<[(EventHandle, StreamHandle); 2]>,
-    /// The stream, when exactly one used the segment: an allocation on that stream may
-    /// take the segment at once, since stream order puts its work after the old work.
+    /// One per stream that used the segment and had not passed it at free time: the
+    /// stream, and an event recorded on it then. The event is `None` while the runtime
+    /// would neither record one nor wait for the stream; one recorded later comes after
+    /// the segment's work too, since a stream runs in order (see [`PoolInner::reclaim`]).
+    events: SmallVec<[(Option<EventHandle>, StreamHandle); 2]>,
+    /// The stream, when exactly one used the segment and an event fences it: an allocation
+    /// on that stream may take the segment at once, since stream order puts its work after
+    /// the old work.
     only_on: Option<StreamHandle>,
+}
+
+/// The runtime's answer for a stream that no longer exists: a `Stream` is destroyed only
+/// after its work has run, so nothing queued on it can still touch memory.
+fn stream_gone(e: &Error) -> bool {
+    matches!(e, Error::Runtime { code, .. } if *code == crate::AclError::RT_INVALID_HANDLE)
 }
 
 /// One memory kind's pool.
@@ -803,14 +812,34 @@ impl Drop for PoolInner {
     fn drop(&mut self) {
         for m in &mut self.kinds {
             let k = m.get_mut();
+            // Chunks a stream may still write, that the runtime would not wait for.
+            let mut unsafe_to_free = SmallVec::<[usize; 2]>::new();
             for p in k.pending.drain(..) {
                 for (ev, s) in p.events {
-                    if self.source.synchronize_event(ev).is_err() {
-                        // The chunk must not go back while the stream may still write it:
-                        // wait for the stream itself.
-                        let _ = self.source.synchronize_stream(s);
+                    let waited = ev.is_some_and(|ev| {
+                        let ok = self.source.synchronize_event(ev).is_ok();
+                        let _ = self.source.destroy_event(ev);
+                        ok
+                    });
+                    if waited {
+                        continue;
                     }
-                    let _ = self.source.destroy_event(ev);
+                    // The chunk must not go back while the stream may still write it:
+                    // wait for the stream itself, and keep the chunk if that fails too.
+                    match self.source.synchronize_stream(s) {
+                        Ok(()) => {}
+                        Err(e) if stream_gone(&e) => {}
+                        Err(_) => unsafe_to_free.push(k.live[p.key].chunk),
+                    }
+                }
+            }
+            for id in unsafe_to_free {
+                if let Some(c) = k.chunks.try_remove(id) {
+                    eprintln!(
+                        "ascend-pool: kept a {} chunk of {} bytes from the runtime: a stream \
+                         that would not be waited for may still write it",
+                        k.kind, c.block.size
+                    );
                 }
             }
             for c in k.chunks.drain() {
@@ -999,7 +1028,8 @@ impl PoolInner {
                 r.free(raw.addr);
                 r.alloc(kind, raw.addr, len, align);
             }
-            return Ok((raw, Arc::clone(self), p.events.first().map(|&(ev, _)| ev)));
+            let after = p.events.first().and_then(|&(ev, _)| ev);
+            return Ok((raw, Arc::clone(self), after));
         }
         drop(k);
         let OwnedSegment { raw, owner } = self.allocate(kind, len, align)?;
@@ -1523,9 +1553,31 @@ impl PoolInner {
         let mut failed = None;
         let mut i = 0;
         while i < k.pending.len() {
-            let ready = k.pending[i].events.iter().all(|&(ev, _)| {
+            let ready = k.pending[i].events.iter_mut().all(|(ev, s)| {
+                let Some(e) = *ev else {
+                    // No event fences the stream yet: record one now (it comes after the
+                    // segment's work), or wait for the stream itself.
+                    return if wait {
+                        match self.source.synchronize_stream(*s) {
+                            Ok(()) => true,
+                            Err(e) if stream_gone(&e) => true,
+                            Err(e) => {
+                                failed.get_or_insert(e);
+                                false
+                            }
+                        }
+                    } else {
+                        match self.fence(*s) {
+                            Ok(e) => {
+                                *ev = Some(e);
+                                self.source.query_event(e).unwrap_or(false)
+                            }
+                            Err(e) => stream_gone(&e),
+                        }
+                    };
+                };
                 if wait {
-                    match self.source.synchronize_event(ev) {
+                    match self.source.synchronize_event(e) {
                         Ok(()) => true,
                         Err(e) => {
                             failed.get_or_insert(e);
@@ -1535,12 +1587,12 @@ impl PoolInner {
                 } else {
                     // A failed query says nothing about the stream: ask again later (and
                     // wait when memory runs short) rather than hand out what it may write.
-                    self.source.query_event(ev).unwrap_or(false)
+                    self.source.query_event(e).unwrap_or(false)
                 }
             });
             if ready {
                 let p = k.pending.swap_remove(i);
-                for (ev, _) in p.events {
+                for ev in p.events.into_iter().filter_map(|(ev, _)| ev) {
                     self.put_event(ev);
                 }
                 self.finish_free(k, p.key, true);
@@ -1550,6 +1602,18 @@ impl PoolInner {
             }
         }
         (done, failed)
+    }
+
+    /// An event recorded on `stream` now: it completes once the work queued so far has run.
+    fn fence(&self, stream: StreamHandle) -> Result<EventHandle> {
+        let ev = self.take_event()?;
+        match self.source.record_event(ev, stream) {
+            Ok(()) => Ok(ev),
+            Err(e) => {
+                self.put_event(ev);
+                Err(e)
+            }
+        }
     }
 
     fn take_event(&self) -> Result<EventHandle> {
@@ -1671,25 +1735,24 @@ impl PoolInner {
             self.finish_free(k, seg.key(), true);
             return;
         }
-        let mut events = SmallVec::new();
+        let mut events: SmallVec<[(Option<EventHandle>, StreamHandle); 2]> = SmallVec::new();
         for &s in streams {
-            // Without an event, or on a stream that refuses one (a dropped `Stream` is
-            // destroyed after its work has run), wait here for what the stream still has:
-            // failing would lose the segment, since a dropped region cannot free again.
-            let Ok(ev) = self.take_event() else {
-                let _ = self.source.synchronize_stream(s);
-                continue;
-            };
-            if self.source.record_event(ev, s).is_err() {
-                self.put_event(ev);
-                let _ = self.source.synchronize_stream(s);
-                continue;
+            match self.fence(s) {
+                Ok(ev) => events.push((Some(ev), s)),
+                // Without an event, wait here for what the stream still has. A stream that
+                // is gone has run its work; one the runtime will not wait for either stays
+                // a fence owed, and `reclaim` tries again.
+                Err(_) => match self.source.synchronize_stream(s) {
+                    Ok(()) => {}
+                    Err(e) if stream_gone(&e) => {}
+                    Err(_) => events.push((None, s)),
+                },
             }
-            events.push((ev, s));
         }
         if !events.is_empty() {
             k.live[seg.key()].pending = true;
-            let only_on = (streams.len() == 1 && events.len() == 1).then_some(streams[0]);
+            let fenced_once = events.len() == 1 && events[0].0.is_some();
+            let only_on = (streams.len() == 1 && fenced_once).then_some(streams[0]);
             k.pending.push(PendingFree {
                 key: seg.key(),
                 events,
