@@ -7,7 +7,7 @@
 //!   region stays safe for host-side access and for other streams.
 //! - When memory runs short, the pool waits for the streams before it fails.
 
-use ascend_pool::region::{HostRegion, Region};
+use ascend_pool::region::{DeviceRegion, HostRegion, Region};
 use ascend_pool::source::sim::{AclFunc, Fault, SimConfig, SimSource};
 use ascend_pool::source::BlockSource;
 use ascend_pool::{AclError, Error, MemKind, Pool, PoolConfig, Stream};
@@ -50,6 +50,22 @@ fn drop_behind_a_copy(pool: &Pool, staging: &HostRegion, stream: &Stream) -> usi
     pool.copy_async(&mut target, 0, staging, 0, LEN, stream)
         .unwrap();
     addr
+}
+
+/// A device region of `LEN` bytes with a fill queued on `stream`. No other region waits on
+/// the stream, so only this region's free can make the pool wait for it.
+fn filled_on(pool: &Pool, stream: &Stream) -> DeviceRegion {
+    let mut target = pool.alloc_device(LEN).unwrap();
+    pool.memset_async(&mut target, 0, 0xAB, LEN, stream)
+        .unwrap();
+    target
+}
+
+/// Makes every call of each of `funcs` fail, until the faults are cleared.
+fn fail_always<const N: usize>(sim: &SimSource, funcs: [AclFunc; N]) {
+    for func in funcs {
+        sim.inject_fault(Fault::always(func, AclError::RT_FAILURE));
+    }
 }
 
 /// Waits for the streams: every deferred free completes and the pool is whole.
@@ -413,13 +429,10 @@ fn a_free_the_runtime_cannot_fence_or_wait_for_stays_pending() {
     let pool = pool_over(&sim);
     let s = pool.create_stream().unwrap();
     let hold = sim.hold_stream(s.handle()).unwrap();
-    let mut target = pool.alloc_device(LEN).unwrap();
+    let target = filled_on(&pool, &s);
     let target_addr = target.addr();
-    pool.memset_async(&mut target, 0, 0xAB, LEN, &s).unwrap();
 
-    for func in [AclFunc::RecordEvent, AclFunc::SynchronizeStream] {
-        sim.inject_fault(Fault::always(func, AclError::RT_FAILURE));
-    }
+    fail_always(&sim, [AclFunc::RecordEvent, AclFunc::SynchronizeStream]);
     drop(target);
     assert_eq!(pool.stats(MemKind::DEVICE).pending_frees, 1);
     pool.trim(); // tries to fence the stream again, and is refused
@@ -445,13 +458,12 @@ fn a_dropped_pool_keeps_a_chunk_it_cannot_wait_for() {
     let pool = pool_over(&sim);
     let s = pool.create_stream().unwrap();
     let hold = sim.hold_stream(s.handle()).unwrap();
-    let mut target = pool.alloc_device(LEN).unwrap();
-    pool.memset_async(&mut target, 0, 0xAB, LEN, &s).unwrap();
-    drop(target);
+    drop(filled_on(&pool, &s));
     assert_eq!(pool.stats(MemKind::DEVICE).pending_frees, 1);
-    for func in [AclFunc::SynchronizeEvent, AclFunc::SynchronizeStream] {
-        sim.inject_fault(Fault::always(func, AclError::RT_FAILURE));
-    }
+    fail_always(
+        &sim,
+        [AclFunc::SynchronizeEvent, AclFunc::SynchronizeStream],
+    );
     drop(pool);
     assert_eq!(
         sim.stats().live_blocks,
@@ -480,19 +492,13 @@ fn dropped_pool_waits(also_on_another_stream: bool) {
     let pool = pool_over(&sim);
     let (s, t) = (pool.create_stream().unwrap(), pool.create_stream().unwrap());
     let hold = sim.hold_stream(s.handle()).unwrap();
-    // A fill, not a copy: no other region waits on the stream, so only this free can make
-    // the pool wait for it.
-    let mut target = pool.alloc_device(LEN).unwrap();
-    pool.memset_async(&mut target, 0, 0xAB, LEN, &s).unwrap();
+    let target = filled_on(&pool, &s);
     if also_on_another_stream {
         target.record_stream(&t).unwrap();
     }
     drop(target);
     assert_eq!(pool.stats(MemKind::DEVICE).pending_frees, 1);
-    sim.inject_fault(Fault::always(
-        AclFunc::SynchronizeEvent,
-        AclError::RT_FAILURE,
-    ));
+    fail_always(&sim, [AclFunc::SynchronizeEvent]);
     let released = AtomicBool::new(false);
     std::thread::scope(|scope| {
         scope.spawn(|| {
