@@ -149,10 +149,7 @@ impl Segment {
             .unwrap_or_else(|p| p.into_inner())
             .clone();
         for s in queued {
-            match self.source().synchronize_stream(s) {
-                Err(Error::Runtime { code, .. }) if code == crate::AclError::RT_INVALID_HANDLE => {}
-                other => other?,
-            }
+            crate::pool::wait_for_stream(&**self.source(), s)?;
         }
         Ok(())
     }

@@ -238,6 +238,14 @@ fn stream_gone(e: &Error) -> bool {
     matches!(e, Error::Runtime { code, .. } if *code == crate::AclError::RT_INVALID_HANDLE)
 }
 
+/// Waits for the work queued so far on `stream`; a stream that is gone counts as passed.
+pub(crate) fn wait_for_stream(source: &dyn BlockSource, stream: StreamHandle) -> Result<()> {
+    match source.synchronize_stream(stream) {
+        Err(e) if stream_gone(&e) => Ok(()),
+        r => r,
+    }
+}
+
 /// One memory kind's pool.
 ///
 /// Invariants (checked by [`Pool::validate`]):
@@ -826,10 +834,8 @@ impl Drop for PoolInner {
                     }
                     // The chunk must not go back while the stream may still write it:
                     // wait for the stream itself, and keep the chunk if that fails too.
-                    match self.source.synchronize_stream(s) {
-                        Ok(()) => {}
-                        Err(e) if stream_gone(&e) => {}
-                        Err(_) => unsafe_to_free.push(k.live[p.key].chunk),
+                    if wait_for_stream(&*self.source, s).is_err() {
+                        unsafe_to_free.push(k.live[p.key].chunk);
                     }
                 }
             }
@@ -1558,9 +1564,8 @@ impl PoolInner {
                     // No event fences the stream yet: record one now (it comes after the
                     // segment's work), or wait for the stream itself.
                     return if wait {
-                        match self.source.synchronize_stream(*s) {
+                        match wait_for_stream(&*self.source, *s) {
                             Ok(()) => true,
-                            Err(e) if stream_gone(&e) => true,
                             Err(e) => {
                                 failed.get_or_insert(e);
                                 false
@@ -1742,11 +1747,11 @@ impl PoolInner {
                 // Without an event, wait here for what the stream still has. A stream that
                 // is gone has run its work; one the runtime will not wait for either stays
                 // a fence owed, and `reclaim` tries again.
-                Err(_) => match self.source.synchronize_stream(s) {
-                    Ok(()) => {}
-                    Err(e) if stream_gone(&e) => {}
-                    Err(_) => events.push((None, s)),
-                },
+                Err(_) => {
+                    if wait_for_stream(&*self.source, s).is_err() {
+                        events.push((None, s));
+                    }
+                }
             }
         }
         if !events.is_empty() {
