@@ -204,6 +204,16 @@ pub enum Error {
         /// The shareable handle.
         handle: u64,
     },
+    /// Memory asked to be published under the other access than it was first exported
+    /// with. Whether importers are checked against a whitelist is fixed when a physical
+    /// allocation is first exported, and a handle is exported once, so the access asked for
+    /// could not hold.
+    ShareAccessFixed {
+        /// The shareable handle.
+        handle: u64,
+        /// How it was exported: to any process (`true`) or to whitelisted ones.
+        any_process: bool,
+    },
 }
 
 impl std::fmt::Display for Error {
@@ -274,6 +284,20 @@ impl std::fmt::Display for Error {
             ),
             Self::ShareGone { handle } => {
                 write!(f, "shareable handle {handle:#x} is not exported (any more)")
+            }
+            Self::ShareAccessFixed {
+                handle,
+                any_process,
+            } => {
+                let how = if *any_process {
+                    "to any process"
+                } else {
+                    "to whitelisted processes only"
+                };
+                write!(
+                    f,
+                    "shareable handle {handle:#x} was exported {how}; its access cannot change"
+                )
             }
         }
     }

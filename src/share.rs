@@ -50,6 +50,13 @@ use crate::source::vmm::{
 use crate::source::{DeviceId, MemcpyKind};
 
 /// Which processes may open what is published.
+///
+/// The runtime grants access per physical allocation, not per published range: a process
+/// let in by one publish may import the whole allocation behind it (a chunk's granules), so
+/// every region published from the same allocation is open to it too, and whitelists only
+/// grow. Whether importers are checked at all is fixed by the first publish of an
+/// allocation: publishing it later under the other kind of access is refused with
+/// [`Error::ShareAccessFixed`]. Keep memory for different readers in different pools.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Access {
     /// Only these processes (ids from [`VmmRuntime::bare_tgid`] in each of them).

@@ -247,6 +247,60 @@ fn a_process_off_the_whitelist_is_refused_and_any_process_opens_without_validati
 }
 
 #[test]
+fn the_first_publish_of_an_allocation_fixes_whether_importers_are_checked() {
+    let _g = serial();
+    let objects = memory_objects();
+    let (sim, vmm, pool) = exporter();
+    let me = sim.bare_tgid().unwrap();
+    let to_me = Access::Processes(vec![me]);
+    // Two regions of one chunk: one physical allocation.
+    let a = filled(&pool, MIB);
+    let b = filled(&pool, 256 << 10);
+    let desc_a = vmm.publish_region(&a, &to_me).unwrap();
+    let handle = desc_a.pieces[0].handle;
+    match vmm.publish_region(&b, &Access::AnyProcess) {
+        Err(Error::ShareAccessFixed {
+            handle: h,
+            any_process: false,
+        }) => assert_eq!(h, handle),
+        other => panic!("publishing to any process after a whitelist gave {other:?}"),
+    }
+    let desc_b = vmm.publish_region(&b, &to_me).unwrap();
+    assert_eq!(desc_b.pieces, desc_a.pieces, "one allocation, one handle");
+
+    // The chunk grows in place with other allocations, not exported yet. A region past the
+    // first granule lies on them alone: publishing everything to any process is refused
+    // before they are exported, so they can still go to any process.
+    let across = pool.alloc_device(MIB).unwrap();
+    let c = pool.alloc_device(8 * MIB).unwrap();
+    assert!(c.addr() >= desc_a.base + desc_a.span as usize);
+    assert!(matches!(
+        vmm.publish_all(&Access::AnyProcess),
+        Err(Error::ShareAccessFixed {
+            any_process: false,
+            ..
+        })
+    ));
+    let desc_c = vmm.publish_region(&c, &Access::AnyProcess).unwrap();
+    assert_ne!(desc_c.pieces[0].handle, handle);
+    match vmm.publish_region(&c, &to_me) {
+        Err(Error::ShareAccessFixed {
+            handle: h,
+            any_process: true,
+        }) => assert_eq!(h, desc_c.pieces[0].handle),
+        other => panic!("a whitelist after publishing to any process gave {other:?}"),
+    }
+    for d in [&desc_a, &desc_b, &desc_c] {
+        SharedMapping::open(Arc::clone(&sim), 0, d)
+            .unwrap()
+            .close()
+            .unwrap();
+    }
+    drop((a, b, across, c, pool, vmm));
+    all_given_back(objects);
+}
+
+#[test]
 fn memory_outlives_the_exporting_process_until_the_importer_frees_it() {
     let _g = serial();
     let objects = memory_objects();

@@ -145,8 +145,9 @@ pub(crate) struct Extent {
     /// Bytes, a multiple of the granule.
     pub(crate) len: u64,
     pub(crate) handle: PhysicalHandle,
-    /// The shareable handle, once exported (a handle is exported at most once).
-    pub(crate) shareable: Option<u64>,
+    /// The shareable handle once exported, and its export flags: a handle is exported at
+    /// most once, so whether importers are checked against a whitelist never changes after.
+    pub(crate) shareable: Option<(u64, u64)>,
 }
 
 /// A device block handed out.
@@ -477,7 +478,8 @@ impl<R: VmmRuntime> VmmSource<R> {
 
     /// Exports the extents overlapping `addr..addr + len` (every extent when `None`) and
     /// returns them as (address, bytes, shareable handle). An extent already exported keeps
-    /// its handle (a handle is exported once per process) and `flags` then do not apply.
+    /// its handle (a handle is exported once per process); one exported with other `flags`
+    /// is refused with [`Error::ShareAccessFixed`], before anything new is exported.
     pub(crate) fn export_extents(
         &self,
         range: Option<(usize, u64)>,
@@ -494,14 +496,24 @@ impl<R: VmmRuntime> VmmSource<R> {
             .filter(|(&va, e)| va + e.len as usize > lo)
             .map(|(&va, _)| va)
             .collect();
+        for va in &overlapping {
+            if let Some((handle, was)) = s.extents[va].shareable {
+                if was != flags {
+                    return Err(Error::ShareAccessFixed {
+                        handle,
+                        any_process: was & EXPORT_FLAG_DISABLE_PID_VALIDATION != 0,
+                    });
+                }
+            }
+        }
         let mut out = Vec::with_capacity(overlapping.len());
         for va in overlapping {
             let e = s.extents.get_mut(&va).expect("listed above");
             let shareable = match e.shareable {
-                Some(h) => h,
+                Some((h, _)) => h,
                 None => {
                     let h = self.runtime.export_shareable(e.handle, flags)?;
-                    e.shareable = Some(h);
+                    e.shareable = Some((h, flags));
                     h
                 }
             };
