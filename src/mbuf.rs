@@ -277,8 +277,14 @@ impl<R: VmmRuntime> SharedMbuf<R> {
         }
     }
 
-    /// Unmaps the buffer and frees what was imported.
+    /// Unmaps the buffer and frees what was imported (see [`SharedMapping::close`]).
     pub fn close(self) -> Result<()> {
         self.mapping.close()
+    }
+
+    /// Closes the buffer and keeps it, so that a close the runtime refused can be tried
+    /// again (see [`SharedMapping::try_close`]).
+    pub fn try_close(&mut self) -> Result<()> {
+        self.mapping.try_close()
     }
 }

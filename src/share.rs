@@ -198,14 +198,19 @@ fn flags(access: &Access) -> u64 {
 /// Published memory opened in this process: imported and mapped in the exporter's layout.
 ///
 /// Closing it (or dropping it) unmaps and frees the imported memory; the exporter's memory
-/// is released once every process sharing it has done so.
+/// is released once every process sharing it has done so. What the runtime refuses to let
+/// go stays held, and [`try_close`](Self::try_close) tries it again.
 pub struct SharedMapping<R: VmmRuntime> {
     runtime: Arc<R>,
     desc: ShareDescriptor,
     /// Start of the local reservation (the exporter's `base`).
     va: usize,
-    /// Imported pieces, mapped at `va + offset`.
-    pieces: Vec<(usize, PhysicalHandle)>,
+    /// Imported pieces still held: local address, handle, and whether it is still mapped
+    /// there (a close that could unmap a piece but not free it keeps it unmapped).
+    pieces: Vec<(usize, PhysicalHandle, bool)>,
+    /// The reservation at `va` is held: until every piece is freed and it is released.
+    reserved: bool,
+    /// False from the first close on: reads and writes are refused.
     open: bool,
 }
 
@@ -269,6 +274,7 @@ impl<R: VmmRuntime> SharedMapping<R> {
             desc: desc.clone(),
             va,
             pieces: Vec::with_capacity(desc.pieces.len()),
+            reserved: true,
             open: true,
         };
         for p in &desc.pieces {
@@ -282,11 +288,11 @@ impl<R: VmmRuntime> SharedMapping<R> {
             };
             let at = va + p.offset as usize;
             if let Err(e) = mapping.runtime.map(at, p.len, 0, handle) {
-                let _ = mapping.runtime.free_physical(handle);
+                mapping.pieces.push((at, handle, false));
                 let _ = mapping.close_inner();
                 return Err(e);
             }
-            mapping.pieces.push((at, handle));
+            mapping.pieces.push((at, handle, true));
         }
         Ok(mapping)
     }
@@ -322,6 +328,9 @@ impl<R: VmmRuntime> SharedMapping<R> {
     /// inside the published window, and on pieces with no hole between them (what
     /// [`VmmSource::publish_all`] publishes may span unmapped addresses between chunks).
     fn check(&self, offset: u64, len: usize) -> Result<usize> {
+        if !self.open {
+            return Err(Error::AlreadyFreed);
+        }
         let len = len as u64;
         let out = Error::OutOfBounds {
             offset,
@@ -387,35 +396,59 @@ impl<R: VmmRuntime> SharedMapping<R> {
         }
     }
 
-    /// Unmaps and frees the imported memory and releases the reservation.
+    /// Unmaps and frees the imported memory and releases the reservation. If the runtime
+    /// refuses a step, the drop right after tries what is left once more, then prints the
+    /// error and leaves it held; to keep trying, use [`try_close`](Self::try_close).
     pub fn close(mut self) -> Result<()> {
+        self.try_close()
+    }
+
+    /// Closes the mapping and keeps it: unmaps and frees every imported piece, then releases
+    /// the reservation. Reads and writes are refused ([`Error::AlreadyFreed`]) from the
+    /// first call on. A step the runtime refuses leaves what it had to let go held, and the
+    /// first error is returned; call again to retry. `Ok` once nothing is held.
+    pub fn try_close(&mut self) -> Result<()> {
         self.close_inner()
     }
 
+    /// Whether the mapping still holds imported memory or its reservation.
+    pub fn holds_memory(&self) -> bool {
+        self.reserved || !self.pieces.is_empty()
+    }
+
     fn close_inner(&mut self) -> Result<()> {
-        if !self.open {
-            return Ok(());
-        }
         self.open = false;
         let mut first = Ok(());
-        for (at, handle) in std::mem::take(&mut self.pieces) {
-            let r = self
-                .runtime
-                .unmap(at)
-                .and_then(|()| self.runtime.free_physical(handle));
+        let runtime = &self.runtime;
+        self.pieces.retain_mut(|(at, handle, mapped)| {
+            let r = if *mapped {
+                runtime.unmap(*at).inspect(|()| *mapped = false)
+            } else {
+                Ok(())
+            };
+            let r = r.and_then(|()| runtime.free_physical(*handle));
+            let kept = r.is_err();
             if first.is_ok() {
                 first = r;
             }
+            kept
+        });
+        // Addresses with memory still mapped cannot be released.
+        if self.reserved && self.pieces.is_empty() {
+            let r = runtime.release_address(self.va);
+            self.reserved = r.is_err();
+            first = first.and(r);
         }
-        let r = self.runtime.release_address(self.va);
-        first.and(r)
+        first
     }
 }
 
 impl<R: VmmRuntime> Drop for SharedMapping<R> {
     fn drop(&mut self) {
-        if let Err(e) = self.close_inner() {
-            eprintln!("ascend-pool: closing a shared mapping failed: {e}");
+        if self.holds_memory() {
+            if let Err(e) = self.close_inner() {
+                eprintln!("ascend-pool: closing a shared mapping failed, memory left held: {e}");
+            }
         }
     }
 }

@@ -18,10 +18,10 @@ use std::time::{Duration, Instant};
 use ascend_pool::mbuf::{Mbuf, MbufKind, SharedMbuf};
 use ascend_pool::share::{Access, ShareDescriptor, SharedMapping};
 use ascend_pool::source::acl::AclSource;
-use ascend_pool::source::sim::{SimConfig, SimSource};
+use ascend_pool::source::sim::{AclFunc, Fault, SimConfig, SimSource};
 use ascend_pool::source::vmm::{VmmConfig, VmmRuntime, VmmSource};
 use ascend_pool::source::BlockSource;
-use ascend_pool::{Error, MemKind, Pool, PoolConfig, Region};
+use ascend_pool::{AclError, Error, MemKind, Pool, PoolConfig, Region};
 
 const ROLE: &str = "ASCEND_POOL_SHARE_ROLE";
 const PEER: &str = "ASCEND_POOL_SHARE_PEER";
@@ -297,6 +297,63 @@ fn the_first_publish_of_an_allocation_fixes_whether_importers_are_checked() {
             .unwrap();
     }
     drop((a, b, across, c, pool, vmm));
+    all_given_back(objects);
+}
+
+#[test]
+fn a_close_the_runtime_refuses_keeps_what_it_holds_until_tried_again() {
+    let _g = serial();
+    let objects = memory_objects();
+    let (sim, vmm, pool) = exporter();
+    let region = filled(&pool, MIB);
+    let me = sim.bare_tgid().unwrap();
+    let desc = vmm
+        .publish_region(&region, &Access::Processes(vec![me]))
+        .unwrap();
+    let held = |sim: &SimSource| {
+        let s = sim.stats();
+        (s.reservations, s.physical_handles, s.mappings)
+    };
+    let exporter_holds = held(&sim);
+    for func in [
+        AclFunc::UnmapMem,
+        AclFunc::FreePhysical,
+        AclFunc::ReleaseMemAddress,
+    ] {
+        let mut m = SharedMapping::open(Arc::clone(&sim), 0, &desc).unwrap();
+        sim.inject_fault(Fault::always(func, AclError::RT_MEMORY_ALLOCATION));
+        assert!(
+            matches!(m.try_close(), Err(Error::Runtime { .. })),
+            "{func}"
+        );
+        assert!(m.holds_memory(), "{func}");
+        assert_ne!(
+            held(&sim),
+            exporter_holds,
+            "{func}: let go of what it could not"
+        );
+        let mut byte = [0u8; 1];
+        assert_eq!(m.read(0, &mut byte), Err(Error::AlreadyFreed));
+        assert_eq!(m.write(0, &byte), Err(Error::AlreadyFreed));
+        assert!(m.try_close().is_err(), "{func}: still refused");
+        sim.clear_faults();
+        m.try_close().unwrap();
+        assert!(!m.holds_memory());
+        assert_eq!(
+            held(&sim),
+            exporter_holds,
+            "{func}: all let go on the retry"
+        );
+        m.try_close().unwrap();
+
+        // `close` consumes the mapping: its drop tries once more.
+        let m = SharedMapping::open(Arc::clone(&sim), 0, &desc).unwrap();
+        sim.inject_fault(Fault::next(func, AclError::RT_MEMORY_ALLOCATION, 1));
+        assert!(m.close().is_err(), "{func}");
+        sim.clear_faults();
+        assert_eq!(held(&sim), exporter_holds, "{func}: the drop let go");
+    }
+    drop((region, pool, vmm));
     all_given_back(objects);
 }
 
