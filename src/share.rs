@@ -240,9 +240,10 @@ fn import_error<R: VmmRuntime>(runtime: &R, handle: u64, e: Error) -> Error {
 }
 
 impl<R: VmmRuntime> SharedMapping<R> {
-    /// Imports and maps what `desc` describes on `device`. On failure nothing stays
-    /// imported or mapped; a process off the whitelist gets [`Error::ShareRefused`], a handle
-    /// no longer exported [`Error::ShareGone`].
+    /// Imports and maps what `desc` describes on `device`. On failure what was imported,
+    /// mapped or reserved is let go again (what the runtime refuses to let go twice stays
+    /// held, and is printed); a process off the whitelist gets [`Error::ShareRefused`], a
+    /// handle no longer exported [`Error::ShareGone`].
     pub fn open(runtime: Arc<R>, device: DeviceId, desc: &ShareDescriptor) -> Result<Self> {
         let bad = |m: &str| Error::Config(format!("share descriptor: {m}"));
         if desc.pieces.is_empty()
