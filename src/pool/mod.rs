@@ -1031,7 +1031,7 @@ impl PoolInner {
             k.stats.frees += 1;
             k.stats.allocations += 1;
             if let Some(r) = &self.recorder {
-                r.free(raw.addr);
+                r.free(kind, raw.addr);
                 r.alloc(kind, raw.addr, len, align);
             }
             let after = p.events.first().and_then(|&(ev, _)| ev);
@@ -1702,7 +1702,7 @@ impl PoolInner {
             self.check_canary(seg, None)?;
         }
         if let Some(r) = &self.recorder {
-            r.free(seg.addr);
+            r.free(seg.kind, seg.addr);
         }
         Ok(())
     }
@@ -1778,7 +1778,7 @@ impl PoolInner {
         if user_free {
             if let Some(r) = &self.recorder {
                 // Written when the memory goes back: a deferred free once its streams passed it.
-                r.free(k.live[key].addr);
+                r.free(k.kind, k.live[key].addr);
             }
         }
         if let Some(dedicated) = Self::settle(k, key, user_free) {

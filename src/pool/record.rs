@@ -47,9 +47,10 @@ struct RecorderState {
     out: Option<BufWriter<File>>,
     /// Id of the next allocation; ids are never reused.
     next_id: u64,
-    /// Trace id of every live recorded segment, by address (live segments never share
-    /// a start address, whatever their kind).
-    live: HashMap<usize, u64>,
+    /// Trace id of every live recorded segment, by address space and start address: live
+    /// segments never share a start in one space, but host memory and device memory are
+    /// separate spaces on a real device, where the same number may name one of each.
+    live: HashMap<(bool, usize), u64>,
     /// The first write error, kept for `flush`.
     error: Option<String>,
 }
@@ -81,7 +82,7 @@ impl Recorder {
         let mut s = self.state();
         let id = s.next_id;
         s.next_id += 1;
-        s.live.insert(addr, id);
+        s.live.insert((kind == MemKind::Host, addr), id);
         let mem = kind.trace_name();
         if align == kind.default_align() {
             s.write(format_args!(
@@ -94,10 +95,11 @@ impl Recorder {
         }
     }
 
-    /// Records the free of the segment at `addr` (nothing when it was not recorded).
-    pub(crate) fn free(&self, addr: usize) {
+    /// Records the free of the segment of `kind` at `addr` (nothing when it was not
+    /// recorded).
+    pub(crate) fn free(&self, kind: MemKind, addr: usize) {
         let mut s = self.state();
-        if let Some(id) = s.live.remove(&addr) {
+        if let Some(id) = s.live.remove(&(kind == MemKind::Host, addr)) {
             s.write(format_args!("{{\"op\":\"free\",\"id\":{id}}}\n"));
         }
     }
@@ -154,17 +156,22 @@ mod tests {
         let r = Recorder::create(&path).unwrap();
         r.alloc(MemKind::Dvpp, 0x1000, 100, 128);
         r.alloc(MemKind::Host, 0x2000, 7, 256);
-        r.free(0x1000);
-        r.free(0x9999); // never recorded: nothing written
+        r.alloc(MemKind::Host, 0x1000, 9, 64); // another address space: another segment
+        r.free(MemKind::Dvpp, 0x1000);
+        r.free(MemKind::Dvpp, 0x9999); // never recorded: nothing written
+        r.free(MemKind::Dvpp, 0x2000); // recorded as host memory: not this one
         r.alloc(MemKind::Dvpp, 0x1000, 5, 128);
+        r.free(MemKind::Host, 0x1000);
         r.flush().unwrap();
         let text = std::fs::read_to_string(&path).unwrap();
         assert_eq!(
             text,
             "{\"op\":\"alloc\",\"id\":1,\"size\":100,\"mem\":\"dvpp\"}\n\
              {\"op\":\"alloc\",\"id\":2,\"size\":7,\"mem\":\"host\",\"align\":256}\n\
+             {\"op\":\"alloc\",\"id\":3,\"size\":9,\"mem\":\"host\"}\n\
              {\"op\":\"free\",\"id\":1}\n\
-             {\"op\":\"alloc\",\"id\":3,\"size\":5,\"mem\":\"dvpp\"}\n"
+             {\"op\":\"alloc\",\"id\":4,\"size\":5,\"mem\":\"dvpp\"}\n\
+             {\"op\":\"free\",\"id\":3}\n"
         );
         drop(r);
         let _ = std::fs::remove_file(&path);
