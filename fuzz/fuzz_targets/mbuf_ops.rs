@@ -14,15 +14,18 @@
 //! import from a thread of its own.
 #![no_main]
 
+#[path = "common/sharing.rs"]
+mod sharing;
+
 use arbitrary::Arbitrary;
 use ascend_pool::align::CarveRuleError;
 use ascend_pool::mbuf::{Mbuf, MbufKind, SharedMbuf, HEADER_LEN, USER_DATA_LEN};
-use ascend_pool::share::Access;
 use ascend_pool::source::sim::{AclFunc, Fault, SimConfig, SimSource};
 use ascend_pool::source::vmm::{VmmConfig, VmmRuntime, VmmSource};
 use ascend_pool::trace::{TraceConfig, TraceItem, TraceOp, TraceReader};
 use ascend_pool::{AclError, Error, MemKind, Pool, PoolConfig};
 use libfuzzer_sys::fuzz_target;
+use sharing::{wind_down, Who, NOTHING_HELD};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -109,18 +112,6 @@ impl FaultOn {
             Self::Release => AclFunc::ReleaseMemAddress,
         }
     }
-}
-
-/// Whom a buffer is published to.
-#[derive(Arbitrary, Debug, Clone, Copy)]
-enum Who {
-    /// This process, which then opens it.
-    Me,
-    /// Another process only: this one is refused, unless an earlier publish of the same
-    /// physical allocation let it in (whitelists are per allocation, and only grow).
-    Other,
-    /// Any process (pid validation off).
-    Anyone,
 }
 
 /// The calls that let go of an opened copy.
@@ -577,11 +568,7 @@ impl Harness {
         let Some(b) = self.buf(buf) else { return };
         let me = self.sim.bare_tgid().unwrap();
         let any = matches!(who, Who::Anyone);
-        let access = match who {
-            Who::Me => Access::Processes(vec![me]),
-            Who::Other => Access::Processes(vec![me + 1]),
-            Who::Anyone => Access::AnyProcess,
-        };
+        let access = who.access(me);
         let handle = self.handle(b, buf);
         let r = handle.publish(&self.vmm, &access);
         let desc = match (r, handle.kind()) {
@@ -769,27 +756,16 @@ fuzz_target!(|input: Input| {
     for mut c in copies {
         c.mbuf.try_close().unwrap();
     }
-    pool.trim();
-    pool.validate().unwrap();
-    vmm.validate().unwrap();
-    drop(pool);
-    drop(vmm);
-    let s = sim.stats();
-    let held = (
-        s.live_blocks,
-        s.reservations,
-        s.physical_handles,
-        s.mappings,
-    );
+    let held = wind_down(pool, vmm, &sim);
     if stuck_opens == 0 {
         assert_eq!(
-            held,
-            (0, 0, 0, 0),
+            held, NOTHING_HELD,
             "blocks, reservations, physical memory, mappings left at the simulator"
         );
     } else {
+        let (blocks, reservations, _, _) = held;
         assert!(
-            s.live_blocks == 0 && s.reservations <= stuck_opens,
+            blocks == 0 && reservations <= stuck_opens,
             "{held:?} left after {stuck_opens} opens refused while letting go failed"
         );
     }

@@ -13,13 +13,17 @@
 //! simulator still holds.
 #![no_main]
 
+#[path = "common/sharing.rs"]
+mod sharing;
+
 use arbitrary::Arbitrary;
 use ascend_pool::region::{DeviceRegion, Region};
-use ascend_pool::share::{Access, ShareDescriptor, SharedMapping};
+use ascend_pool::share::{ShareDescriptor, SharedMapping};
 use ascend_pool::source::sim::{SimConfig, SimSource};
 use ascend_pool::source::vmm::{VmmConfig, VmmRuntime, VmmSource};
 use ascend_pool::{Error, Pool, PoolConfig};
 use libfuzzer_sys::fuzz_target;
+use sharing::{wind_down, Who, NOTHING_HELD};
 use std::sync::Arc;
 
 const MIB: u64 = 1 << 20;
@@ -38,17 +42,6 @@ enum Publish {
     Region(u8),
     /// Everything its source mapped: several extents when a region took a dedicated chunk.
     All,
-}
-
-/// Which processes the exporter lets open it.
-#[derive(Arbitrary, Debug, Clone, Copy)]
-enum Who {
-    /// This process, by id: the import goes through.
-    Me,
-    /// Another process only: the import is refused.
-    Other,
-    /// Any process, without validation.
-    Anyone,
 }
 
 /// One change to the descriptor on its way to the importer.
@@ -282,8 +275,9 @@ fn run_ops(m: &SharedMapping<SimSource>, ops: &[MapOp], shadow: &mut Option<Shad
 }
 
 /// A read or write the published window holds must go through for a descriptor left as
-/// published (`whole`: one region, no holes; everything published may span holes between
-/// chunks, refused as out of bounds); one past the window is refused as out of bounds.
+/// published (`whole`: one region as published, no holes; everything published may span
+/// holes between chunks, and a changed descriptor may put its window over one, refused as
+/// out of bounds); one past the window is refused as out of bounds.
 fn check_outcome(r: &ascend_pool::Result<()>, inside: bool, whole: bool, what: &str) {
     match r {
         Ok(()) => assert!(inside, "{what} past the window went through"),
@@ -308,11 +302,7 @@ fuzz_target!(|input: Input| {
         return;
     }
     let me = sim.bare_tgid().unwrap();
-    let access = match input.who {
-        Who::Me => Access::Processes(vec![me]),
-        Who::Other => Access::Processes(vec![if me == 1 { 2 } else { 1 }]),
-        Who::Anyone => Access::AnyProcess,
-    };
+    let access = input.who.access(me);
     let published = match input.publish {
         Publish::Region(i) => {
             let r = &regions[usize::from(i) % regions.len()];
@@ -384,7 +374,7 @@ fuzz_target!(|input: Input| {
                 s.regions.clear();
             }
         }
-        run_ops(&m, &input.ops, &mut shadow, whole);
+        run_ops(&m, &input.ops, &mut shadow, whole && as_published);
         // The exporter sees what was written through the mapping.
         if let Some(s) = &shadow {
             for &(off, len, i) in &s.regions {
@@ -401,21 +391,9 @@ fuzz_target!(|input: Input| {
     }
 
     drop(regions);
-    pool.trim();
-    pool.validate().unwrap();
-    vmm.validate().unwrap();
-    drop(pool);
-    drop(vmm);
-    let s = sim.stats();
-    let held = (
-        s.live_blocks,
-        s.reservations,
-        s.physical_handles,
-        s.mappings,
-    );
     assert_eq!(
-        held,
-        (0, 0, 0, 0),
+        wind_down(pool, vmm, &sim),
+        NOTHING_HELD,
         "blocks, reservations, physical memory, mappings left at the simulator"
     );
 });
