@@ -8,14 +8,29 @@ use libfuzzer_sys::fuzz_target;
 
 #[derive(Arbitrary, Debug)]
 enum Op {
-    Alloc { len: u64, align_log: u8, padding: u8 },
-    AllocSmall { len: u16 },
-    Free { index: u16 },
-    FreeAgain { index: u16 },
+    Alloc {
+        len: u64,
+        align_log: u8,
+        padding: u8,
+    },
+    AllocSmall {
+        len: u16,
+    },
+    Free {
+        index: u16,
+    },
+    FreeAgain {
+        index: u16,
+    },
     FreeForeign,
     Trim,
-    Grow { additional: u32 },
-    ShrinkTail { granule_log: u8, odd: bool },
+    Grow {
+        additional: u32,
+    },
+    ShrinkTail {
+        granule_log: u8,
+        odd: bool,
+    },
 }
 
 #[derive(Arbitrary, Debug)]
@@ -29,7 +44,11 @@ struct Input {
 fuzz_target!(|input: Input| {
     let mut capacity = 1u64 << (12 + input.capacity_log % 16);
     let config = EngineConfig {
-        range: if input.buddy { RangeTier::Buddy } else { RangeTier::Tlsf },
+        range: if input.buddy {
+            RangeTier::Buddy
+        } else {
+            RangeTier::Tlsf
+        },
         // Up to 256 KiB in steps of 4 bytes: exact classes, eighth-of-a-doubling ones above.
         slab_max: u64::from(input.slab_max) * 4,
     };
@@ -40,8 +59,13 @@ fuzz_target!(|input: Input| {
     let mut freed: Vec<Allocation> = Vec::new();
     for op in input.ops.into_iter().take(2000) {
         match op {
-            Op::Alloc { len, align_log, padding } => {
-                let Ok(rule) = CarveRule::new(u64::from(padding % 4) * 32, 1 << (6 + align_log % 16))
+            Op::Alloc {
+                len,
+                align_log,
+                padding,
+            } => {
+                let Ok(rule) =
+                    CarveRule::new(u64::from(padding % 4) * 32, 1 << (6 + align_log % 16))
                 else {
                     continue;
                 };
@@ -63,9 +87,14 @@ fuzz_target!(|input: Input| {
             }
             Op::FreeAgain { index } if !freed.is_empty() => {
                 let a = freed[usize::from(index) % freed.len()];
-                assert!(matches!(engine.free(a), Err(EngineError::AlreadyFreed { .. })));
+                assert!(matches!(
+                    engine.free(a),
+                    Err(EngineError::AlreadyFreed { .. })
+                ));
             }
-            Op::FreeForeign => assert_eq!(engine.free(foreign), Err(EngineError::ForeignAllocation)),
+            Op::FreeForeign => {
+                assert_eq!(engine.free(foreign), Err(EngineError::ForeignAllocation))
+            }
             Op::Trim => engine.trim(),
             Op::Grow { additional } => {
                 let additional = u64::from(additional);
