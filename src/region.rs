@@ -390,6 +390,32 @@ impl Pool {
         })
     }
 
+    /// Device memory (the pool's policy) starting at a multiple of `align`, a power of two
+    /// from 64 to [`MAX_ALIGN`](crate::align::MAX_ALIGN): page-aligned buffers, or a window
+    /// a communication library registers (HCCL wants its start and length at multiples of
+    /// 2 MiB; ask for such a length too). Any other `align` is refused with
+    /// [`CarveRuleError::BadAlignment`](crate::align::CarveRuleError::BadAlignment).
+    /// Requests sharing an alignment share chunks; a chunk whose start does not have it is
+    /// skipped, so a large alignment may take a chunk of its own.
+    ///
+    /// ```
+    /// # use ascend_pool::{Pool, PoolConfig, SimSource, Region};
+    /// # use std::sync::Arc;
+    /// let pool = Pool::new(Arc::new(SimSource::default()), PoolConfig::default())?;
+    /// let window = pool.alloc_device_aligned(4 << 20, 2 << 20)?;
+    /// assert_eq!(window.addr() % (2 << 20), 0);
+    /// assert!(pool.alloc_device_aligned(4096, 96).is_err());
+    /// # Ok::<(), ascend_pool::Error>(())
+    /// ```
+    pub fn alloc_device_aligned(&self, len: u64, align: u64) -> Result<DeviceRegion> {
+        self.typed(MemKind::Device(self.config().policy), len, align, |seg| {
+            DeviceRegion {
+                seg,
+                _align: PhantomData,
+            }
+        })
+    }
+
     /// Device memory with 128-byte starts, fit for model input.
     pub fn alloc_model_input(&self, len: u64) -> Result<DeviceRegion<Align128>> {
         self.typed(MemKind::Device(self.config().policy), len, 128, |seg| {
