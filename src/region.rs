@@ -396,7 +396,10 @@ impl Pool {
     /// 2 MiB; ask for such a length too). Any other `align` is refused with
     /// [`CarveRuleError::BadAlignment`](crate::align::CarveRuleError::BadAlignment).
     /// Requests sharing an alignment share chunks; a chunk whose start does not have it is
-    /// skipped, so a large alignment may take a chunk of its own.
+    /// skipped, so a large alignment may take a chunk of its own. The carve rule rounds a
+    /// segment's footprint up to a multiple of its alignment, so large alignments cost
+    /// memory: with the default 32-byte padding a 2 MiB window takes 4 MiB (exactly 2 MiB in
+    /// a pool without padding), and 100 bytes at a 1 MiB start take 1 MiB.
     ///
     /// ```
     /// # use ascend_pool::{Pool, PoolConfig, SimSource, Region};

@@ -122,3 +122,39 @@ fn a_freed_segment_is_reused_only_at_an_alignment_it_has() {
         }
     }
 }
+
+#[test]
+fn a_start_the_source_does_not_give_keeps_within_the_limit() {
+    // The simulator's blocks are page-aligned: a larger start takes a bigger block, which
+    // must be checked against the limit like the block it replaces.
+    for align in [128 << 10, MIB, 2 * MIB, 64 * MIB, MAX_ALIGN] {
+        let config = PoolConfig::default()
+            .with_chunk_size(2 * MIB)
+            .with_limit(2 * MIB);
+        let pool = Pool::new(Arc::new(SimSource::default()), config).unwrap();
+        let kind = device(&pool);
+        match pool.alloc_device_aligned(2560, align) {
+            Ok(r) => assert_eq!(r.addr() as u64 % align, 0),
+            // The footprint rounds up to the alignment: from 2 MiB on it cannot fit in a
+            // 2 MiB block past its aligned start, unless the block happens to be aligned.
+            Err(Error::LimitExceeded {
+                requested, limit, ..
+            }) if align >= 2 * MIB => {
+                assert_eq!((requested, limit), (2560, 2 * MIB))
+            }
+            Err(e) => panic!("a {align}-aligned start gave {e:?}"),
+        }
+        let s = pool.stats(kind);
+        if align < 2 * MIB {
+            // Started inside the first block, not in a bigger one.
+            assert_eq!(s.source_alloc_calls, 1, "{align}: {s:?}");
+        }
+        assert!(
+            s.reserved_bytes <= 2 * MIB && s.peak_reserved_bytes <= 2 * MIB,
+            "{align}-aligned start: {s:?}"
+        );
+        pool.validate().unwrap();
+        // The pool still serves what fits.
+        drop(pool.alloc_device(4096).unwrap());
+    }
+}

@@ -1318,7 +1318,7 @@ impl PoolInner {
                     last_err = Some(self.limit_exceeded(k, len));
                     continue;
                 }
-                match self.new_chunk(k, size, rule.align(), dedicated) {
+                match self.new_chunk(k, size, dedicated, rule, (len, footprint)) {
                     Ok(id) => {
                         let a = k.chunks[id]
                             .engine
@@ -1329,6 +1329,7 @@ impl PoolInner {
                     Err(Error::Runtime { code, .. }) if code.is_out_of_memory() => {
                         last_err = Some(Self::out_of_memory(k, len, Some(code)));
                     }
+                    Err(e @ Error::LimitExceeded { .. }) => last_err = Some(e),
                     Err(e) => return Err(e),
                 }
             }
@@ -1369,13 +1370,33 @@ impl PoolInner {
         }
     }
 
-    fn new_chunk(&self, k: &mut KindPool, size: u64, align: u64, dedicated: bool) -> Result<usize> {
+    /// Takes a block of `size` bytes for a chunk whose start suits `rule`, for a request of
+    /// `len` bytes with `footprint` under it. The caller checked `size` against the limit.
+    fn new_chunk(
+        &self,
+        k: &mut KindPool,
+        size: u64,
+        dedicated: bool,
+        rule: CarveRule,
+        (len, footprint): (u64, u64),
+    ) -> Result<usize> {
+        let align = rule.align();
         k.stats.source_alloc_calls += 1;
         let mut block = self.source.alloc_block(self.config.device, k.kind, size)?;
         let mut base = block.addr;
         if base % align as usize != 0 {
-            // An over-aligned request on a block the source aligned less: take a bigger block
-            // and start the chunk at the first aligned address.
+            // An over-aligned request on a block the source aligned less. The chunk starts
+            // at the first aligned address when the request still fits after it (the bytes
+            // before it are lost to the chunk, as they would be in a bigger block).
+            let skip = (base.next_multiple_of(align as usize) - base) as u64;
+            if block
+                .size
+                .checked_sub(skip)
+                .is_some_and(|room| room >= footprint)
+            {
+                return self.add_chunk(k, block, base + skip as usize, dedicated);
+            }
+            // Otherwise a bigger block.
             k.stats.source_free_calls += 1;
             if let Err(e) = self.source.free_block(block) {
                 // The source kept the block: so does the pool, as a chunk for the requests it
@@ -1383,10 +1404,17 @@ impl PoolInner {
                 self.add_chunk(k, block, base, false)?;
                 return Err(e);
             }
+            // The bigger block must keep within the limit too.
+            let bigger = size.saturating_add(align);
+            if self.config.limit != 0
+                && Self::past_limit(k.stats.reserved_bytes, bigger, self.config.limit)
+            {
+                return Err(self.limit_exceeded(k, len));
+            }
             k.stats.source_alloc_calls += 1;
             block = self
                 .source
-                .alloc_block(self.config.device, k.kind, size + align)?;
+                .alloc_block(self.config.device, k.kind, bigger)?;
             base = block.addr.next_multiple_of(align as usize);
         }
         self.add_chunk(k, block, base, dedicated)
