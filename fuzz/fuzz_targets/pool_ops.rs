@@ -108,12 +108,23 @@ impl Count {
 #[derive(Arbitrary, Debug, Clone, Copy)]
 enum AllocWhat {
     Device,
-    DeviceKind { kind: u8, policy: u8 },
+    DeviceKind {
+        kind: u8,
+        policy: u8,
+    },
     ModelInput,
     Dvpp,
     Host,
-    DeviceOn { stream: u8 },
-    DvppOn { stream: u8 },
+    DeviceOn {
+        stream: u8,
+    },
+    DvppOn {
+        stream: u8,
+    },
+    /// Device memory at a start of `1 << (log % 34)`: below 64 and above 1 GiB refused.
+    DeviceAligned {
+        log: u8,
+    },
 }
 
 /// What to do with a sub-region of a live region.
@@ -749,6 +760,20 @@ impl Harness {
                     MemKind::Dvpp,
                     128,
                 )
+            }
+            AllocWhat::DeviceAligned { log } => {
+                let align = 1u64 << (log % 34);
+                let res = pool.alloc_device_aligned(len, align);
+                if !(64..=ascend_pool::align::MAX_ALIGN).contains(&align) {
+                    let refused = matches!(
+                        res,
+                        Err(Error::Carve(CarveRuleError::BadAlignment { align: a })) if a == align
+                    ) || (len == 0
+                        && matches!(res, Err(Error::Carve(CarveRuleError::ZeroLength))));
+                    assert!(refused, "alloc_device_aligned({len}, {align}) gave {res:?}");
+                    return;
+                }
+                (res.map(Any::Device), MemKind::Device(policy), align)
             }
         };
         let region = match res {
