@@ -158,3 +158,30 @@ fn a_start_the_source_does_not_give_keeps_within_the_limit() {
         drop(pool.alloc_device(4096).unwrap());
     }
 }
+
+#[test]
+fn an_over_aligned_request_fits_its_fresh_chunk_in_either_range_tier() {
+    // A chunk started past the block's start is smaller than the block; a buddy range needs
+    // the footprint's next power of two in it, not just the footprint.
+    for conf in ["", "padding:0", "range:buddy", "range:buddy,padding:0"] {
+        let config = PoolConfig::parse(&format!("chunk_size:2m,{conf}")).unwrap();
+        let pool = Pool::new(Arc::new(SimSource::default()), config).unwrap();
+        let mut live = Vec::new();
+        for (len, align) in [
+            (4_259_072, 128 << 10),
+            (3 * MIB, 256 << 10),
+            (100, 128 << 10),
+            (MIB - 32, MIB),
+            (9 * MIB, 4096),
+        ] {
+            match pool.alloc_device_aligned(len, align) {
+                Ok(r) => {
+                    assert_eq!(r.addr() as u64 % align, 0, "{conf}: {len} at {align}");
+                    live.push(r);
+                }
+                Err(e) => panic!("{conf}: {len} bytes at {align} gave {e:?}"),
+            }
+        }
+        pool.validate().unwrap();
+    }
+}

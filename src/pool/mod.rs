@@ -1260,7 +1260,8 @@ impl PoolInner {
             crate::engine::RangeTier::Tlsf => Some(footprint),
             crate::engine::RangeTier::Buddy => footprint.checked_next_power_of_two(),
         };
-        let Some(fit) = needs.and_then(|n| crate::align::align_up(n, granule)) else {
+        let Some((need, fit)) = needs.and_then(|n| Some((n, crate::align::align_up(n, granule)?)))
+        else {
             // The rule accepted the length, but no chunk size in 64 bits holds it (a buddy
             // range's power of two, or whole granules, pass 2^64): refused as any request
             // that fits no chunk is, and the source is not asked for what it cannot have.
@@ -1318,7 +1319,7 @@ impl PoolInner {
                     last_err = Some(self.limit_exceeded(k, len));
                     continue;
                 }
-                match self.new_chunk(k, size, dedicated, rule, (len, footprint)) {
+                match self.new_chunk(k, size, dedicated, rule, (len, need)) {
                     Ok(id) => {
                         let a = k.chunks[id]
                             .engine
@@ -1371,14 +1372,15 @@ impl PoolInner {
     }
 
     /// Takes a block of `size` bytes for a chunk whose start suits `rule`, for a request of
-    /// `len` bytes with `footprint` under it. The caller checked `size` against the limit.
+    /// `len` bytes that an empty chunk of `need` bytes holds (its footprint; for a buddy
+    /// range, the next power of two). The caller checked `size` against the limit.
     fn new_chunk(
         &self,
         k: &mut KindPool,
         size: u64,
         dedicated: bool,
         rule: CarveRule,
-        (len, footprint): (u64, u64),
+        (len, need): (u64, u64),
     ) -> Result<usize> {
         let align = rule.align();
         k.stats.source_alloc_calls += 1;
@@ -1392,7 +1394,7 @@ impl PoolInner {
             if block
                 .size
                 .checked_sub(skip)
-                .is_some_and(|room| room >= footprint)
+                .is_some_and(|room| room / 64 * 64 >= need)
             {
                 return self.add_chunk(k, block, base + skip as usize, dedicated);
             }
