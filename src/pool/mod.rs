@@ -2327,16 +2327,17 @@ mod chunk_tests {
     use crate::source::sim::{AclFunc, Fault, SimSource};
     use crate::AclError;
 
-    /// An over-aligned request hands back a block the source aligned less and takes a bigger
-    /// one. If the source refuses the block back, the pool keeps it as a chunk (and says so
-    /// with the source's error) rather than lose it; trim gives it back once the source
-    /// takes it.
+    /// An over-aligned request that no longer fits past the aligned start of a block the
+    /// source aligned less hands the block back and takes a bigger one. If the source
+    /// refuses the block back, the pool keeps it as a chunk (and says so with the source's
+    /// error) rather than lose it; trim gives it back once the source takes it.
     #[test]
     fn a_block_the_source_will_not_take_back_stays_a_chunk() {
         let sim = Arc::new(SimSource::default());
         let pool = Pool::new(sim.clone(), PoolConfig::default()).unwrap();
         let mut refused = None;
-        // Some alignment past the page the source's block does not have.
+        // Some alignment past the page the source's block does not have, with a footprint
+        // (the alignment, for 100 bytes) too big for the block past its aligned start.
         for shift in 13..=30 {
             sim.inject_fault(Fault::next(AclFunc::Free, AclError::RT_FAILURE, 1));
             let r = pool.alloc_raw(MemKind::DEVICE, 100, 1 << shift);
@@ -2347,6 +2348,8 @@ mod chunk_tests {
             }
             let OwnedSegment { raw, owner } = r.unwrap();
             PoolInner::release(owner, &raw, &[]).unwrap();
+            // Empty chunks go back now, so the next request's only free is the one it makes.
+            pool.trim();
         }
         let refused = refused.expect("some alignment past the source's");
         assert!(
