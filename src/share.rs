@@ -283,14 +283,14 @@ impl<R: VmmRuntime> SharedMapping<R> {
                 Ok(h) => h,
                 Err(e) => {
                     let e = import_error(&*mapping.runtime, p.handle, e);
-                    let _ = mapping.close_inner();
+                    let _ = mapping.try_close();
                     return Err(e);
                 }
             };
             let at = va + p.offset as usize;
             if let Err(e) = mapping.runtime.map(at, p.len, 0, handle) {
                 mapping.pieces.push((at, handle, false));
-                let _ = mapping.close_inner();
+                let _ = mapping.try_close();
                 return Err(e);
             }
             mapping.pieces.push((at, handle, true));
@@ -409,15 +409,6 @@ impl<R: VmmRuntime> SharedMapping<R> {
     /// first call on. A step the runtime refuses leaves what it had to let go held, and the
     /// first error is returned; call again to retry. `Ok` once nothing is held.
     pub fn try_close(&mut self) -> Result<()> {
-        self.close_inner()
-    }
-
-    /// Whether the mapping still holds imported memory or its reservation.
-    pub fn holds_memory(&self) -> bool {
-        self.reserved || !self.pieces.is_empty()
-    }
-
-    fn close_inner(&mut self) -> Result<()> {
         self.open = false;
         let mut first = Ok(());
         let runtime = &self.runtime;
@@ -442,12 +433,17 @@ impl<R: VmmRuntime> SharedMapping<R> {
         }
         first
     }
+
+    /// Whether the mapping still holds imported memory or its reservation.
+    pub fn holds_memory(&self) -> bool {
+        self.reserved || !self.pieces.is_empty()
+    }
 }
 
 impl<R: VmmRuntime> Drop for SharedMapping<R> {
     fn drop(&mut self) {
         if self.holds_memory() {
-            if let Err(e) = self.close_inner() {
+            if let Err(e) = self.try_close() {
                 eprintln!("ascend-pool: closing a shared mapping failed, memory left held: {e}");
             }
         }
