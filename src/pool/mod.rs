@@ -24,6 +24,8 @@ pub mod config;
 pub mod record;
 mod shapes;
 #[cfg(test)]
+mod shapes_slot_tests;
+#[cfg(test)]
 mod shapes_tests;
 
 pub use config::PoolConfig;
@@ -34,7 +36,8 @@ use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Weak;
 
-/// The primitives [`cache`] is built on; the loom models put loom's in their place.
+/// The primitives [`cache`] and [`shapes`] are built on; the loom models
+/// (`tests/loom_cache.rs`, `tests/loom_shapes.rs`) put loom's in their place.
 pub(crate) mod sync {
     pub(crate) use std::sync::atomic::AtomicU64;
     pub(crate) use std::sync::{Arc, Mutex, MutexGuard};
@@ -43,6 +46,29 @@ pub(crate) mod sync {
     /// it on every cached allocation and free; other threads take it only to flush, read
     /// figures or validate (see [`biased`](super::biased)).
     pub(crate) type CacheLock<T> = super::biased::BiasedLock<T>;
+
+    /// A cell whose contents one thread at a time reaches through a raw pointer (a shape
+    /// slot's item and counters, owned by whoever holds the slot `BUSY`). Loom's stand-in
+    /// checks that those accesses never overlap.
+    pub(crate) struct SlotCell<T>(std::cell::UnsafeCell<T>);
+
+    impl<T> SlotCell<T> {
+        pub(crate) const fn new(value: T) -> Self {
+            Self(std::cell::UnsafeCell::new(value))
+        }
+
+        /// Calls `f` with a pointer to the contents; the caller keeps other threads out.
+        #[inline(always)]
+        pub(crate) fn with_mut<R>(&self, f: impl FnOnce(*mut T) -> R) -> R {
+            f(self.0.get())
+        }
+    }
+
+    /// One turn of a wait for a slot another thread holds `BUSY` (a few instructions).
+    #[inline(always)]
+    pub(crate) fn spin_wait() {
+        std::hint::spin_loop();
+    }
 }
 
 use crate::align::CarveRule;
