@@ -35,6 +35,9 @@ impl Mapping {
         if len == 0 {
             return None;
         }
+        // Miri maps only plain private anonymous memory (and commits it at once); the
+        // simulator's blocks and their accesses are the same without `MAP_NORESERVE`.
+        let lazily = if cfg!(miri) { 0 } else { libc::MAP_NORESERVE };
         // SAFETY: an anonymous mapping at an address of the kernel's choice touches no
         // existing memory; every argument is valid for `mmap` and the result is checked.
         let ptr = unsafe {
@@ -42,7 +45,7 @@ impl Mapping {
                 std::ptr::null_mut(),
                 len,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | lazily,
                 -1,
                 0,
             )
