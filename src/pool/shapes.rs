@@ -38,6 +38,9 @@
 //! and each comes back), and an allocation takes any slot whose key matches, a hash
 //! collision being caught by checking the item itself. `tag` is 8 bits of the item's chunk
 //! (its engine id), `units` its footprint in 4 KiB units, rounded up.
+//!
+//! The words, cells and spin come from the parent's `sync` shim, so `tests/loom_shapes.rs`
+//! can compile this very file with loom's and check the protocol over its interleavings.
 
 use super::sync::{spin_wait, AtomicU64, SlotCell};
 use std::mem::MaybeUninit;
