@@ -96,16 +96,23 @@ fn tag_of(w: u64) -> u8 {
 pub(crate) const SLOTS: usize = 4;
 
 /// One slot's item and counters, on cache lines of their own; its word is in
-/// [`ShapeSlots::words`].
+/// [`ShapeSlots::words`]. One cell holds all three: whoever holds the slot `BUSY` owns
+/// them together.
 #[repr(C, align(128))]
 struct Slot<T> {
+    /// Written and read only by the thread holding the slot `BUSY`.
+    body: SlotCell<Body<T>>,
+}
+
+/// What a slot's cell holds.
+#[repr(C)]
+struct Body<T> {
     /// Initialised iff the slot's state is `FULL`, or was `FULL` when the thread holding
-    /// `BUSY` took it. Written and read only by the thread holding `BUSY`.
-    item: SlotCell<MaybeUninit<T>>,
-    /// Items taken out by allocations, and put in by frees (displacing or not); written
-    /// only by the thread holding `BUSY`.
-    hits: SlotCell<u64>,
-    puts: SlotCell<u64>,
+    /// `BUSY` took it.
+    item: MaybeUninit<T>,
+    /// Items taken out by allocations, and put in by frees (displacing or not).
+    hits: u64,
+    puts: u64,
 }
 
 /// What a slot did with a freed item that it could not simply keep.
@@ -219,9 +226,11 @@ impl<T> Default for ShapeSlots<T> {
         Self {
             words: Words(std::array::from_fn(|_| AtomicU64::new(EMPTY))),
             slots: std::array::from_fn(|_| Slot {
-                item: SlotCell::new(MaybeUninit::uninit()),
-                hits: SlotCell::new(0),
-                puts: SlotCell::new(0),
+                body: SlotCell::new(Body {
+                    item: MaybeUninit::uninit(),
+                    hits: 0,
+                    puts: 0,
+                }),
             }),
         }
     }
@@ -248,19 +257,27 @@ impl<T> ShapeSlots<T> {
         {
             return None;
         }
-        // SAFETY: the word was FULL, so the item is initialised, and this thread holds the
-        // slot BUSY: nobody else reads or writes it until the store below.
-        let item = s.item.with_mut(|p| unsafe { (*p).assume_init_read() });
-        if !ok(&item) {
-            // SAFETY: still BUSY; the item goes back as it was.
-            s.item.with_mut(|p| unsafe { (*p).write(item) });
-            word.store(full, Ordering::Release);
-            return None;
-        }
-        // SAFETY: BUSY, as above.
-        s.hits.with_mut(|p| unsafe { *p += 1 });
-        word.store(word_of(key, 0, 0, EMPTY) | PROVEN, Ordering::Release);
-        Some(item)
+        let item = s.body.with_mut(|p| {
+            // SAFETY: this thread holds the slot BUSY: nobody else reads or writes the body
+            // until the store below.
+            let b = unsafe { &mut *p };
+            // SAFETY: the word was FULL, so the item is initialised.
+            let item = unsafe { b.item.assume_init_read() };
+            if ok(&item) {
+                b.hits += 1;
+                Some(item)
+            } else {
+                // The item goes back as it was.
+                b.item.write(item);
+                None
+            }
+        });
+        let after = match item {
+            Some(_) => word_of(key, 0, 0, EMPTY) | PROVEN,
+            None => full,
+        };
+        word.store(after, Ordering::Release);
+        item
     }
 
     /// Keeps `item` (of the shape `key` names, from the chunk `tag` names, `units` of
@@ -305,16 +322,17 @@ impl<T> ShapeSlots<T> {
         {
             return Put::Declined(item);
         }
-        let old = s.item.with_mut(|p| {
-            // SAFETY: this thread holds the slot BUSY; the item is initialised iff the word
-            // was FULL.
-            let old = (state == FULL).then(|| unsafe { (*p).assume_init_read() });
-            // SAFETY: BUSY, as above; the old item, if any, was read out just now.
-            unsafe { (*p).write(item) };
+        let old = s.body.with_mut(|p| {
+            // SAFETY: this thread holds the slot BUSY: nobody else reads or writes the body
+            // until the store below.
+            let b = unsafe { &mut *p };
+            // SAFETY: the item is initialised iff the word was FULL.
+            let old = (state == FULL).then(|| unsafe { b.item.assume_init_read() });
+            // The old item, if any, was read out just now.
+            b.item.write(item);
+            b.puts += 1;
             old
         });
-        // SAFETY: BUSY, as above.
-        s.puts.with_mut(|p| unsafe { *p += 1 });
         word.store(word_of(key, tag, units, FULL) | proven, Ordering::Release);
         match old {
             Some(old) => Put::Displaced(old),
@@ -360,12 +378,12 @@ impl<T> ShapeSlots<T> {
             .any(|w| in_use(w.load(Ordering::Relaxed) & STATE))
     }
 
-    /// Holds slot `s` BUSY and calls `f` with its item, state and counters, then stores the
-    /// word back in the state `f` returns (`FULL` iff the item is initialised then).
+    /// Holds slot `s` BUSY and calls `f` with its body and state, then stores the word back
+    /// in the state `f` returns (`FULL` iff the item is initialised then).
     fn with_slot<R>(
         word: &AtomicU64,
         s: &Slot<T>,
-        f: impl FnOnce(&mut MaybeUninit<T>, u64, &mut u64, &mut u64) -> (u64, R),
+        f: impl FnOnce(&mut Body<T>, u64) -> (u64, R),
     ) -> R {
         loop {
             let w = word.load(Ordering::Relaxed);
@@ -379,15 +397,8 @@ impl<T> ShapeSlots<T> {
             {
                 continue;
             }
-            let (state, r) = s.item.with_mut(|item| {
-                s.hits.with_mut(|hits| {
-                    s.puts.with_mut(|puts| {
-                        // SAFETY: this thread holds the slot BUSY until the store below.
-                        let (item, hits, puts) = unsafe { (&mut *item, &mut *hits, &mut *puts) };
-                        f(item, w & STATE, hits, puts)
-                    })
-                })
-            });
+            // SAFETY: this thread holds the slot BUSY until the store below.
+            let (state, r) = s.body.with_mut(|p| f(unsafe { &mut *p }, w & STATE));
             word.store((w & !STATE) | state, Ordering::Release);
             return r;
         }
@@ -442,7 +453,7 @@ impl<T> ShapeSlots<T> {
             if !pick(word.load(Ordering::Relaxed)) {
                 continue;
             }
-            let item = Self::with_slot(word, s, |item, state, _, _| {
+            let item = Self::with_slot(word, s, |b, state| {
                 let after = if close || state == CLOSED {
                     CLOSED
                 } else {
@@ -451,7 +462,7 @@ impl<T> ShapeSlots<T> {
                 // SAFETY: the item is initialised iff the slot was FULL.
                 (
                     after,
-                    (state == FULL).then(|| unsafe { item.assume_init_read() }),
+                    (state == FULL).then(|| unsafe { b.item.assume_init_read() }),
                 )
             });
             if let Some(item) = item {
@@ -464,13 +475,13 @@ impl<T> ShapeSlots<T> {
     pub(crate) fn for_each_held(&self, mut f: impl FnMut(&T)) -> SlotTotals {
         let mut t = SlotTotals::default();
         for (word, s) in self.words.0.iter().zip(&self.slots) {
-            Self::with_slot(word, s, |item, state, hits, puts| {
+            Self::with_slot(word, s, |b, state| {
                 if state == FULL {
                     // SAFETY: the slot was FULL, so the item is initialised.
-                    f(unsafe { item.assume_init_ref() });
+                    f(unsafe { b.item.assume_init_ref() });
                 }
-                t.hits += *hits;
-                t.puts += *puts;
+                t.hits += b.hits;
+                t.puts += b.puts;
                 (state, ())
             });
         }
@@ -483,7 +494,7 @@ impl<T> Drop for ShapeSlots<T> {
         for (word, s) in self.words.0.iter().zip(&self.slots) {
             if word.load(Ordering::Relaxed) & STATE == FULL {
                 // SAFETY: FULL means initialised, and `&mut self` means no one else holds it.
-                s.item.with_mut(|p| unsafe { (*p).assume_init_drop() });
+                s.body.with_mut(|p| unsafe { (*p).item.assume_init_drop() });
             }
         }
     }
