@@ -105,12 +105,12 @@ fn long_copy_then_reuse(len: u64) {
             .unwrap();
         pool.copy_async(&mut target, 0, &staging, 0, len, &stream)
             .unwrap();
-        drop(target); // the copy into it is still queued behind 64 MiB
         drop(sink);
+        drop(target); // the copy into it is still queued behind 64 MiB
         let fresh = alloc_until_growth(&pool, len);
-        // The stream runs in order and the copy into `target` (or the event that marks it)
-        // is its last work: anything pending now means the copy had not run when these
-        // regions were handed out.
+        // The stream runs in order, and the event the pool records when `target` drops (after
+        // the copy into it) is its last work: anything pending now means that event had not
+        // completed when these regions were handed out.
         if sim.pending_ops(stream.handle()).unwrap() > 0 {
             conclusive += 1;
             for r in &fresh {
