@@ -13,6 +13,10 @@ use ascend_pool::CarveRule;
 use proptest::prelude::*;
 use std::collections::BTreeMap;
 
+#[path = "common/cases.rs"]
+mod cases;
+use cases::cases;
+
 #[derive(Debug, Clone)]
 enum Op {
     Alloc {
@@ -189,7 +193,7 @@ fn run(ops: Vec<Op>, tier: RangeTier, slab_max: u64) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(96), ..ProptestConfig::default() })]
 
     #[test]
     fn tlsf_with_slabs_matches_shadow(ops in prop::collection::vec(op(), 1..400)) {

@@ -9,6 +9,10 @@ use ascend_pool::{Pool, PoolConfig, Stream};
 use proptest::prelude::*;
 use std::sync::Arc;
 
+#[path = "common/cases.rs"]
+mod cases;
+use cases::cases;
+
 enum Any {
     Device(DeviceRegion),
     Dvpp(DvppRegion),
@@ -143,7 +147,7 @@ fn run(ops: Vec<Op>) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(24), ..ProptestConfig::default() })]
 
     #[test]
     fn pool_sequences_keep_data_intact(ops in prop::collection::vec(op(), 1..120)) {

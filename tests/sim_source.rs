@@ -7,6 +7,10 @@ use ascend_pool::source::sim::{AclFunc, Fault, SimConfig, SimSource};
 use ascend_pool::source::{Block, BlockSource, MemcpyKind};
 use ascend_pool::{AclError, Error, MallocPolicy, MemKind};
 
+#[path = "common/cases.rs"]
+mod cases;
+use cases::cases;
+
 const GIB: u64 = 1 << 30;
 
 fn err<T: std::fmt::Debug>(r: ascend_pool::Result<T>) -> (&'static str, AclError) {
@@ -595,7 +599,7 @@ mod model {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(64))]
+        #![proptest_config(ProptestConfig::with_cases(cases(64)))]
         #[test]
         fn accounting_matches_model(steps in proptest::collection::vec(step(), 1..60)) {
             let kinds = [
