@@ -311,7 +311,8 @@ fn device_to_device_async_needs_64_aligned_addresses() {
             err(sim.memcpy_async(a.addr + 32, 64, b.addr, 64, MemcpyKind::Default, s)).1,
             AclError::RT_ADDR_UNALIGNED
         );
-        // 64-aligned offsets are fine, and so is the synchronous copy at any offset.
+        // 64-aligned offsets are fine, and so is the synchronous copy at any offset. The
+        // two write disjoint bytes: the async copy may still be running when the other lands.
         sim.memcpy_async(
             a.addr + 64,
             64,
@@ -321,7 +322,7 @@ fn device_to_device_async_needs_64_aligned_addresses() {
             s,
         )
         .unwrap();
-        sim.memcpy(a.addr + 32, 64, b.addr + 8, 64, MemcpyKind::DeviceToDevice)
+        sim.memcpy(a.addr + 160, 64, b.addr + 8, 64, MemcpyKind::DeviceToDevice)
             .unwrap();
         // Host-side addresses are not checked for alignment.
         let host = [1u8; 64];
