@@ -12,8 +12,8 @@
 #   shape slots, biased locks, deferred frees, sharing between processes, the drop-in); the
 #   engine's and the replay's suites run one thread and have no unsafe code.
 # address: the unit tests and every suite but loom's. Leaks are checked except in the suites
-#   that unload the drop-in: like a real runtime, it keeps its process-wide state until
-#   aclFinalize, and the library's own allocations are lost when it is unloaded without it.
+#   that unload the drop-in: it keeps the simulator it builds on first use for the life of
+#   the process, as a runtime keeps its process-wide state, and unloading it loses that.
 # Usage: .ci/sanitize.sh thread|address   (about 6 and 4 minutes on 2 cores, most of it building)
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
