@@ -322,8 +322,9 @@ mod tests {
     /// and again (it comes back after 4 owner entries here): two threads inside at once
     /// trip the `inside` flag, and a lost update shows in the total. (With the revoker's
     /// wait for `busy` taken out, this fails within a few runs.) The flag is relaxed so that
-    /// it orders nothing: under ThreadSanitizer (`.ci/sanitize.sh thread`) the count is ordered by the
-    /// lock alone, and a handover without a happens-before edge is reported as a race.
+    /// it orders nothing: under ThreadSanitizer (`.ci/sanitize.sh thread`) the count is
+    /// ordered by the lock alone, and a handover without a happens-before edge is reported
+    /// as a race.
     #[test]
     fn owner_and_strangers_exclude_each_other() {
         let lock = Arc::new(BiasedLock::with_thresholds(0u64, 4, 4));
