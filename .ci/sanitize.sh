@@ -14,7 +14,7 @@
 # address: the unit tests and every suite but loom's. Leaks are checked except in the suites
 #   that unload the drop-in: it keeps the simulator it builds on first use for the life of
 #   the process, as a runtime keeps its process-wide state, and unloading it loses that.
-# Usage: .ci/sanitize.sh thread|address   (about 6 and 4 minutes on 2 cores, most of it building)
+# Usage: .ci/sanitize.sh thread|address   (about 4.5 and 3.5 minutes on 2 cores)
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 kind=${1:?usage: .ci/sanitize.sh thread|address}
