@@ -193,8 +193,10 @@ fn async_copy_runs_on_the_stream_worker() {
     let event = sim.create_event(0).unwrap();
     let src: Vec<u8> = (0..1 << 20).map(|i| (i % 251) as u8).collect();
 
-    let t0 = Instant::now();
-    sim.enqueue_delay(stream, Duration::from_millis(500))
+    // Held, so the checks below that the calls returned early cannot race the worker (a
+    // delay alone would let a thread descheduled for longer than it fail them).
+    let hold = sim.hold_stream(stream).unwrap();
+    sim.enqueue_delay(stream, Duration::from_millis(100))
         .unwrap();
     // SAFETY: `src` lives until the event has completed below; `dev` is live.
     unsafe {
@@ -209,12 +211,15 @@ fn async_copy_runs_on_the_stream_worker() {
         .unwrap();
     }
     sim.record_event(event, stream).unwrap();
-    // The calls returned while the stream is still busy with its 500 ms "kernel".
+    // The calls returned while the stream still has its 100 ms "kernel" ahead of it.
     assert!(!sim.query_event(event).unwrap());
     assert!(sim.pending_ops(stream).unwrap() >= 2);
+    assert_eq!(read(&sim, dev.addr, 4), [0; 4], "the copy has not run");
+    let t0 = Instant::now();
+    hold.release();
     sim.synchronize_event(event).unwrap();
     assert!(
-        t0.elapsed() >= Duration::from_millis(500),
+        t0.elapsed() >= Duration::from_millis(100),
         "the event waited for the kernel"
     );
     assert!(sim.query_event(event).unwrap());
