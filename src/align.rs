@@ -54,7 +54,8 @@ pub(crate) const fn footprint_of(len: u64, padding: u64, align: u64) -> Option<u
     let Some(m) = segment_of(len, padding) else {
         return None;
     };
-    // With padding 0 a 32-byte segment still takes one aligned slot.
+    // Only an empty segment (len 0, padding 0, which the thread-cache path may pass
+    // before the rule's checks) is below `align` after rounding: it still takes one slot.
     align_up_pow2(if m < align { align } else { m }, align)
 }
 
@@ -342,6 +343,28 @@ mod tests {
                     assert!(f - r.segment_len(len).unwrap() < align);
                 }
             }
+        }
+    }
+
+    #[test]
+    fn an_empty_segment_still_takes_one_aligned_slot() {
+        // The thread-cache path computes this before the rule rejects len 0; a footprint
+        // of 0 would name no bin.
+        assert_eq!(footprint_of(0, 0, 64), Some(64));
+        assert_eq!(footprint_of(0, 0, 4096), Some(4096));
+        assert_eq!(footprint_of(0, 32, 64), Some(64));
+    }
+
+    #[test]
+    fn errors_say_what_was_asked() {
+        let cases = [
+            (CarveRuleError::ZeroLength, "0 bytes"),
+            (CarveRuleError::LengthOverflow { len: 123_456 }, "123456"),
+            (CarveRuleError::BadAlignment { align: 48 }, "alignment 48"),
+            (CarveRuleError::BadPadding { padding: 16 }, "padding 16"),
+        ];
+        for (e, said) in cases {
+            assert!(e.to_string().contains(said), "{e:?} printed {e}");
         }
     }
 }

@@ -561,4 +561,31 @@ mod tests {
         assert_eq!(b.alloc(1 << 12, 64, 3), Some(0));
         b.validate().unwrap();
     }
+
+    #[test]
+    fn a_range_of_the_largest_order_is_one_block() {
+        // Offsets only: a 4 EiB range costs no memory.
+        let mut b = BuddyRange::new(1 << MAX_ORDER, 64).unwrap();
+        b.validate().unwrap();
+        assert_eq!(b.largest_free(), 1 << MAX_ORDER);
+        assert_eq!(b.alloc(1 << MAX_ORDER, 64, 7), Some(0));
+        assert_eq!(b.largest_free(), 0);
+        b.free(0, 7).unwrap();
+        b.validate().unwrap();
+        assert_eq!(b.largest_free(), 1 << MAX_ORDER);
+    }
+
+    #[test]
+    fn offsets_spread_over_the_hash_tables_low_bits() {
+        // Offsets of 2 MiB blocks have 21 zero low bits; the table indexes by the hash's
+        // low bits, which must still take most values.
+        let buckets: std::collections::HashSet<u64> = (0..256u64)
+            .map(|k| {
+                let mut h = OffsetHasher::default();
+                h.write_u64(k << 21);
+                h.finish() & 255
+            })
+            .collect();
+        assert!(buckets.len() > 128, "{} of 256 buckets", buckets.len());
+    }
 }

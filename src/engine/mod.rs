@@ -667,7 +667,9 @@ impl CarveEngine {
     }
 
     /// Bytes of the largest free range: the figure [`EngineError::OutOfSpace`] carries, without
-    /// the walk over the free lists that [`stats`](Self::stats) makes.
+    /// the walk over the free lists that [`stats`](Self::stats) makes. Blocks the TLSF tier
+    /// parked since its last search count one by one (the search that refuses a request
+    /// merges them first, so the figure an error carries is merged).
     pub fn largest_free(&self) -> u64 {
         self.range.largest_free()
     }
@@ -737,6 +739,47 @@ impl CarveEngine {
 mod tests {
     use super::*;
 
+    #[test]
+    fn errors_say_what_was_refused() {
+        let cases = [
+            (EngineError::Carve(CarveRuleError::ZeroLength), "0 bytes"),
+            (
+                EngineError::OutOfSpace {
+                    footprint: 4096,
+                    largest_free: 1024,
+                },
+                "holds 4096 bytes (largest free range 1024)",
+            ),
+            (EngineError::ForeignAllocation, "another engine"),
+            (EngineError::AlreadyFreed { offset: 640 }, "offset 640"),
+            (
+                EngineError::CapacityTooLarge {
+                    capacity: 1 << 40,
+                    max: 1 << 38,
+                },
+                "capacity 1099511627776",
+            ),
+            (
+                EngineError::BadCapacity {
+                    capacity: 100,
+                    unit: 64,
+                },
+                "capacity 100 is not a non-zero multiple of 64",
+            ),
+            (
+                EngineError::SlabMaxTooLarge {
+                    slab_max: 1 << 30,
+                    max: 1 << 17,
+                },
+                "slab_max 1073741824",
+            ),
+            (EngineError::Corrupt("bin 3".into()), "bin 3"),
+        ];
+        for (e, said) in cases {
+            assert!(e.to_string().contains(said), "{e:?} printed {e}");
+        }
+    }
+
     fn both_tiers() -> [EngineConfig; 2] {
         [RangeTier::Tlsf, RangeTier::Buddy].map(|range| EngineConfig {
             range,
@@ -786,6 +829,79 @@ mod tests {
             ));
             e.grow(4096).unwrap();
             e.alloc(4000, CarveRule::default()).unwrap();
+            e.validate().unwrap();
+        }
+    }
+
+    #[test]
+    fn out_of_space_names_the_largest_free_range() {
+        let rule = CarveRule::default();
+        let quarter = 256 << 10; // past the slabs: a range-tier segment of 262,208 bytes
+        for cfg in both_tiers() {
+            let mut e = CarveEngine::new(1 << 20, cfg).unwrap();
+            let a = e.alloc(quarter, rule).unwrap();
+            let b = e.alloc(quarter, rule).unwrap();
+            e.free(a).unwrap();
+            // The whole range, refused while `b` lives: the error names what is left.
+            let err = e.alloc((1 << 20) - 64, rule).unwrap_err();
+            let EngineError::OutOfSpace {
+                footprint,
+                largest_free,
+            } = err
+            else {
+                panic!("{cfg:?}: {err:?}");
+            };
+            assert_eq!(footprint, 1 << 20);
+            assert_eq!(largest_free, e.largest_free(), "{cfg:?}");
+            assert_eq!(largest_free, e.stats().range.largest_free, "{cfg:?}");
+            assert!(
+                largest_free >= b.footprint() && largest_free < 1 << 20,
+                "{cfg:?}"
+            );
+            if cfg.range == RangeTier::Tlsf {
+                // The tail past `b` (the hole `a` left is one footprint).
+                assert_eq!(largest_free, (1 << 20) - 2 * b.footprint());
+            }
+            assert_eq!(e.counters().failed, 1);
+            e.validate().unwrap();
+            e.free(b).unwrap();
+            // Blocks freed since the last search may still count apart (parked); the
+            // next search merges them, so the whole range is one request's again.
+            let all = e.alloc((1 << 20) - 64, rule).unwrap();
+            assert_eq!((all.offset(), all.footprint()), (0, 1 << 20), "{cfg:?}");
+            e.free(all).unwrap();
+            e.validate().unwrap();
+        }
+    }
+
+    #[test]
+    fn validate_catches_drifted_engine_accounting() {
+        for cfg in both_tiers() {
+            let mut e = CarveEngine::new(1 << 20, cfg).unwrap();
+            let big = e.alloc(200 << 10, CarveRule::default()).unwrap();
+            let small = e.alloc(100, CarveRule::default()).unwrap();
+            e.validate().unwrap();
+            e.range_live_bytes += 64;
+            assert!(
+                matches!(e.validate(), Err(EngineError::Corrupt(_))),
+                "{cfg:?}"
+            );
+            e.range_live_bytes -= 64;
+            e.capacity += 64;
+            assert!(
+                matches!(e.validate(), Err(EngineError::Corrupt(_))),
+                "{cfg:?}"
+            );
+            e.capacity -= 64;
+            e.counters.live += 1;
+            assert!(
+                matches!(e.validate(), Err(EngineError::Corrupt(_))),
+                "{cfg:?}"
+            );
+            e.counters.live -= 1;
+            e.validate().unwrap();
+            e.free(big).unwrap();
+            e.free(small).unwrap();
             e.validate().unwrap();
         }
     }

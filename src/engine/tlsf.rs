@@ -1055,6 +1055,33 @@ mod tests {
     }
 
     #[test]
+    fn blocks_of_different_lengths_park_side_by_side() {
+        // 4096 and 8192 bytes are 64 and 128 units: two slots of the table.
+        assert_ne!(park_slot(64), park_slot(128));
+        let mut t = TlsfRange::new(1 << 20, 64).unwrap();
+        let (a, ka, ta) = alloc(&mut t, 4096, 64).unwrap();
+        let s1 = alloc(&mut t, 64, 64).unwrap();
+        let (b, kb, tb) = alloc(&mut t, 8192, 64).unwrap();
+        let s2 = alloc(&mut t, 64, 64).unwrap();
+        t.free(ka, a, ta).unwrap();
+        t.free(kb, b, tb).unwrap();
+        // Each waits in its own slot: the second free did not push the first into a bin.
+        assert!(t.parked_contains(ka, 64) && t.parked_contains(kb, 128));
+        assert_eq!(t.parked_slots.count_ones(), 2);
+        t.validate().unwrap();
+        // Either length comes back without a search, which would have merged the other.
+        let (c, kc, tc) = alloc(&mut t, 8192, 64).unwrap();
+        assert_eq!((c, kc), (b, kb));
+        assert!(t.parked_contains(ka, 64));
+        for (o, k, tag) in [(c, kc, tc), s1, s2] {
+            t.free(k, o, tag).unwrap();
+        }
+        t.unpark_all();
+        t.validate().unwrap();
+        assert!(t.is_empty());
+    }
+
+    #[test]
     fn validate_reports_a_bin_list_that_leaves_the_node_table() {
         let mut t = TlsfRange::new(1 << 20, 64).unwrap();
         let a: Vec<_> = (0..5).map(|_| alloc(&mut t, 4096, 64).unwrap()).collect();
