@@ -238,19 +238,24 @@ impl BuddyRange {
     /// free buddies below the old end that had none before.
     pub fn grow(&mut self, additional: u64) -> Result<(), EngineError> {
         let min_block = 1u64 << self.min_order;
-        let new_capacity = self.capacity.checked_add(additional);
-        match new_capacity {
-            Some(c) if additional != 0 && additional % min_block == 0 && c < 1 << MAX_ORDER => {
-                let old = self.capacity;
-                self.capacity = c;
-                self.release(old, c);
-                Ok(())
-            }
-            _ => Err(EngineError::BadCapacity {
+        if additional == 0 || additional % min_block != 0 {
+            return Err(EngineError::BadCapacity {
                 capacity: additional,
                 unit: min_block,
-            }),
+            });
         }
+        // Any end a u64 holds, as `new` takes: past 2^MAX_ORDER the runs are cut into
+        // blocks of that order.
+        let Some(c) = self.capacity.checked_add(additional) else {
+            return Err(EngineError::CapacityTooLarge {
+                capacity: self.capacity.saturating_add(additional),
+                max: u64::MAX - (min_block - 1),
+            });
+        };
+        let old = self.capacity;
+        self.capacity = c;
+        self.release(old, c);
+        Ok(())
     }
 
     /// Bytes of free space at the end of the range: everything above the highest live end
@@ -573,6 +578,48 @@ mod tests {
         b.free(0, 7).unwrap();
         b.validate().unwrap();
         assert_eq!(b.largest_free(), 1 << MAX_ORDER);
+        // It grows to any end a u64 holds, and no further.
+        b.grow(1 << MAX_ORDER).unwrap();
+        assert_eq!(b.capacity(), 1 << (MAX_ORDER + 1));
+        assert_eq!(
+            b.grow(1 << (MAX_ORDER + 1)),
+            Err(EngineError::CapacityTooLarge {
+                capacity: u64::MAX,
+                max: u64::MAX - 63,
+            })
+        );
+        b.grow((1 << (MAX_ORDER + 1)) - 64).unwrap();
+        assert_eq!(b.capacity(), u64::MAX - 63);
+        b.validate().unwrap();
+    }
+
+    #[test]
+    fn a_range_as_large_as_a_u64_holds_allocates_and_frees() {
+        let mut b = BuddyRange::new(u64::MAX - 63, 64).unwrap();
+        let mut live = Vec::new();
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        for tag in 0..600u64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            if tag % 3 == 2 && !live.is_empty() {
+                let (o, t) = live.swap_remove(x as usize % live.len());
+                b.free(o, t).unwrap();
+            } else {
+                // Sizes from 64 bytes to 2^61, so the top orders are cut and merged too.
+                let size = (x % (1 << (x % 62)) / 64 + 1) * 64;
+                if let Some(o) = b.alloc(size, 64, tag) {
+                    assert!(o.checked_add(size).is_some_and(|e| e <= b.capacity()));
+                    live.push((o, tag));
+                }
+            }
+            b.validate().unwrap();
+        }
+        for (o, t) in live {
+            b.free(o, t).unwrap();
+        }
+        b.validate().unwrap();
+        assert_eq!(b.largest_free(), 1 << MAX_ORDER);
     }
 
     #[test]
@@ -587,5 +634,46 @@ mod tests {
             })
             .collect();
         assert!(buckets.len() > 128, "{} of 256 buckets", buckets.len());
+    }
+
+    #[test]
+    fn validate_catches_each_kind_of_drift() {
+        // Free runs [64, 128) and [192, capacity), live blocks at 0 and 128.
+        let build = || {
+            let mut b = BuddyRange::new(1 << 20, 64).unwrap();
+            let offsets: Vec<u64> = (1..=3).map(|t| b.alloc(64, 64, t).unwrap()).collect();
+            assert_eq!(offsets, [0, 64, 128]);
+            b.free(64, 2).unwrap();
+            b.validate().unwrap();
+            b
+        };
+        type Corruption = (&'static str, fn(&mut BuddyRange));
+        let corruptions: [Corruption; 8] = [
+            ("free counter", |b| b.free_bytes += 64),
+            ("lowest cache", |b| b.lowest[0] = 4096),
+            ("nonempty bit", |b| b.nonempty ^= 1 << 20),
+            ("run end forgotten", |b| {
+                b.bounds.remove(&128);
+            }),
+            ("run moved out of its order", |b| {
+                b.by_order[6].remove(&64);
+                b.by_order[7].insert(64);
+            }),
+            ("live block overlapping a run", |b| {
+                b.live.insert(64, (64, 9));
+            }),
+            ("live block forgotten", |b| {
+                b.live.remove(&128);
+            }),
+            ("run past the capacity", |b| b.capacity -= 4096),
+        ];
+        for (what, corrupt) in corruptions {
+            let mut b = build();
+            corrupt(&mut b);
+            assert!(
+                matches!(b.validate(), Err(EngineError::Corrupt(_))),
+                "{what} went unnoticed"
+            );
+        }
     }
 }

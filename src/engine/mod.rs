@@ -905,4 +905,30 @@ mod tests {
             e.validate().unwrap();
         }
     }
+
+    #[test]
+    fn slabs_take_small_footprints_and_the_range_tier_the_rest() {
+        let rule = CarveRule::default();
+        for cfg in both_tiers() {
+            let mut e = CarveEngine::new(8 << 20, cfg).unwrap();
+            let pages = |e: &CarveEngine| e.stats().slab_pages;
+            // A footprint of `slab_max` + 64: the range tier's.
+            let over = e.alloc(cfg.slab_max, rule).unwrap();
+            assert_eq!(pages(&e), 0, "{cfg:?}");
+            // A footprint of exactly `slab_max`: a slab page's.
+            let at = e.alloc(cfg.slab_max - 32, rule).unwrap();
+            assert_eq!((at.footprint(), pages(&e)), (cfg.slab_max, 1), "{cfg:?}");
+            // Starts aligned past 128 bytes: the range tier's, however small.
+            let wide = e.alloc(100, rule.with_align(256).unwrap()).unwrap();
+            assert_eq!((wide.offset() % 256, pages(&e)), (0, 1), "{cfg:?}");
+            let small = e.alloc(100, rule).unwrap();
+            assert_eq!(pages(&e), 2, "{cfg:?}");
+            e.validate().unwrap();
+            for a in [over, at, wide, small] {
+                e.free(a).unwrap();
+            }
+            e.validate().unwrap();
+            assert!(e.is_empty());
+        }
+    }
 }
