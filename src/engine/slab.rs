@@ -755,4 +755,99 @@ mod tests {
         assert_eq!((s.page_count(), s.page_bytes()), (0, 0));
         s.validate().unwrap();
     }
+
+    #[test]
+    fn validate_catches_each_kind_of_drift() {
+        // Three pages of 1024-byte objects: one partly used (listed), one emptied and cached,
+        // one emptied and given back (a vacant record).
+        let build = || {
+            let mut s = SlabAllocator::new(1024);
+            for (i, base) in [1u64 << 20, 2 << 20, 3 << 20].into_iter().enumerate() {
+                s.add_page(1024, base, i as u32, 9);
+            }
+            let mut by_page = std::collections::BTreeMap::<u32, Vec<_>>::new();
+            for tag in 1..=96 {
+                let (o, place) = s.alloc(1024, tag).unwrap();
+                by_page
+                    .entry(place >> SLOT_BITS)
+                    .or_default()
+                    .push((o, place, tag));
+            }
+            let pages: Vec<_> = by_page.into_values().collect();
+            let mut released = 0;
+            for &(o, place, tag) in pages[0].iter().chain(&pages[1]).chain(&pages[2][..5]) {
+                released += s.free(o, place, tag).unwrap().into_iter().count();
+            }
+            assert_eq!((released, s.page_count()), (1, 2));
+            s.validate().unwrap();
+            s
+        };
+        // The partly used page, and its class's cached empty page.
+        fn partial(s: &SlabAllocator) -> usize {
+            s.pages
+                .iter()
+                .position(|p| p.used > 0 && p.used < p.objects)
+                .unwrap()
+        }
+        fn cached(s: &SlabAllocator) -> u32 {
+            s.classes[usize::from(s.pages[partial(s)].class)].cached_empty
+        }
+        type Corruption = (&'static str, fn(&mut SlabAllocator));
+        let corruptions: [Corruption; 12] = [
+            ("held counter", |s| s.held += 1),
+            ("byte counter", |s| s.page_bytes += 1024),
+            ("free bit of a used object", |s| {
+                let i = partial(s);
+                let used = !s.pages[i].free_bits & s.pages[i].free_bits.wrapping_add(1);
+                s.pages[i].free_bits |= used;
+            }),
+            ("free bit past the objects", |s| {
+                let i = partial(s);
+                s.pages[i].free_bits |= 1 << s.pages[i].objects;
+            }),
+            ("used count", |s| {
+                let i = partial(s);
+                s.pages[i].used -= 1;
+            }),
+            ("tag of a used object cleared", |s| {
+                let i = partial(s);
+                let slot = (!s.pages[i].free_bits).trailing_zeros() as usize;
+                s.pages[i].tags[slot] = 0;
+            }),
+            ("page in another class", |s| {
+                let i = partial(s);
+                s.pages[i].class += 1;
+            }),
+            ("tag in a vacant record", |s| {
+                let v = s.vacant as usize;
+                s.pages[v].tags[0] = 5;
+            }),
+            ("vacancy chain into a held page", |s| {
+                s.vacant = partial(s) as u32
+            }),
+            ("listed page dropped from its class", |s| {
+                let c = s.pages[partial(s)].class as usize;
+                s.classes[c].list.pop();
+                s.classes[c].top = NIL;
+            }),
+            ("cached page in use", |s| {
+                let c = cached(s) as usize;
+                s.pages[c].used = 1;
+                s.pages[c].free_bits &= !1;
+                s.pages[c].tags[0] = 5;
+            }),
+            ("cached page forgotten", |s| {
+                let c = s.pages[partial(s)].class as usize;
+                s.classes[c].cached_empty = NIL;
+            }),
+        ];
+        for (what, corrupt) in corruptions {
+            let mut s = build();
+            corrupt(&mut s);
+            assert!(
+                matches!(s.validate(), Err(EngineError::Corrupt(_))),
+                "{what} went unnoticed"
+            );
+        }
+    }
 }
