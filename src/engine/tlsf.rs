@@ -444,6 +444,10 @@ impl TlsfRange {
     /// Checks every invariant listed on the type.
     pub fn validate(&self) -> Result<(), EngineError> {
         let fail = |m: String| Err(EngineError::Corrupt(format!("tlsf: {m}")));
+        // First: the free figures below subtract `top` from the capacity.
+        if self.top > self.capacity || self.high_water < self.top {
+            return fail("top beyond capacity or high water".into());
+        }
         let mut cursor = 0u64;
         let mut prev = NIL;
         let mut idx = if self.top == 0 {
@@ -522,6 +526,16 @@ impl TlsfRange {
                 self.used_units, self.top
             ));
         }
+        // Before `largest_free` reads the bitmaps: a first-level bit over an empty second
+        // level would send it out of range.
+        for fl in 0..FL_COUNT {
+            if (self.fl_bitmap >> fl & 1 == 1) != (self.sl_bitmap[fl] != 0) {
+                return fail(format!("fl bitmap bit {fl} is stale"));
+            }
+        }
+        if self.fl_bitmap >> FL_COUNT != 0 {
+            return fail("fl bitmap has bits past the last level".into());
+        }
         let largest = self
             .nodes
             .iter()
@@ -564,9 +578,6 @@ impl TlsfRange {
         }
         let mut in_bins = 0u64;
         for fl in 0..FL_COUNT {
-            if (self.fl_bitmap >> fl & 1 == 1) != (self.sl_bitmap[fl] != 0) {
-                return fail(format!("fl bitmap bit {fl} is stale"));
-            }
             for sl in 0..SL_COUNT {
                 let head = self.heads[fl][sl];
                 if (self.sl_bitmap[fl] >> sl & 1 == 1) != (head != NIL) {
@@ -594,9 +605,6 @@ impl TlsfRange {
         }
         if in_bins != free_nodes {
             return fail(format!("bins hold {in_bins} of {free_nodes} free nodes"));
-        }
-        if self.top > self.capacity || self.high_water < self.top {
-            return fail("top beyond capacity or high water".into());
         }
         Ok(())
     }
@@ -1221,5 +1229,97 @@ mod tests {
         assert_eq!(t.capacity(), 0);
         assert!(alloc(&mut t, 64, 64).is_none());
         t.validate().unwrap();
+    }
+
+    #[test]
+    fn validate_catches_each_kind_of_drift() {
+        // Two free nodes in one bin, a vacant slot (from their merge), one block parked
+        // alone and two parked in one list, all between used separators.
+        let build = || {
+            let mut t = TlsfRange::new(1 << 20, 64).unwrap();
+            let sizes = [4096, 64, 8192, 64, 8192, 64, 2048, 2048, 64, 4096, 64];
+            let blocks: Vec<_> = sizes
+                .iter()
+                .map(|&s| alloc(&mut t, s, 64).unwrap())
+                .collect();
+            for &i in &[6, 7, 9] {
+                let (o, k, tag) = blocks[i];
+                t.free(k, o, tag).unwrap();
+            }
+            t.unpark_all();
+            for &i in &[0, 2, 4] {
+                let (o, k, tag) = blocks[i];
+                t.free(k, o, tag).unwrap();
+            }
+            t.validate().unwrap();
+            assert_eq!(t.stats().free_fragments, 2 + 3 + 1);
+            assert!(t.vacant != NIL);
+            t
+        };
+        // The bin holding the two free nodes of 64 units, and the list of two parked ones.
+        fn bin() -> (usize, usize) {
+            mapping_insert(64)
+        }
+        fn pair() -> usize {
+            park_slot(128)
+        }
+        type Corruption = (&'static str, fn(&mut TlsfRange));
+        let corruptions: [Corruption; 12] = [
+            ("a block in the sink slot", |t| {
+                t.nodes[SINK as usize].len = 1
+            }),
+            ("the vacant chain into a used node", |t| {
+                let used = t.nodes.iter().position(|n| n.len > 0 && n.tag != 0);
+                let used = used.unwrap() as u32;
+                t.nodes[t.vacant as usize].next_phys = used;
+            }),
+            ("the vacant chain into a free node", |t| {
+                let (fl, sl) = bin();
+                t.vacant = t.heads[fl][sl];
+            }),
+            ("a cycle in the vacant chain", |t| {
+                let v = t.vacant;
+                t.nodes[v as usize].next_phys = v;
+            }),
+            ("a cycle in a parked list", |t| {
+                let head = t.parked[pair()].head;
+                let second = t.nodes[head as usize].next_free;
+                t.nodes[second as usize].next_free = head;
+            }),
+            ("a parked list in another slot", |t| {
+                let slot = pair();
+                let other = (slot + 1) % PARK_SLOTS;
+                assert_eq!(t.parked[other].head, NIL, "pick a free slot");
+                t.parked[other] = t.parked[slot];
+                t.parked_slots |= 1 << other;
+                t.parked[slot] = ParkedList::EMPTY;
+                t.parked_slots &= !(1 << slot);
+            }),
+            ("a stale parked-slot bit", |t| t.parked_slots ^= 1 << pair()),
+            ("a stale second-level bit", |t| {
+                let (fl, sl) = bin();
+                t.sl_bitmap[fl] ^= 1 << (sl + 1);
+            }),
+            ("a stale first-level bit", |t| {
+                t.fl_bitmap ^= 1 << (FL_COUNT - 1)
+            }),
+            ("a wrong back link in a bin", |t| {
+                let (fl, sl) = bin();
+                let second = t.nodes[t.heads[fl][sl] as usize].next_free;
+                t.nodes[second as usize].prev_free = NIL;
+            }),
+            ("the high-water mark below the top", |t| {
+                t.high_water = t.top - 1
+            }),
+            ("the top past the capacity", |t| t.capacity = t.top - 1),
+        ];
+        for (what, corrupt) in corruptions {
+            let mut t = build();
+            corrupt(&mut t);
+            assert!(
+                matches!(t.validate(), Err(EngineError::Corrupt(_))),
+                "{what} went unnoticed"
+            );
+        }
     }
 }
