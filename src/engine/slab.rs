@@ -466,6 +466,9 @@ impl SlabAllocator {
             }
             held += 1;
             bytes += p.bytes();
+            if on_chain[i] {
+                return fail(format!("held page {i} is on the vacancy chain"));
+            }
             if usize::from(p.objects) > SLOTS
                 || p.free_bits >> (p.objects - 1) > 1
                 || class_of(u64::from(p.footprint))

@@ -1232,6 +1232,35 @@ mod tests {
     }
 
     #[test]
+    fn a_request_tries_its_own_bin_then_the_smallest_that_surely_fits() {
+        // Units of 64 bytes; from 64 units up, a bin spans 2 units. Free: `z`, 101 units at
+        // unit 1 (bin [100, 102)), and `y`, 200 units higher up.
+        let build = || {
+            let mut t = TlsfRange::new(1 << 20, 64).unwrap();
+            let sizes = [1, 101, 1, 200, 1];
+            let b: Vec<_> = sizes
+                .iter()
+                .map(|&u| alloc(&mut t, u * 64, 64).unwrap())
+                .collect();
+            for i in [1, 3] {
+                t.free(b[i].1, b[i].0, b[i].2).unwrap();
+            }
+            t.unpark_all();
+            t.validate().unwrap();
+            t
+        };
+        // 101 units: its own bin holds `z`, which fits, though the search for a bin whose
+        // every block fits would round up past it to `y`'s.
+        let mut t = build();
+        assert_eq!(alloc(&mut t, 101 * 64, 64).unwrap().0, 64);
+        // 99 units at 128-byte starts: its own bin [98, 100) is empty; `z`'s bin holds
+        // 99 units plus the worst slack of one unit, so it is searched before `y`'s.
+        let mut t = build();
+        assert_eq!(alloc(&mut t, 99 * 64, 128).unwrap().0, 128);
+        t.validate().unwrap();
+    }
+
+    #[test]
     fn validate_catches_each_kind_of_drift() {
         // Two free nodes in one bin, a vacant slot (from their merge), one block parked
         // alone and two parked in one list, all between used separators.
