@@ -796,7 +796,7 @@ mod tests {
             s.classes[usize::from(s.pages[partial(s)].class)].cached_empty
         }
         type Corruption = (&'static str, fn(&mut SlabAllocator));
-        let corruptions: [Corruption; 12] = [
+        let corruptions: [Corruption; 13] = [
             ("held counter", |s| s.held += 1),
             ("byte counter", |s| s.page_bytes += 1024),
             ("free bit of a used object", |s| {
@@ -824,6 +824,10 @@ mod tests {
             ("tag in a vacant record", |s| {
                 let v = s.vacant as usize;
                 s.pages[v].tags[0] = 5;
+            }),
+            ("a cycle in the vacancy chain", |s| {
+                let v = s.vacant;
+                s.pages[v as usize].partial_pos = v;
             }),
             ("vacancy chain into a held page", |s| {
                 s.vacant = partial(s) as u32
