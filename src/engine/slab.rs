@@ -587,6 +587,12 @@ mod tests {
             let (bytes, objects, align) = SlabAllocator::page_shape(f);
             assert!((1..=64).contains(&objects) && bytes == u64::from(objects) * size);
             assert!(f <= EXACT_MAX || (objects >= 4 && align == 128));
+            // Above EXACT_MAX a page holds what fits in 256 KiB, 4 to 64 objects.
+            let filled = bytes + size > 256 << 10 || objects == 64;
+            assert!(
+                f <= EXACT_MAX || (bytes <= (256 << 10).max(4 * size) && filled),
+                "{f}"
+            );
         }
     }
 
