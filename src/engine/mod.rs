@@ -808,7 +808,9 @@ mod tests {
             assert_eq!(e.shrink_free_tail(0), 0);
             assert_eq!(e.shrink_free_tail(100), 0);
             // Everything past `more` goes.
+            let free_tail = e.free_tail();
             let tail = e.shrink_free_tail(64);
+            assert_eq!((tail, e.free_tail()), (free_tail, 0), "{cfg:?}");
             assert_eq!(e.capacity(), more.offset() + more.footprint());
             assert_eq!(e.capacity(), (4 << 20) - tail);
             e.validate().unwrap();
