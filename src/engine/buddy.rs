@@ -647,8 +647,7 @@ mod tests {
             b.validate().unwrap();
             b
         };
-        type Corruption = (&'static str, fn(&mut BuddyRange));
-        let corruptions: [Corruption; 8] = [
+        let corruptions: [crate::engine::Drift<BuddyRange>; 8] = [
             ("free counter", |b| b.free_bytes += 64),
             ("lowest cache", |b| b.lowest[0] = 4096),
             ("nonempty bit", |b| b.nonempty ^= 1 << 20),
@@ -667,13 +666,6 @@ mod tests {
             }),
             ("run past the capacity", |b| b.capacity -= 4096),
         ];
-        for (what, corrupt) in corruptions {
-            let mut b = build();
-            corrupt(&mut b);
-            assert!(
-                matches!(b.validate(), Err(EngineError::Corrupt(_))),
-                "{what} went unnoticed"
-            );
-        }
+        crate::engine::assert_each_drift_reported(build, &corruptions, BuddyRange::validate);
     }
 }

@@ -735,6 +735,28 @@ impl CarveEngine {
     }
 }
 
+/// One way to corrupt a `T`, named for the failure message.
+#[cfg(test)]
+pub(crate) type Drift<T> = (&'static str, fn(&mut T));
+
+/// Test helper: for each drift, builds a fresh state, corrupts it, and checks that
+/// `validate` reports [`EngineError::Corrupt`] (not `Ok`, not a panic).
+#[cfg(test)]
+pub(crate) fn assert_each_drift_reported<T>(
+    build: impl Fn() -> T,
+    drifts: &[Drift<T>],
+    validate: impl Fn(&T) -> Result<(), EngineError>,
+) {
+    for (what, corrupt) in drifts {
+        let mut state = build();
+        corrupt(&mut state);
+        assert!(
+            matches!(validate(&state), Err(EngineError::Corrupt(_))),
+            "{what} went unnoticed"
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -801,8 +801,7 @@ mod tests {
         fn cached(s: &SlabAllocator) -> u32 {
             s.classes[usize::from(s.pages[partial(s)].class)].cached_empty
         }
-        type Corruption = (&'static str, fn(&mut SlabAllocator));
-        let corruptions: [Corruption; 13] = [
+        let corruptions: [crate::engine::Drift<SlabAllocator>; 13] = [
             ("held counter", |s| s.held += 1),
             ("byte counter", |s| s.page_bytes += 1024),
             ("free bit of a used object", |s| {
@@ -854,13 +853,6 @@ mod tests {
                 s.classes[c].cached_empty = NIL;
             }),
         ];
-        for (what, corrupt) in corruptions {
-            let mut s = build();
-            corrupt(&mut s);
-            assert!(
-                matches!(s.validate(), Err(EngineError::Corrupt(_))),
-                "{what} went unnoticed"
-            );
-        }
+        crate::engine::assert_each_drift_reported(build, &corruptions, SlabAllocator::validate);
     }
 }

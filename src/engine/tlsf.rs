@@ -1292,8 +1292,7 @@ mod tests {
         fn pair() -> usize {
             park_slot(128)
         }
-        type Corruption = (&'static str, fn(&mut TlsfRange));
-        let corruptions: [Corruption; 12] = [
+        let corruptions: [crate::engine::Drift<TlsfRange>; 12] = [
             ("a block in the sink slot", |t| {
                 t.nodes[SINK as usize].len = 1
             }),
@@ -1342,13 +1341,6 @@ mod tests {
             }),
             ("the top past the capacity", |t| t.capacity = t.top - 1),
         ];
-        for (what, corrupt) in corruptions {
-            let mut t = build();
-            corrupt(&mut t);
-            assert!(
-                matches!(t.validate(), Err(EngineError::Corrupt(_))),
-                "{what} went unnoticed"
-            );
-        }
+        crate::engine::assert_each_drift_reported(build, &corruptions, TlsfRange::validate);
     }
 }
