@@ -901,32 +901,19 @@ mod tests {
     #[test]
     fn validate_catches_drifted_engine_accounting() {
         for cfg in both_tiers() {
-            let mut e = CarveEngine::new(1 << 20, cfg).unwrap();
-            let big = e.alloc(200 << 10, CarveRule::default()).unwrap();
-            let small = e.alloc(100, CarveRule::default()).unwrap();
-            e.validate().unwrap();
-            e.range_live_bytes += 64;
-            assert!(
-                matches!(e.validate(), Err(EngineError::Corrupt(_))),
-                "{cfg:?}"
-            );
-            e.range_live_bytes -= 64;
-            e.capacity += 64;
-            assert!(
-                matches!(e.validate(), Err(EngineError::Corrupt(_))),
-                "{cfg:?}"
-            );
-            e.capacity -= 64;
-            e.counters.live += 1;
-            assert!(
-                matches!(e.validate(), Err(EngineError::Corrupt(_))),
-                "{cfg:?}"
-            );
-            e.counters.live -= 1;
-            e.validate().unwrap();
-            e.free(big).unwrap();
-            e.free(small).unwrap();
-            e.validate().unwrap();
+            let build = || {
+                let mut e = CarveEngine::new(1 << 20, cfg).unwrap();
+                e.alloc(200 << 10, CarveRule::default()).unwrap();
+                e.alloc(100, CarveRule::default()).unwrap();
+                e.validate().unwrap();
+                e
+            };
+            let drifts: [Drift<CarveEngine>; 3] = [
+                ("range-tier live bytes", |e| e.range_live_bytes += 64),
+                ("capacity", |e| e.capacity += 64),
+                ("live counter", |e| e.counters.live += 1),
+            ];
+            assert_each_drift_reported(build, &drifts, CarveEngine::validate);
         }
     }
 
