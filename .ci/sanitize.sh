@@ -36,7 +36,7 @@ args() { for t in "$@"; do echo "--test=$t"; done; }
 without() { grep -vxF -f <(printf '%s\n' $2) <<<"$1" || true; }
 if [ "$kind" = thread ]; then
   # shellcheck disable=SC2046 # one suite name per word
-  TSAN_OPTIONS="halt_on_error=0 ${TSAN_OPTIONS:-}" \
+  TSAN_OPTIONS="halt_on_error=0 suppressions=$PWD/.ci/tsan.supp ${TSAN_OPTIONS:-}" \
     test_suites --lib $(args $(without "$suites" "$single"))
 else
   # shellcheck disable=SC2046
