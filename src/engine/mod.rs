@@ -908,10 +908,16 @@ mod tests {
                 e.validate().unwrap();
                 e
             };
-            let drifts: [Drift<CarveEngine>; 3] = [
+            // The last two reach the tiers' own checks through the engine's.
+            let drifts: [Drift<CarveEngine>; 5] = [
                 ("range-tier live bytes", |e| e.range_live_bytes += 64),
                 ("capacity", |e| e.capacity += 64),
                 ("live counter", |e| e.counters.live += 1),
+                ("the range tier's own state", |e| match &mut e.range {
+                    Range::Tlsf(t) => t.drift_for_test(),
+                    Range::Buddy(b) => b.drift_for_test(),
+                }),
+                ("the slab tier's own state", |e| e.slabs.drift_for_test()),
             ];
             assert_each_drift_reported(build, &drifts, CarveEngine::validate);
         }
