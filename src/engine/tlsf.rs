@@ -939,6 +939,7 @@ mod tests {
         let (c, kc, tc) = alloc(&mut t, 4096, 64).unwrap();
         assert_eq!((a, b, c), (0, 128, 192));
         t.validate().unwrap();
+        assert!(!t.is_empty());
         t.free(kb, b, tb).unwrap();
         t.validate().unwrap();
         // The hole is reused before the wilderness.
@@ -1109,9 +1110,12 @@ mod tests {
         let head = t.heads[fl][sl];
         let second = t.nodes[head as usize].next_free;
         assert!([a[1].1, a[3].1].contains(&second) && second != head);
-        // The head's link points past the table: the second block is unreachable from its bin.
-        t.nodes[head as usize].next_free = t.nodes.len() as u32 + 7;
-        assert!(matches!(t.validate(), Err(EngineError::Corrupt(_))));
+        // The head's link points past the table (just past, and further): the second block is
+        // unreachable from its bin.
+        for past in [0, 7] {
+            t.nodes[head as usize].next_free = t.nodes.len() as u32 + past;
+            assert!(matches!(t.validate(), Err(EngineError::Corrupt(_))));
+        }
         t.nodes[head as usize].next_free = second;
         t.validate().unwrap();
     }
@@ -1168,10 +1172,13 @@ mod tests {
             Err(EngineError::CapacityTooLarge { max: m, .. }) if m == max
         ));
         let mut t = TlsfRange::new(max - 64, 64).unwrap();
-        assert!(matches!(
+        assert_eq!(
             t.grow(128),
-            Err(EngineError::CapacityTooLarge { .. })
-        ));
+            Err(EngineError::CapacityTooLarge {
+                capacity: max + 64,
+                max
+            })
+        );
         assert_eq!(t.capacity(), max - 64, "a refused growth changes nothing");
         t.grow(64).unwrap();
         // A request past the range is refused, not truncated to 32 bits.
@@ -1187,6 +1194,32 @@ mod tests {
         t.unpark_all();
         assert!(t.is_empty());
         assert_eq!(t.free_tail(), max);
+        t.validate().unwrap();
+    }
+
+    #[test]
+    fn stats_count_each_free_fragment() {
+        // 64 B | free 64 B | 64 B | free 8 KiB | 64 B | wilderness: the two holes bin in
+        // different first levels.
+        let mut t = TlsfRange::new(1 << 20, 64).unwrap();
+        let held: Vec<_> = [64, 64, 64, 8192, 64]
+            .map(|size| alloc(&mut t, size, 64).unwrap())
+            .into();
+        for &(o, k, tag) in [&held[1], &held[3]] {
+            t.free(k, o, tag).unwrap();
+        }
+        let parked = t.stats();
+        t.unpark_all();
+        let binned = t.stats();
+        assert_eq!(parked, binned, "parked and binned holes count alike");
+        assert_eq!(binned.free_fragments, 3);
+        assert_eq!(binned.free_bytes, (1 << 20) - 3 * 64);
+        // With the wilderness taken, only the two holes are left.
+        let tail = t.free_tail();
+        assert_eq!(tail, (1 << 20) - 8192 - 4 * 64);
+        alloc(&mut t, tail, 64).unwrap();
+        let full = t.stats();
+        assert_eq!((full.free_fragments, full.largest_free), (2, 8192));
         t.validate().unwrap();
     }
 
@@ -1267,6 +1300,31 @@ mod tests {
     }
 
     #[test]
+    fn a_bin_search_settles_after_eight_entries() {
+        // Bin [128, 132) units: eight blocks of 128 units, probed first, and one of 131
+        // units ninth, each between held units so none merge. A request for 130 units
+        // looks at eight entries of its own bin, then past it (the wilderness here).
+        let mut t = TlsfRange::new(1 << 20, 64).unwrap();
+        let mut free = Vec::new();
+        for units in [131, 128, 128, 128, 128, 128, 128, 128, 128] {
+            free.push(alloc(&mut t, units << 6, 64).unwrap());
+            alloc(&mut t, 64, 64).unwrap();
+        }
+        for (o, k, tag) in free.iter().copied() {
+            // Linked one at a time at the head: the 131-unit block ends up last.
+            t.free(k, o, tag).unwrap();
+            t.unpark_all();
+        }
+        let (fl, sl) = mapping_insert(130);
+        let order: Vec<u32> = t.list_from(t.heads[fl][sl]).collect();
+        assert_eq!((order.len(), order[BIN_PROBES]), (9, free[0].1));
+        let top = t.top << 6;
+        let (got, _, _) = alloc(&mut t, 130 << 6, 64).unwrap();
+        assert_eq!(got, top, "the ninth entry is not probed");
+        t.validate().unwrap();
+    }
+
+    #[test]
     fn validate_catches_each_kind_of_drift() {
         // Two free nodes in one bin, a vacant slot (from their merge), one block parked
         // alone and two parked in one list, all between used separators.
@@ -1298,7 +1356,14 @@ mod tests {
         fn pair() -> usize {
             park_slot(128)
         }
-        let corruptions: [crate::engine::Drift<TlsfRange>; 12] = [
+        fn used(t: &TlsfRange) -> u32 {
+            let i = t
+                .nodes
+                .iter()
+                .position(|n| n.len > 0 && n.tag != 0 && n.tag != PARKED);
+            i.unwrap() as u32
+        }
+        let corruptions: [crate::engine::Drift<TlsfRange>; 16] = [
             ("a block in the sink slot", |t| {
                 t.nodes[SINK as usize].len = 1
             }),
@@ -1344,6 +1409,16 @@ mod tests {
                 t.high_water = t.top - 1
             }),
             ("the top past the capacity", |t| t.capacity = t.top - 1),
+            ("a node's start off the tiling", |t| {
+                let i = used(t);
+                t.nodes[i as usize].start += 1
+            }),
+            ("the last node misnamed", |t| t.last = used(t)),
+            ("a back link that skips a node", |t| {
+                let below = t.nodes[t.last as usize].prev_phys;
+                t.nodes[t.last as usize].prev_phys = t.nodes[below as usize].prev_phys;
+            }),
+            ("a used node in a bin", |t| t.link(used(t))),
         ];
         crate::engine::assert_each_drift_reported(build, &corruptions, TlsfRange::validate);
     }
