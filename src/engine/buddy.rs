@@ -608,7 +608,10 @@ mod tests {
         b.validate().unwrap();
         assert_eq!(b.largest_free(), 1 << (MAX_ORDER - 1));
         assert_eq!(b.alloc(1 << MAX_ORDER, 64, 2), None);
-        assert_eq!(b.alloc(1 << (MAX_ORDER - 1), 64, 3), Some(1 << (MAX_ORDER - 1)));
+        assert_eq!(
+            b.alloc(1 << (MAX_ORDER - 1), 64, 3),
+            Some(1 << (MAX_ORDER - 1))
+        );
         b.validate().unwrap();
     }
 

@@ -940,8 +940,29 @@ mod tests {
             assert_eq!((wide.offset() % 256, pages(&e)), (0, 1), "{cfg:?}");
             let small = e.alloc(100, rule).unwrap();
             assert_eq!(pages(&e), 2, "{cfg:?}");
+            let slab = [&over, &at, &wide, &small].map(Allocation::is_slab);
+            assert_eq!(slab, [false, true, false, true], "{cfg:?}");
             e.validate().unwrap();
             for a in [over, at, wide, small] {
+                e.free(a).unwrap();
+            }
+            e.validate().unwrap();
+            assert!(e.is_empty());
+        }
+    }
+
+    #[test]
+    fn tags_wrap_to_1_before_the_parked_marker() {
+        // `PARKED` marks a free block and 0 a vacant slot: no live segment may carry either.
+        for cfg in both_tiers() {
+            let mut e = CarveEngine::new(1 << 20, cfg).unwrap();
+            e.next_tag = tlsf::PARKED - 2;
+            let held: Vec<_> = [100, 4096, 300 << 10, 64]
+                .map(|len| e.alloc(len, CarveRule::default()).unwrap())
+                .into();
+            let tags: Vec<u32> = held.iter().map(Allocation::tag).collect();
+            assert_eq!(tags, [tlsf::PARKED - 2, tlsf::PARKED - 1, 1, 2], "{cfg:?}");
+            for a in held {
                 e.free(a).unwrap();
             }
             e.validate().unwrap();
