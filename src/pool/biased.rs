@@ -399,6 +399,40 @@ mod tests {
         assert!(lock.is_biased(), "the owner wins it back");
     }
 
+    /// Where the kernel offers private expedited `membarrier` (asked here directly, command
+    /// and bit from linux/membarrier.h), the pool registers for it and locks bias: without
+    /// it every kind's lock would be a plain mutex, which no other test would notice.
+    #[cfg(all(target_os = "linux", not(miri)))]
+    #[test]
+    fn locks_bias_wherever_the_kernel_offers_membarrier() {
+        // SAFETY: a query (command 0) takes its arguments by value and touches no memory.
+        let cmds = unsafe { libc::syscall(libc::SYS_membarrier, 0 as libc::c_long, 0, 0) };
+        let offered = cmds >= 0 && cmds & (1 << 3) != 0;
+        assert_eq!(bias_supported(), offered, "kernel's commands: {cmds:#x}");
+        if offered {
+            let lock = BiasedLock::new(0u32);
+            for _ in 0..REBIAS_AFTER {
+                *lock.lock() += 1;
+            }
+            assert!(lock.is_biased());
+        }
+    }
+
+    #[test]
+    fn debug_shows_the_owner_and_the_bias() {
+        let lock = BiasedLock::new(7u8);
+        *lock.lock() += 1;
+        let shown = format!("{lock:?}");
+        assert!(
+            shown.starts_with("BiasedLock { owner: ") && shown.contains("biased: "),
+            "{shown}"
+        );
+        assert!(
+            !shown.contains("owner: 0"),
+            "the first entry names the owner: {shown}"
+        );
+    }
+
     #[test]
     fn a_guard_dropped_by_a_panic_lets_go() {
         let lock = Arc::new(BiasedLock::new(0u32));
