@@ -1368,9 +1368,8 @@ mod tests {
                 t.nodes[SINK as usize].len = 1
             }),
             ("the vacant chain into a used node", |t| {
-                let used = t.nodes.iter().position(|n| n.len > 0 && n.tag != 0);
-                let used = used.unwrap() as u32;
-                t.nodes[t.vacant as usize].next_phys = used;
+                let i = used(t);
+                t.nodes[t.vacant as usize].next_phys = i;
             }),
             ("the vacant chain into a free node", |t| {
                 let (fl, sl) = bin();
