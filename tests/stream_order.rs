@@ -201,6 +201,15 @@ fn allocation_on_the_same_stream_reuses_at_once_and_stays_ordered() {
     assert_eq!(before.pending_frees, 1);
 
     // Same stream, same shape: taken over at once while the stream is still held.
+    let waits = |sim: &SimSource| {
+        let st = sim.stats();
+        (
+            st.calls(AclFunc::StreamWaitEvent),
+            st.calls(AclFunc::QueryEventStatus),
+            st.calls(AclFunc::SynchronizeEvent),
+        )
+    };
+    let waits_before = waits(&sim);
     let mut b = pool.alloc_device_on(LEN, &s).unwrap();
     assert_eq!(b.addr(), a_addr, "same-stream allocation reuses at once");
     let after = pool.stats(MemKind::DEVICE);
@@ -213,6 +222,11 @@ fn allocation_on_the_same_stream_reuses_at_once_and_stays_ordered() {
     // Work queued on the stream runs after the old work: the second copy wins.
     pool.copy_async(&mut b, 0, &second_data, 0, LEN, &s)
         .unwrap();
+    assert_eq!(
+        waits(&sim),
+        waits_before,
+        "the same stream needs no event queried or waited for"
+    );
     hold.release();
     s.synchronize().unwrap();
     assert!(read(&pool, &b).iter().all(|&x| x == 0xBB));
@@ -249,8 +263,10 @@ fn allocation_on_the_same_stream_reuses_at_once_and_stays_ordered() {
     drop(e);
     let mut f = pool.alloc_device_on(LEN, &s).unwrap();
     assert_eq!(f.addr(), a_addr);
+    let t_waits = waits(&sim).0;
     pool.copy_async(&mut f, 0, &second_data, 0, LEN, &t)
         .unwrap();
+    assert_eq!(waits(&sim).0, t_waits + 1, "t is made to wait once");
     std::thread::sleep(Duration::from_millis(20));
     assert!(sim.pending_ops(t.handle()).unwrap() > 0, "t waits for s");
     hold.release();
@@ -555,4 +571,37 @@ fn dropped_pool_waits(also_on_another_stream: bool) {
     });
     sim.clear_faults();
     assert_eq!(sim.stats().live_blocks, 0);
+}
+
+#[test]
+fn a_stream_waits_for_its_work_and_is_destroyed_on_drop() {
+    let sim = sim(0);
+    let pool = pool_over(&sim);
+    let streams = sim.stats().live_streams;
+    let s = pool.create_stream().unwrap();
+    assert_eq!(sim.stats().live_streams, streams + 1);
+    let hold = sim.hold_stream(s.handle()).unwrap();
+    sim.enqueue_delay(s.handle(), Duration::from_millis(1))
+        .unwrap();
+    std::thread::scope(|scope| {
+        scope.spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            hold.release();
+        });
+        s.synchronize().unwrap();
+        assert_eq!(
+            sim.pending_ops(s.handle()).unwrap(),
+            0,
+            "synchronize returned early"
+        );
+    });
+    // Dropped with work queued: the work runs, then the stream is gone.
+    let handle = s.handle();
+    sim.enqueue_delay(handle, Duration::from_millis(20))
+        .unwrap();
+    let syncs = sim.stats().calls(AclFunc::SynchronizeStream);
+    drop(s);
+    assert_eq!(sim.stats().calls(AclFunc::SynchronizeStream), syncs + 1);
+    assert_eq!(sim.stats().live_streams, streams);
+    assert!(sim.pending_ops(handle).is_err(), "the handle is dead");
 }

@@ -107,6 +107,113 @@ macro_rules! conformance_suite {
             assert_eq!(st.allocated_bytes, 0);
         }
 
+        /// Every copy and fill at non-zero offsets, through a view of part of a region,
+        /// moves exactly the bytes asked for and touches nothing else.
+        #[test]
+        fn offsets_and_views_move_exactly_the_bytes_asked_for() {
+            const N: usize = 4096;
+            let pool = pool();
+            let pattern: Vec<u8> = (0..N).map(|i| (i * 13 % 251) as u8 + 1).collect();
+            let whole = |r: &dyn Fn(&mut [u8])| {
+                let mut out = vec![0xEE; N];
+                r(&mut out);
+                out
+            };
+            let mut src = pool.alloc_device(N as u64).unwrap();
+            let mut dst = pool.alloc_device(N as u64).unwrap();
+            pool.memset(&mut src, 0, 0, N as u64).unwrap();
+            pool.memset(&mut dst, 0, 0, N as u64).unwrap();
+            let mut want = vec![0u8; N];
+
+            pool.copy_from_host(&mut src, 128, &pattern[..1024]).unwrap();
+            want[128..1152].copy_from_slice(&pattern[..1024]);
+            assert_eq!(whole(&|o| pool.copy_to_host(&src, 0, o).unwrap()), want);
+            let mut part = vec![0u8; 512];
+            pool.copy_to_host(&src, 192, &mut part).unwrap();
+            assert_eq!(part, pattern[64..576]);
+
+            // Region to region, the two offsets different.
+            let mut want_dst = vec![0u8; N];
+            pool.copy(&mut dst, 256, &src, 192, 512).unwrap();
+            want_dst[256..768].copy_from_slice(&pattern[64..576]);
+            assert_eq!(whole(&|o| pool.copy_to_host(&dst, 0, o).unwrap()), want_dst);
+
+            // On a stream, at offsets that keep the 64-byte alignment.
+            let stream = pool.create_stream().unwrap();
+            pool.copy_async(&mut dst, 1024, &src, 128, 640, &stream).unwrap();
+            want_dst[1024..1664].copy_from_slice(&pattern[..640]);
+            pool.memset_async(&mut dst, 2048, 0x5A, 100, &stream).unwrap();
+            want_dst[2048..2148].fill(0x5A);
+            stream.synchronize().unwrap();
+            assert_eq!(whole(&|o| pool.copy_to_host(&dst, 0, o).unwrap()), want_dst);
+
+            // A view: its own address, length and bounds, its parent's alignment and kind.
+            let mut parent = pool.alloc_device(N as u64).unwrap();
+            pool.memset(&mut parent, 0, 0, N as u64).unwrap();
+            let parent_addr = parent.addr();
+            let mut want_parent = vec![0u8; N];
+            {
+                let mut view = SubRegion::new(&mut parent, 512, 2048).unwrap();
+                assert_eq!((view.offset(), view.addr(), view.len()), (512, parent_addr + 512, 2048));
+                assert!(!view.is_empty());
+                assert_eq!((view.align(), view.kind()), (64, MemKind::DEVICE));
+                assert!(matches!(pool.memset(&mut view, 0, 0, 2049), Err(Error::OutOfBounds { .. })));
+                assert!(matches!(SubRegion::new(&mut view, 32, 64), Err(Error::Misaligned { required: 64, .. })));
+                pool.copy_from_host(&mut view, 64, &pattern[..256]).unwrap();
+                want_parent[576..832].copy_from_slice(&pattern[..256]);
+                pool.copy_async(&mut view, 512, &src, 128, 512, &stream).unwrap();
+                want_parent[1024..1536].copy_from_slice(&pattern[..512]);
+                stream.synchronize().unwrap();
+                let mut back = vec![0u8; 256];
+                pool.copy_to_host(&view, 64, &mut back).unwrap();
+                assert_eq!(back, pattern[..256]);
+                // A view of a view adds the offsets.
+                let mut inner = SubRegion::new(&mut view, 1024, 128).unwrap();
+                assert_eq!(inner.addr(), parent_addr + 1536);
+                pool.memset(&mut inner, 0, 0x77, 128).unwrap();
+                want_parent[1536..1664].fill(0x77);
+            }
+            assert_eq!(whole(&|o| pool.copy_to_host(&parent, 0, o).unwrap()), want_parent);
+            let mut dvpp = pool.alloc_dvpp(1024).unwrap();
+            let mut host = pool.alloc_host(1024).unwrap();
+            assert_eq!(SubRegion::new(&mut dvpp, 128, 256).unwrap().align(), 128);
+            assert_eq!(SubRegion::new(&mut host, 64, 64).unwrap().kind(), MemKind::Host);
+            assert!(!dvpp.is_empty() && !host.is_empty());
+            pool.validate().unwrap();
+        }
+
+        /// Two pools over one source may copy between each other's regions: the runtime
+        /// behind them is one. A stream of another source is refused everywhere it is taken.
+        #[test]
+        fn pools_over_one_source_share_regions_and_refuse_foreign_streams() {
+            let shared = source(256 << 20);
+            let a = Pool::new(Arc::clone(&shared), PoolConfig::default()).unwrap();
+            let b = Pool::new(shared, PoolConfig::default()).unwrap();
+            let mut r = a.alloc_device(256).unwrap();
+            b.copy_from_host(&mut r, 0, &[7; 256]).unwrap();
+            let mut out = [0u8; 256];
+            b.copy_to_host(&r, 0, &mut out).unwrap();
+            assert_eq!(out, [7; 256]);
+            let mut s = b.alloc_device(256).unwrap();
+            b.copy(&mut s, 0, &r, 0, 256).unwrap();
+            a.copy_to_host(&s, 0, &mut out).unwrap();
+            assert_eq!(out, [7; 256]);
+
+            let other = pool_with(64 << 20, PoolConfig::default());
+            let foreign = other.create_stream().unwrap();
+            assert!(matches!(a.alloc_device_on(256, &foreign), Err(Error::ForeignHandle)));
+            assert!(matches!(a.alloc_dvpp_on(256, &foreign), Err(Error::ForeignHandle)));
+            assert!(matches!(a.copy_async(&mut r, 0, &s, 0, 64, &foreign), Err(Error::ForeignHandle)));
+            assert!(matches!(a.memset_async(&mut r, 0, 1, 64, &foreign), Err(Error::ForeignHandle)));
+            assert!(matches!(r.record_stream(&foreign), Err(Error::ForeignHandle)));
+            a.copy_to_host(&r, 0, &mut out).unwrap();
+            assert_eq!(out, [7; 256], "nothing was queued under the foreign stream");
+            drop((r, s));
+            a.validate().unwrap();
+            b.validate().unwrap();
+            assert!(a.leak_report().is_empty() && b.leak_report().is_empty());
+        }
+
         #[test]
         fn exhaustion_trims_retries_then_reports() {
             let pool = pool_with(256 << 20, PoolConfig::default().with_chunk_size(32 << 20));
