@@ -166,6 +166,10 @@ pub(crate) struct ThreadCache<T> {
 // Bin numbers fit the 4-bit hints and the 16-bit `class_bins`.
 static_assertions::const_assert!(MAX_BINS <= 16);
 
+/// Invariants [`ThreadCache::drift_for_test`] can break.
+#[cfg(test)]
+pub(super) const DRIFTS: usize = 10;
+
 /// Where a bin key falls in [`ThreadCache::present`] and [`ThreadCache::hints`].
 #[derive(Clone, Copy)]
 struct KeyHash {
@@ -394,6 +398,42 @@ impl<T: CacheItem> ThreadCache<T> {
     /// Checks the invariants written on [`Bins`]' fields, and the copy in `shapes`.
     pub(crate) fn check(&self) -> Result<(), String> {
         self.bins.with(|b| self.check_bins(b))
+    }
+
+    /// Breaks one invariant [`check`](Self::check) guards, `case` below [`DRIFTS`], in a
+    /// cache holding items in one bin and naming a shape in another: for tests of `check`.
+    #[cfg(test)]
+    pub(super) fn drift_for_test(&self, case: usize) {
+        self.bins.with(|b| {
+            let full = (0..MAX_BINS).find(|&i| !b.items[i].is_empty());
+            let full = full.expect("a bin holds items");
+            let other = (0..MAX_BINS).find(|&i| i != full && b.keys[i] != 0);
+            let other = other.expect("a second bin names a shape");
+            let key = b.keys[full];
+            let class = key_class(key);
+            match case {
+                0 => b.keys[full] = 0,
+                1 => self.shapes[full].store(key ^ 1 << 9, Ordering::Relaxed),
+                2 => {
+                    b.keys[other] = key;
+                    self.shapes[other].store(key, Ordering::Relaxed);
+                }
+                3 => {
+                    let item = b.items[full].pop().expect("held");
+                    b.items[other].push(item);
+                }
+                4 => b.bytes += 64,
+                5 => b.class_bins[class] ^= 1 << full,
+                6 => {
+                    let present = self.present.load(Ordering::Relaxed);
+                    let bit = KeyHash::of(key).present;
+                    self.present.store(present ^ bit, Ordering::Relaxed);
+                }
+                7 => b.sharing[KeyHash::of(key).present.trailing_zeros() as usize] += 1,
+                8 => b.held[class].1 += 64,
+                _ => b.puts[class] = 0,
+            }
+        })
     }
 
     fn check_bins(&self, b: &Bins<T>) -> Result<(), String> {

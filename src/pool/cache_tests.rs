@@ -5,7 +5,7 @@
 //! (Not in `cache.rs` itself: the loom models compile that file with loom's primitives,
 //! which work only inside a model.)
 
-use super::cache::{CacheItem, CacheRegistry, ClassCounters, CLASSES};
+use super::cache::{CacheItem, CacheRegistry, ClassCounters, CLASSES, DRIFTS};
 
 /// A stand-in segment: a unique id, its class, shape and footprint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -221,4 +221,109 @@ fn many_shapes_match_the_model() {
     for seed in 1..10 {
         drive(seed, 1_000, 3_000);
     }
+}
+
+/// Shapes no bin key can name (a class past the last, a zero length, a length past 2^55,
+/// an alignment that is not a power of two) are never kept: a put gives the item back, a
+/// take finds nothing, and the figures do not move.
+#[test]
+fn shapes_no_key_can_name_are_never_kept() {
+    let reg = CacheRegistry::<Item>::new(1 << 20);
+    let cache = reg.register();
+    let ok = Item {
+        id: 0,
+        class: 1,
+        len: 100,
+        align: 64,
+        bytes: 192,
+    };
+    for (n, bad) in [
+        Item {
+            class: CLASSES,
+            ..ok
+        },
+        Item { len: 0, ..ok },
+        Item { len: 1 << 55, ..ok },
+        Item { align: 96, ..ok },
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let bad = Item {
+            id: n as u64 + 1,
+            ..bad
+        };
+        assert_eq!(cache.put(bad), Err(bad), "{bad:?}");
+        assert_eq!(
+            cache.put_with(bad.class, (bad.len, bad.align), bad.bytes, bad.id, |id| {
+                Item { id, ..bad }
+            }),
+            Err(bad.id),
+            "{bad:?}"
+        );
+        assert_eq!(cache.take(bad.class, (bad.len, bad.align), 0), None);
+        cache.check().unwrap();
+    }
+    assert_eq!(cache.items_held(), [0; CLASSES]);
+    // The last length a key names is kept and found.
+    let longest = Item {
+        len: (1 << 55) - 1,
+        ..ok
+    };
+    assert_eq!(cache.put(longest), Ok(()));
+    assert_eq!(cache.take(1, (longest.len, 64), 0), Some(longest));
+    cache.check().unwrap();
+}
+
+/// A cache `check` passes, then fails once any one of its invariants is broken.
+#[test]
+fn check_reports_each_kind_of_drift() {
+    for case in 0..DRIFTS {
+        let reg = CacheRegistry::<Item>::new(1 << 20);
+        let cache = reg.register();
+        let item = |id, class, len| Item {
+            id,
+            class,
+            len,
+            align: 64,
+            bytes: len.div_ceil(32) * 32 + 32,
+        };
+        cache.put(item(1, 2, 1000)).unwrap();
+        cache.put(item(2, 2, 1000)).unwrap();
+        cache.put(item(3, 4, 500)).unwrap();
+        assert_eq!(cache.take(4, (500, 64), 0), Some(item(3, 4, 500)));
+        cache.check().unwrap();
+        cache.drift_for_test(case);
+        assert!(cache.check().is_err(), "drift {case} went unreported");
+    }
+}
+
+/// A cache unregistered with items still in it gives them back, and its totals stay in the
+/// registry's.
+#[test]
+fn unregistering_gives_back_what_the_cache_still_holds() {
+    let reg = CacheRegistry::<Item>::new(1 << 20);
+    let cache = reg.register();
+    let items: Vec<Item> = (0..5)
+        .map(|id| Item {
+            id,
+            class: (id % 2) as usize,
+            len: 64 * (1 + id % 3),
+            align: 64,
+            bytes: 128 * (1 + id % 3),
+        })
+        .collect();
+    for &i in &items {
+        cache.put(i).unwrap();
+    }
+    assert_eq!(cache.take(0, (64, 64), 0), Some(items[0]));
+    let mut left = reg.unregister(&cache);
+    left.sort_by_key(|i| i.id);
+    assert_eq!(left, items[1..]);
+    assert_eq!(cache.items_held(), [0; CLASSES]);
+    assert_eq!(
+        (reg.totals(0).puts, reg.totals(0).hits, reg.totals(0).items),
+        (3, 1, 0)
+    );
+    assert_eq!((reg.totals(1).puts, reg.totals(1).hits), (2, 0));
 }
