@@ -178,3 +178,41 @@ fn a_recurring_frame_comes_back_from_the_chunk_that_last_freed_one() {
     drop((again, next, frames));
     pool.validate().unwrap();
 }
+
+/// A shape slot counts its segment's footprint in 4 KiB units, in a field of the slot's word:
+/// the largest footprint it takes fills that field, and a footprint within the next unit
+/// (here 64 bytes short of 32 GiB, freed by a pool whose dedicated-chunk threshold is
+/// higher) goes back to its engine instead of spilling into the word's other fields.
+#[test]
+fn shape_slots_take_footprints_up_to_their_last_unit_and_no_further() {
+    use ascend_pool::region::Region;
+    use ascend_pool::source::sim::SimConfig;
+    const GIB: u64 = 1 << 30;
+    // Lazily mapped: the test touches none of these bytes.
+    let sim = SimSource::new(SimConfig::default().with_device_capacity(80 * GIB)).unwrap();
+    let config = PoolConfig {
+        large_threshold: 64 * GIB,
+        release_threshold: 64 * GIB,
+        ..PoolConfig::default()
+    };
+    let pool = Pool::new(Arc::new(sim), config).unwrap();
+    let cached = |pool: &Pool| pool.stats(MemKind::DEVICE).cached_regions;
+    // Footprint 2^35 - 4096, the slots' largest: kept in a slot, and taken back from it.
+    let largest = (1 << 35) - 4128;
+    let r = pool.alloc_device(largest).unwrap();
+    let addr = r.addr();
+    drop(r);
+    assert_eq!(cached(&pool), 1, "the largest footprint a slot takes");
+    let again = pool.alloc_device(largest).unwrap();
+    assert_eq!((again.addr(), cached(&pool)), (addr, 0));
+    drop(again);
+    pool.validate().unwrap();
+    pool.trim();
+    // Footprint 2^35 - 64: one unit more than a slot's word can count.
+    let r = pool.alloc_device((1 << 35) - 100).unwrap();
+    drop(r);
+    assert_eq!(cached(&pool), 0, "past the slots' last unit");
+    pool.validate().unwrap();
+    let st = pool.stats(MemKind::DEVICE);
+    assert_eq!((st.live_regions, st.allocated_bytes), (0, 0));
+}

@@ -71,8 +71,12 @@ const UNIT_BITS: u32 = 23;
 const PROVEN: u64 = 1 << 25;
 /// Bytes per unit of a word's footprint.
 pub(crate) const UNIT: u64 = 4096;
-/// Largest footprint a slot takes: its units must fit their bits.
-pub(crate) const MAX_FOOTPRINT: u64 = (1 << UNIT_BITS) * UNIT - 1;
+/// Largest footprint a slot takes: its units, rounded up, must fit their bits (one more
+/// unit would spill into the proven bit).
+pub(crate) const MAX_FOOTPRINT: u64 = ((1 << UNIT_BITS) - 1) * UNIT;
+// The largest footprint's units fit, and one byte more would not.
+static_assertions::const_assert!(MAX_FOOTPRINT.div_ceil(UNIT) < 1 << UNIT_BITS);
+static_assertions::const_assert_eq!((MAX_FOOTPRINT + 1).div_ceil(UNIT), 1 << UNIT_BITS);
 
 /// A word naming `key`, the item's chunk `tag`, its `units` and `state`.
 #[inline(always)]
