@@ -254,3 +254,45 @@ fn threads_racing_on_one_slot_lose_and_duplicate_nothing() {
     let t = s.for_each_held(|_| {});
     assert!(t.puts >= t.hits);
 }
+
+#[test]
+fn a_full_set_displaces_by_hash_and_a_displacing_put_proves_nothing() {
+    let s = ShapeSlots::<u64>::default();
+    // Four shapes, one per slot (tags 1 to 4), none taken back: none proven.
+    let keys: Vec<u64> = (1..=4).map(key).collect();
+    for (i, &k) in keys.iter().enumerate() {
+        assert!(matches!(s.put(k, i as u8 + 1, 1, 99, i as u64), Put::Kept));
+    }
+    assert_eq!(s.tags(true).list(), [Some(1), Some(2), Some(3), Some(4)]);
+    // A put of a held shape displaces that shape's older item, and the slot stays unproven.
+    assert!(matches!(s.put(keys[2], 3, 1, 99, 10), Put::Displaced(2)));
+    assert_eq!(s.tags(true).list(), [Some(1), Some(2), Some(3), Some(4)]);
+    // A fifth shape takes the slot its key hashes to, whichever that is.
+    for (home, &own) in keys.iter().enumerate() {
+        let k = (100..)
+            .map(key)
+            .find(|&k| (k >> 20) as usize & (SLOTS - 1) == home)
+            .unwrap();
+        match s.put(k, 9, 1, 99, 20 + home as u64) {
+            Put::Displaced(_) => {}
+            other => panic!("expected a displacement, got {other:?}"),
+        }
+        assert_eq!(s.tags(false).slot(home), Some(9), "slot {home}");
+        assert!(s.take(k, |_| true).is_some());
+        assert!(matches!(
+            s.put(own, home as u8 + 1, 1, 99, home as u64),
+            Put::Kept
+        ));
+    }
+}
+
+#[test]
+fn debug_shows_each_slots_state() {
+    let s = ShapeSlots::<u64>::default();
+    assert_eq!(format!("{s:?}"), "ShapeSlots { states: [0, 0, 0, 0] }");
+    assert!(matches!(s.put(key(1), 0, 1, 9, 1), Put::Kept));
+    assert!(matches!(s.put(key(2), 0, 1, 9, 2), Put::Kept));
+    assert_eq!(format!("{s:?}"), "ShapeSlots { states: [1, 1, 0, 0] }");
+    s.close(|_| {});
+    assert_eq!(format!("{s:?}"), "ShapeSlots { states: [3, 3, 3, 3] }");
+}
