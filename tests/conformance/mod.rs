@@ -114,11 +114,11 @@ macro_rules! conformance_suite {
             const N: usize = 4096;
             let pool = pool();
             let pattern: Vec<u8> = (0..N).map(|i| (i * 13 % 251) as u8 + 1).collect();
-            let whole = |r: &dyn Fn(&mut [u8])| {
+            fn whole(pool: &Pool, r: &impl Region) -> Vec<u8> {
                 let mut out = vec![0xEE; N];
-                r(&mut out);
+                pool.copy_to_host(r, 0, &mut out).unwrap();
                 out
-            };
+            }
             let mut src = pool.alloc_device(N as u64).unwrap();
             let mut dst = pool.alloc_device(N as u64).unwrap();
             pool.memset(&mut src, 0, 0, N as u64).unwrap();
@@ -127,7 +127,7 @@ macro_rules! conformance_suite {
 
             pool.copy_from_host(&mut src, 128, &pattern[..1024]).unwrap();
             want[128..1152].copy_from_slice(&pattern[..1024]);
-            assert_eq!(whole(&|o| pool.copy_to_host(&src, 0, o).unwrap()), want);
+            assert_eq!(whole(&pool, &src), want);
             let mut part = vec![0u8; 512];
             pool.copy_to_host(&src, 192, &mut part).unwrap();
             assert_eq!(part, pattern[64..576]);
@@ -136,7 +136,7 @@ macro_rules! conformance_suite {
             let mut want_dst = vec![0u8; N];
             pool.copy(&mut dst, 256, &src, 192, 512).unwrap();
             want_dst[256..768].copy_from_slice(&pattern[64..576]);
-            assert_eq!(whole(&|o| pool.copy_to_host(&dst, 0, o).unwrap()), want_dst);
+            assert_eq!(whole(&pool, &dst), want_dst);
 
             // On a stream, at offsets that keep the 64-byte alignment.
             let stream = pool.create_stream().unwrap();
@@ -145,7 +145,7 @@ macro_rules! conformance_suite {
             pool.memset_async(&mut dst, 2048, 0x5A, 100, &stream).unwrap();
             want_dst[2048..2148].fill(0x5A);
             stream.synchronize().unwrap();
-            assert_eq!(whole(&|o| pool.copy_to_host(&dst, 0, o).unwrap()), want_dst);
+            assert_eq!(whole(&pool, &dst), want_dst);
 
             // A view: its own address, length and bounds, its parent's alignment and kind.
             let mut parent = pool.alloc_device(N as u64).unwrap();
@@ -173,7 +173,7 @@ macro_rules! conformance_suite {
                 pool.memset(&mut inner, 0, 0x77, 128).unwrap();
                 want_parent[1536..1664].fill(0x77);
             }
-            assert_eq!(whole(&|o| pool.copy_to_host(&parent, 0, o).unwrap()), want_parent);
+            assert_eq!(whole(&pool, &parent), want_parent);
             let mut dvpp = pool.alloc_dvpp(1024).unwrap();
             let mut host = pool.alloc_host(1024).unwrap();
             assert_eq!(SubRegion::new(&mut dvpp, 128, 256).unwrap().align(), 128);
