@@ -156,6 +156,21 @@ mod tests {
     }
 
     #[test]
+    fn display_names_the_policy_only_when_it_is_not_the_default() {
+        assert_eq!(MemKind::DEVICE.to_string(), "device");
+        assert_eq!(MemKind::Dvpp.to_string(), "dvpp");
+        assert_eq!(MemKind::Host.to_string(), "host");
+        assert_eq!(
+            MemKind::Cached(MallocPolicy::HugeOnly).to_string(),
+            "cached(HugeOnly)"
+        );
+        assert_eq!(
+            MemKind::DeviceAlign32(MallocPolicy::Huge1gOnlyP2p).to_string(),
+            "device_align32(Huge1gOnlyP2p)"
+        );
+    }
+
+    #[test]
     fn rules_per_kind() {
         assert_eq!(MemKind::Dvpp.carve_rule().align(), 128);
         assert_eq!(MemKind::Host.carve_rule().align(), 64);

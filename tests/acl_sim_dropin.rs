@@ -47,6 +47,34 @@ fn every_kind_allocates_with_its_alignment() {
 }
 
 #[test]
+fn the_malloc_policy_reaches_the_runtime() {
+    // The runtime pads every block by 32 bytes except under the HUGE1G policies and for
+    // aclrtMallocAlign32, so the free bytes it reports show which policy it was given.
+    // Device 7 is this test's alone: no other test here moves its free bytes.
+    let acl = open();
+    let dev = 7;
+    let free = |acl: &AclSource| acl.mem_info(dev, MemKind::DEVICE).unwrap().0;
+    let len: u64 = (3 << 20) + 1;
+    let rounded = len.next_multiple_of(32);
+    for (kind, charged) in [
+        (MemKind::DEVICE, rounded + 32),
+        (MemKind::Device(MallocPolicy::HugeOnly), rounded + 32),
+        (MemKind::Device(MallocPolicy::NormalOnlyP2p), rounded + 32),
+        (MemKind::Device(MallocPolicy::Huge1gOnly), rounded),
+        (MemKind::Device(MallocPolicy::Huge1gOnlyP2p), rounded),
+        (MemKind::Cached(MallocPolicy::Huge1gOnly), rounded),
+        (MemKind::Cached(MallocPolicy::HugeFirst), rounded + 32),
+        (MemKind::DeviceAlign32(MallocPolicy::HugeOnly), rounded),
+    ] {
+        let before = free(&acl);
+        let b = acl.alloc_block(dev, kind, len).unwrap();
+        assert_eq!(before - free(&acl), charged, "{kind}");
+        acl.free_block(b).unwrap();
+        assert_eq!(free(&acl), before, "{kind}");
+    }
+}
+
+#[test]
 fn simulator_errors_arrive_as_typed_runtime_errors() {
     let acl = open();
     assert_eq!(

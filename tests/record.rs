@@ -154,6 +154,38 @@ fn record_comes_from_the_configuration_string() {
 }
 
 #[test]
+fn an_application_is_recorded_through_the_environment_alone() {
+    // The only test in this binary that touches ASCEND_POOL_CONF, so setting it here races
+    // with no reader.
+    let path = trace_path("env");
+    std::env::set_var(
+        ascend_pool::pool::config::CONF_ENV,
+        format!("chunk_size:4m,thread_cache:off,record:{}", path.display()),
+    );
+    let pool = Pool::from_env(Arc::new(SimSource::default()));
+    std::env::set_var(ascend_pool::pool::config::CONF_ENV, "chunk_size:3m");
+    let refused = Pool::from_env(Arc::new(SimSource::default())).unwrap_err();
+    std::env::remove_var(ascend_pool::pool::config::CONF_ENV);
+    assert!(
+        matches!(refused, ascend_pool::Error::Config(_)),
+        "{refused:?}"
+    );
+    assert_eq!(PoolConfig::from_env().unwrap(), PoolConfig::default());
+    let pool = pool.unwrap();
+    assert_eq!(
+        (pool.config().chunk_size, pool.config().thread_cache),
+        (4 << 20, 0)
+    );
+    drop(pool.alloc_dvpp(10).unwrap());
+    drop(pool);
+    assert_eq!(
+        std::fs::read_to_string(&path).unwrap(),
+        "{\"op\":\"alloc\",\"id\":1,\"size\":10,\"mem\":\"dvpp\"}\n{\"op\":\"free\",\"id\":1}\n"
+    );
+    let _ = std::fs::remove_file(&path);
+}
+
+#[test]
 fn an_unwritable_record_path_is_refused_when_the_pool_is_made() {
     let bad = std::env::temp_dir()
         .join("ascend-pool-no-such-directory")

@@ -332,10 +332,115 @@ mod tests {
             (small.thread_cache, small.thread_cache_max),
             (64 << 10, 64 << 10)
         );
+        let off = PoolConfig::parse("thread_cache:off").unwrap();
+        // Off leaves the largest kept footprint as it was, for a later `with_thread_cache`.
         assert_eq!(
-            PoolConfig::parse("thread_cache:off").unwrap().thread_cache,
-            0
+            (off.thread_cache, off.thread_cache_max),
+            (0, PoolConfig::default().thread_cache_max)
         );
+    }
+
+    #[test]
+    fn parses_every_value_of_the_named_keys() {
+        for (v, policy) in [
+            ("huge_first", MallocPolicy::HugeFirst),
+            ("huge_only", MallocPolicy::HugeOnly),
+            ("normal_only", MallocPolicy::NormalOnly),
+            ("huge1g_only", MallocPolicy::Huge1gOnly),
+        ] {
+            // Start from a policy other than the default, so the default cannot pass.
+            let c = PoolConfig::parse(&format!("policy:huge1g_only,policy:{v}")).unwrap();
+            assert_eq!(c.policy, policy, "{v}");
+        }
+        for v in ["tlsf", " tlsf "] {
+            let c = PoolConfig::parse(&format!("range:buddy,range:{v}")).unwrap();
+            assert_eq!(c.engine.range, RangeTier::Tlsf, "{v}");
+        }
+        for (v, on) in [
+            ("1", true),
+            ("true", true),
+            ("on", true),
+            ("0", false),
+            ("false", false),
+            ("off", false),
+        ] {
+            let flipped = if on { "debug:0" } else { "debug:1" };
+            let c = PoolConfig::parse(&format!("{flipped},debug:{v}")).unwrap();
+            assert_eq!(c.debug, on, "debug:{v}");
+        }
+        for (v, bytes) in [
+            ("3", 3),
+            ("3k", 3 << 10),
+            ("3M", 3 << 20),
+            (" 3g ", 3 << 30),
+        ] {
+            assert_eq!(
+                PoolConfig::parse(&format!("limit:{v}")).unwrap().limit,
+                bytes,
+                "{v}"
+            );
+        }
+    }
+
+    #[test]
+    fn slab_max_stays_a_multiple_of_64_within_its_tier_and_the_chunk() {
+        let slab = |s: &str| PoolConfig::parse(s).map(|c| c.engine.slab_max);
+        assert_eq!(slab("slab_max:256k").unwrap(), 256 << 10);
+        assert_eq!(slab("chunk_size:2m,slab_max:32k").unwrap(), 32 << 10);
+        for bad in [
+            "slab_max:1000",
+            "slab_max:1056",
+            "slab_max:320k",
+            "chunk_size:2m,slab_max:33k",
+            "chunk_size:2m,slab_max:64k",
+        ] {
+            assert!(
+                matches!(PoolConfig::parse(bad), Err(Error::Config(m)) if m.contains("slab_max")),
+                "{bad} was accepted"
+            );
+        }
+    }
+
+    #[test]
+    fn builders_set_what_they_name_and_nothing_else() {
+        let d = PoolConfig::default();
+        let c = d.clone().with_chunk_size(6 << 20);
+        assert_eq!((c.chunk_size, c.large_threshold), (6 << 20, 3 << 20));
+        assert_eq!(d.clone().with_padding(0).padding, 0);
+        assert_eq!(d.clone().with_limit(5 << 30).limit, 5 << 30);
+        assert!(d.clone().with_debug(true).debug);
+        assert_eq!(d.clone().with_release_threshold(7).release_threshold, 7);
+        assert_eq!(d.clone().with_device(5).device, 5);
+        assert_eq!(d.clone().with_thread_cache_max(4096).thread_cache_max, 4096);
+        let small = d.clone().with_thread_cache(64 << 10);
+        assert_eq!(
+            (small.thread_cache, small.thread_cache_max),
+            (64 << 10, 64 << 10)
+        );
+        let big = d.clone().with_thread_cache(8 << 20);
+        assert_eq!(
+            (big.thread_cache, big.thread_cache_max),
+            (8 << 20, d.thread_cache_max)
+        );
+        // Turning the caches off leaves the largest kept footprint for when they come back.
+        let off = d.clone().with_thread_cache(0);
+        assert_eq!(
+            (off.thread_cache, off.thread_cache_max),
+            (0, d.thread_cache_max)
+        );
+        let slabs = EngineConfig {
+            slab_max: 4096,
+            ..EngineConfig::default()
+        };
+        assert_eq!(d.clone().with_engine(slabs).engine, slabs);
+        let rec = d.with_record("/tmp/x.jsonl");
+        assert_eq!(
+            rec.record.as_deref(),
+            Some(std::path::Path::new("/tmp/x.jsonl"))
+        );
+        for c in [small, big, off, rec] {
+            c.validate().unwrap();
+        }
     }
 
     #[test]

@@ -178,6 +178,26 @@ mod tests {
     }
 
     #[test]
+    #[cfg(target_os = "linux")]
+    fn a_failed_write_stops_recording_and_is_reported_by_every_flush() {
+        // Every write to /dev/full fails with ENOSPC; the 1 MiB buffer meets it on flush.
+        let r = Recorder::create(Path::new("/dev/full")).unwrap();
+        r.alloc(MemKind::DEVICE, 0x1000, 100, 64);
+        let first = r.flush().unwrap_err();
+        assert!(
+            matches!(&first, Error::Config(m) if m.contains("/dev/full")),
+            "{first}"
+        );
+        assert!(
+            r.state().out.is_none(),
+            "recording goes on after a failed write"
+        );
+        // Later events are dropped, and the first error stays the one reported.
+        r.free(MemKind::DEVICE, 0x1000);
+        assert_eq!(r.flush().unwrap_err().to_string(), first.to_string());
+    }
+
+    #[test]
     fn unwritable_path_is_a_config_error() {
         let dir = std::env::temp_dir().join("ascend-pool-no-such-dir-for-record");
         let err = Recorder::create(&dir.join("x/y.jsonl")).unwrap_err();
