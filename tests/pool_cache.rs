@@ -47,6 +47,50 @@ fn an_unpadded_segment_is_not_reused_for_a_padded_request() {
 }
 
 #[test]
+fn a_small_request_takes_a_proven_slots_room_before_the_kind_grows() {
+    // The first chunk is one 2 MiB granule: two segments of a 1 MiB footprint fill it.
+    let pool = Pool::new(
+        Arc::new(SimSource::default()),
+        PoolConfig::default().with_chunk_size(4 << 20),
+    )
+    .unwrap();
+    let half = (1 << 20) - 64;
+    let a = pool.alloc_host(half).unwrap();
+    let _b = pool.alloc_host(half).unwrap();
+    let a_addr = a.addr();
+    // Back from its shape slot once, the shape is proven: its slot keeps it through the
+    // small requests that would otherwise take its room.
+    drop(a);
+    let a = pool.alloc_host(half).unwrap();
+    assert_eq!(a.addr(), a_addr);
+    drop(a);
+    let before = pool.stats(MemKind::Host);
+    assert_eq!(before.chunks, 1);
+    // A segment in a slot is free to users of the figures: only `_b` is live.
+    assert_eq!(
+        (
+            before.allocated_bytes,
+            before.requested_bytes,
+            before.live_regions
+        ),
+        (1 << 20, half, 1)
+    );
+    assert_eq!((before.cached_bytes, before.cached_regions), (1 << 20, 1));
+    // A size the thread caches keep (they are empty, so it reaches the kind): proven slots
+    // stay held while the chunks are walked, and are emptied only before the kind grows.
+    let small = pool.alloc_host(200 << 10).unwrap();
+    let after = pool.stats(MemKind::Host);
+    assert_eq!(
+        (after.source_alloc_calls, after.reserved_bytes),
+        (before.source_alloc_calls, before.reserved_bytes),
+        "the kind grew rather than take the slot's room"
+    );
+    assert!(small.addr() >= a_addr && small.addr() < a_addr + (1 << 20));
+    drop(small);
+    pool.validate().unwrap();
+}
+
+#[test]
 fn cache_hits_keep_length_alignment_and_figures() {
     let pool = pool();
     let kind = MemKind::Device(pool.config().policy);
@@ -146,4 +190,26 @@ fn pools_worked_in_turn_keep_their_own_cached_segments() {
     );
     assert_eq!(a.stats(MemKind::Host).cached_regions, 0);
     a.validate().unwrap();
+}
+
+#[test]
+fn a_free_into_a_full_thread_cache_empties_it_and_is_kept() {
+    let pool = pool();
+    let cap = pool.config().thread_cache;
+    let n = cap / (64 << 10);
+    // Segments of a 64 KiB footprint until the cache holds its whole budget.
+    let regions: Vec<_> = (0..n)
+        .map(|_| pool.alloc_device((64 << 10) - 64).unwrap())
+        .collect();
+    drop(regions);
+    let device = pool.stats(MemKind::DEVICE);
+    assert_eq!((device.cached_bytes, device.cached_regions), (cap, n));
+    // One more free, of another kind: the cache gives everything back to the kinds
+    // (flushing, not refusing) and keeps the newest.
+    drop(pool.alloc_host(100).unwrap());
+    let (device, host) = (pool.stats(MemKind::DEVICE), pool.stats(MemKind::Host));
+    assert_eq!((device.cached_bytes, device.cached_regions), (0, 0));
+    assert_eq!((host.cached_regions, host.live_regions), (1, 0));
+    assert_eq!(device.allocated_bytes, 0);
+    pool.validate().unwrap();
 }

@@ -59,6 +59,40 @@ fn fragmented_kind_grows_by_about_the_request() {
     pool.validate().unwrap();
 }
 
+/// While a kind ramps up with full chunks, each new chunk is the balanced headroom
+/// `sqrt(8 x 2 MiB x reserved)` in whole granules: a footprint of 1 MiB tiles every size
+/// near it exactly, so no other size wins on fit.
+#[test]
+fn a_ramping_kind_takes_chunks_of_the_balanced_size() {
+    let pool = pool();
+    let granule = 2 * MIB;
+    let cap = pool.config().chunk_size;
+    let mut regions = Vec::new();
+    let mut chunks = Vec::new();
+    while regions.len() < 600 {
+        let before = pool.stats(MemKind::Host);
+        regions.push(pool.alloc_host(ONE_MIB_FOOTPRINT).unwrap());
+        let after = pool.stats(MemKind::Host);
+        if after.source_alloc_calls == before.source_alloc_calls {
+            continue;
+        }
+        assert_eq!(
+            before.allocated_bytes, before.reserved_bytes,
+            "grew with room left"
+        );
+        let balanced = (8 * u128::from(granule) * u128::from(before.reserved_bytes)).isqrt() as u64;
+        let expected = (balanced / granule * granule).clamp(granule, cap);
+        let size = after.reserved_bytes - before.reserved_bytes;
+        assert_eq!(size, expected, "at {} reserved", before.reserved_bytes);
+        chunks.push(size);
+    }
+    // From one granule up: 600 MiB live in a few dozen chunks, the last near 92 MiB.
+    assert_eq!(chunks.first(), Some(&granule));
+    assert!(chunks.len() < 40, "{chunks:?}");
+    drop(regions);
+    pool.validate().unwrap();
+}
+
 /// An empty chunk too small for a request goes back before the new chunk is taken, so the
 /// kind's peak holds only the new one.
 #[test]

@@ -183,6 +183,68 @@ fn a_held_stream_keeps_freed_memory_from_other_allocations() {
 }
 
 #[test]
+fn a_free_its_stream_has_passed_is_reused_before_the_kind_grows() {
+    // Chunks of one granule, each holding two segments of a 1 MiB footprint.
+    let sim = sim(0);
+    let source: Arc<dyn BlockSource> = Arc::clone(&sim) as Arc<dyn BlockSource>;
+    let pool = Pool::new(source, PoolConfig::default().with_chunk_size(2 << 20)).unwrap();
+    let half = LEN - 64;
+    let s = pool.create_stream().unwrap();
+    let staging = pool.alloc_host(half).unwrap();
+    let mut a = pool.alloc_device(half).unwrap();
+    let b = pool.alloc_device(half).unwrap();
+    let a_addr = a.addr();
+    let before = pool.stats(MemKind::DEVICE);
+    assert_eq!((before.chunks, before.allocated_bytes), (1, 2 << 20));
+    pool.copy_async(&mut a, 0, &staging, 0, half, &s).unwrap();
+    drop(a); // pending behind the copy
+    s.synchronize().unwrap();
+    assert_eq!(pool.stats(MemKind::DEVICE).pending_frees, 1);
+    // The chunk is full but for the pending free, whose event has completed: the pool
+    // looks at its pending frees before it grows, and carves there.
+    let c = pool.alloc_device(half).unwrap();
+    let after = pool.stats(MemKind::DEVICE);
+    assert_eq!(c.addr(), a_addr);
+    assert_eq!(
+        (
+            after.source_alloc_calls,
+            after.reserved_bytes,
+            after.pending_frees
+        ),
+        (before.source_alloc_calls, before.reserved_bytes, 0)
+    );
+    drop((b, c));
+    every_free_completes(&pool);
+}
+
+#[test]
+fn the_event_of_a_passed_free_is_kept_for_the_next_one() {
+    let sim = sim(0);
+    let pool = pool_over(&sim);
+    let s = pool.create_stream().unwrap();
+    let staging = pool.alloc_host(LEN).unwrap();
+    let events = |sim: &SimSource| {
+        let st = sim.stats();
+        (
+            st.calls(AclFunc::CreateEvent),
+            st.calls(AclFunc::DestroyEvent),
+        )
+    };
+    for round in 0..10 {
+        drop_behind_a_copy(&pool, &staging, &s);
+        s.synchronize().unwrap();
+        pool.synchronize().unwrap();
+        // One event, created for the first free and fenced again for each later one.
+        assert_eq!(events(&sim), (1, 0), "round {round}");
+    }
+    assert_eq!(sim.stats().live_events, 1);
+    drop(staging);
+    drop(pool);
+    assert_eq!(events(&sim), (1, 1), "the pool's idle events go with it");
+    assert_eq!(sim.stats().live_events, 0);
+}
+
+#[test]
 fn allocation_on_the_same_stream_reuses_at_once_and_stays_ordered() {
     let sim = sim(0);
     let pool = pool_over(&sim);

@@ -531,6 +531,36 @@ fn the_pool_grows_a_chunk_in_place_and_trims_its_tail() {
 }
 
 #[test]
+fn a_growth_in_place_the_runtime_refuses_for_a_reason_other_than_memory_is_an_error() {
+    let _g = serial();
+    let (sim, vmm) = vmm(256 * MIB);
+    let vmm = Arc::new(vmm);
+    let mut config = PoolConfig::default().with_chunk_size(4 * MIB);
+    config.large_threshold = 64 * MIB;
+    let pool = Pool::new(vmm.clone(), config).unwrap();
+    let first = pool.alloc_device(3 * MIB).unwrap();
+    let before = pool.stats(MemKind::DEVICE);
+    // Out of memory, the pool tries a fresh chunk; any other refusal is the caller's.
+    sim.inject_fault(Fault::next(AclFunc::MapMem, AclError::RT_FAILURE, 1));
+    assert_eq!(
+        code(pool.alloc_device(3 * MIB)),
+        ("aclrtMapMem", AclError::RT_FAILURE)
+    );
+    let st = pool.stats(MemKind::DEVICE);
+    assert_eq!(
+        (st.chunks, st.reserved_bytes, st.live_regions),
+        (before.chunks, before.reserved_bytes, 1)
+    );
+    pool.validate().unwrap();
+    vmm.validate().unwrap();
+    // The fault spent, the same request grows the chunk in place.
+    let second = pool.alloc_device(3 * MIB).unwrap();
+    assert_eq!(pool.stats(MemKind::DEVICE).chunks, 1);
+    drop((first, second));
+    pool.validate().unwrap();
+}
+
+#[test]
 fn blocks_taken_one_after_another_can_all_grow_in_place() {
     let _g = serial();
     let (_sim, vmm) = vmm(64 * MIB);

@@ -2315,6 +2315,44 @@ mod handle_tests {
         pool.validate().unwrap();
     }
 
+    /// `validate` looks past the engines: a free segment held in a shape slot or a thread
+    /// cache whose registry entry says its free waits on a stream is reported, by where it
+    /// is held, and the pool validates again once the entry is right.
+    #[test]
+    fn validate_reports_a_held_segment_whose_free_is_pending() {
+        // 1 MiB goes to a shape slot when freed, 4 KiB to this thread's cache.
+        for (len, held_in) in [(1 << 20, "shape slots"), (4096, "thread caches")] {
+            let pool = Pool::new(Arc::new(SimSource::default()), PoolConfig::default()).unwrap();
+            let OwnedSegment { raw, owner } = pool.alloc_raw(MemKind::DEVICE, len, 64).unwrap();
+            PoolInner::release(owner, &raw, &[]).unwrap();
+            let st = pool.stats(MemKind::DEVICE);
+            assert_eq!((st.cached_regions, st.live_regions), (1, 0), "{held_in}");
+            pool.validate().unwrap();
+            // Pending as the kind sees it (flag and list agree), so only the holder is wrong.
+            let set_pending = |on: bool| {
+                let mut k = pool.inner.kinds[MemKind::DEVICE.index()].lock();
+                k.live[raw.key()].pending = on;
+                if on {
+                    k.pending.push(PendingFree {
+                        key: raw.key(),
+                        events: SmallVec::new(),
+                        only_on: None,
+                    });
+                } else {
+                    k.pending.clear();
+                }
+            };
+            set_pending(true);
+            let err = pool.validate().unwrap_err();
+            assert!(
+                matches!(&err, Error::Invalid(m) if m.contains(held_in) && m.contains("settled")),
+                "{held_in}: {err}"
+            );
+            set_pending(false);
+            pool.validate().unwrap();
+        }
+    }
+
     /// The cache-first path of `allocate` computes a footprint before the rule checks the
     /// alignment: alignments the rule refuses are refused the same, with or without a
     /// cached segment of that length, and the pool stays whole.
