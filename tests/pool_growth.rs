@@ -93,6 +93,38 @@ fn a_ramping_kind_takes_chunks_of_the_balanced_size() {
     pool.validate().unwrap();
 }
 
+/// Under a limit, a kind whose next balanced chunk would pass it takes a chunk of just the
+/// request's granules instead, and so fills the limit before it refuses.
+#[test]
+fn a_kind_near_its_limit_grows_by_just_the_request() {
+    let limit = 40 * MIB;
+    let pool = Pool::new(
+        Arc::new(SimSource::default()),
+        PoolConfig::default().with_thread_cache(0).with_limit(limit),
+    )
+    .unwrap();
+    let mut regions = Vec::new();
+    let err = loop {
+        match pool.alloc_host(ONE_MIB_FOOTPRINT) {
+            Ok(r) => regions.push(r),
+            Err(e) => break e,
+        }
+    };
+    assert!(
+        matches!(err, ascend_pool::Error::LimitExceeded { .. }),
+        "{err:?}"
+    );
+    let s = pool.stats(MemKind::Host);
+    // 1 MiB footprints tile every chunk: the whole limit is live.
+    assert_eq!(
+        (s.reserved_bytes, s.allocated_bytes, regions.len() as u64),
+        (limit, limit, limit / MIB),
+        "{s:?}"
+    );
+    drop(regions);
+    pool.validate().unwrap();
+}
+
 /// An empty chunk too small for a request goes back before the new chunk is taken, so the
 /// kind's peak holds only the new one.
 #[test]

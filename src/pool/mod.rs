@@ -210,6 +210,8 @@ struct Chunk {
     block: Block,
     /// First usable address (the block start, or higher for over-aligned dedicated chunks).
     base: usize,
+    /// Carves `[base, base + capacity)`, which lies inside `block`: the bytes past its
+    /// capacity, if any, are a source's that would not shrink back (see `grow_in_place`).
     engine: CarveEngine,
     dedicated: bool,
     /// (footprint, alignment) of the smallest request the engine refused since this chunk's
@@ -894,10 +896,24 @@ impl KindPool {
     fn validate(&self) -> Result<()> {
         let inv = |m: String| Err(Error::Invalid(format!("{} pool: {m}", self.kind)));
         let mut reserved = 0;
-        for (_, c) in self.chunks.iter() {
+        for (id, c) in self.chunks.iter() {
             c.engine
                 .validate()
                 .map_err(|e| Error::Invalid(e.to_string()))?;
+            // The engine must never hand out an offset past the memory the chunk holds.
+            let inside = c.base >= c.block.addr
+                && ((c.base - c.block.addr) as u64)
+                    .checked_add(c.engine.capacity())
+                    .is_some_and(|end| end <= c.block.size);
+            if !inside {
+                return inv(format!(
+                    "chunk {id} carves {} bytes from {:#x}, past its block of {} at {:#x}",
+                    c.engine.capacity(),
+                    c.base,
+                    c.block.size,
+                    c.block.addr
+                ));
+            }
             reserved += c.block.size;
         }
         if reserved != self.stats.reserved_bytes || self.chunks.len() as u64 != self.stats.chunks {
@@ -2351,6 +2367,28 @@ mod handle_tests {
             set_pending(false);
             pool.validate().unwrap();
         }
+    }
+
+    /// `validate` reports a chunk whose engine reaches past the block it carves.
+    #[test]
+    fn validate_reports_an_engine_larger_than_its_block() {
+        let pool = Pool::new(Arc::new(SimSource::default()), PoolConfig::default()).unwrap();
+        let r = pool.alloc_raw(MemKind::Host, 4096, 64).unwrap();
+        pool.validate().unwrap();
+        let shrink = |by: i64| {
+            let mut k = pool.inner.kinds[MemKind::Host.index()].lock();
+            let (_, c) = k.chunks.iter_mut().next().unwrap();
+            c.block.size = c.block.size.checked_add_signed(by).unwrap();
+        };
+        shrink(-64);
+        let err = pool.validate().unwrap_err();
+        assert!(
+            matches!(&err, Error::Invalid(m) if m.contains("past its block")),
+            "{err}"
+        );
+        shrink(64);
+        pool.validate().unwrap();
+        PoolInner::release(r.owner, &r.raw, &[]).unwrap();
     }
 
     /// The cache-first path of `allocate` computes a footprint before the rule checks the
