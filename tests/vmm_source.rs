@@ -477,14 +477,20 @@ fn a_pool_over_the_vmm_source_maps_its_device_chunks() {
     assert_eq!(memory_objects(), objects);
 }
 
+/// A pool over `vmm` with small (4 MiB) chunks and no dedicated chunk below 64 MiB, so a
+/// request past a chunk's free tail grows the chunk in place.
+fn pool_growing_in_place(vmm: &Arc<VmmSource<SimSource>>) -> Pool {
+    let mut config = PoolConfig::default().with_chunk_size(4 * MIB);
+    config.large_threshold = 64 * MIB;
+    Pool::new(vmm.clone(), config).unwrap()
+}
+
 #[test]
 fn the_pool_grows_a_chunk_in_place_and_trims_its_tail() {
     let _g = serial();
     let (sim, vmm) = vmm(256 * MIB);
     let vmm = Arc::new(vmm);
-    let mut config = PoolConfig::default().with_chunk_size(4 * MIB);
-    config.large_threshold = 64 * MIB;
-    let pool = Pool::new(vmm.clone(), config).unwrap();
+    let pool = pool_growing_in_place(&vmm);
     let mut regions = Vec::new();
     for i in 0..5u8 {
         let mut r = pool.alloc_device(3 * MIB).unwrap();
@@ -535,9 +541,7 @@ fn a_growth_in_place_the_runtime_refuses_for_a_reason_other_than_memory_is_an_er
     let _g = serial();
     let (sim, vmm) = vmm(256 * MIB);
     let vmm = Arc::new(vmm);
-    let mut config = PoolConfig::default().with_chunk_size(4 * MIB);
-    config.large_threshold = 64 * MIB;
-    let pool = Pool::new(vmm.clone(), config).unwrap();
+    let pool = pool_growing_in_place(&vmm);
     let first = pool.alloc_device(3 * MIB).unwrap();
     let before = pool.stats(MemKind::DEVICE);
     // Out of memory, the pool tries a fresh chunk; any other refusal is the caller's.
