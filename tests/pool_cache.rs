@@ -3,7 +3,7 @@
 
 use ascend_pool::pool::{Pool, PoolConfig};
 use ascend_pool::source::sim::SimSource;
-use ascend_pool::{MallocPolicy, MemKind, Region};
+use ascend_pool::{DeviceRegion, MallocPolicy, MemKind, Region};
 use std::sync::Arc;
 
 fn pool() -> Pool {
@@ -211,5 +211,64 @@ fn a_free_into_a_full_thread_cache_empties_it_and_is_kept() {
     assert_eq!((device.cached_bytes, device.cached_regions), (0, 0));
     assert_eq!((host.cached_regions, host.live_regions), (1, 0));
     assert_eq!(device.allocated_bytes, 0);
+    pool.validate().unwrap();
+}
+
+/// A region a thread keeps in a thread-local of its own is freed when that thread-local is
+/// destroyed at thread exit, which can be after the thread's cache has been given back: the
+/// free must then go to the kind, not into the cache the thread no longer has.
+#[test]
+fn a_region_freed_by_a_thread_local_after_the_threads_cache_is_gone() {
+    use std::cell::RefCell;
+    thread_local! {
+        static KEPT: RefCell<Vec<DeviceRegion>> = const { RefCell::new(Vec::new()) };
+    }
+    let pool = Arc::new(pool());
+    let p = Arc::clone(&pool);
+    std::thread::spawn(move || {
+        // `KEPT` is touched before the pool makes this thread's cache, so it is destroyed
+        // after it (thread-locals go in the reverse order of their first use).
+        KEPT.with(|k| k.borrow_mut().push(p.alloc_device(4096).unwrap()));
+        for _ in 0..3 {
+            drop(p.alloc_device(4096).unwrap());
+        }
+        KEPT.with(|k| k.borrow_mut().push(p.alloc_device(4096).unwrap()));
+    })
+    .join()
+    .unwrap();
+    let s = pool.stats(MemKind::DEVICE);
+    assert_eq!(
+        (s.live_regions, s.cached_regions, s.frees),
+        (0, 0, 5),
+        "both kept regions freed to the kind"
+    );
+    pool.validate().unwrap();
+    // The freed segments are the pool's to hand out again.
+    let again = pool.alloc_device(4096).unwrap();
+    assert_eq!(pool.stats(MemKind::DEVICE).live_regions, 1);
+    drop(again);
+    pool.validate().unwrap();
+}
+
+/// A segment too large for the thread caches waits in a shape slot once freed; a flush
+/// gives it back with the cached ones, and counts its bytes.
+#[test]
+fn a_flush_gives_back_and_counts_shape_slots_too() {
+    let pool = pool();
+    let frame = 1920 * 1080 * 3 / 2;
+    let big = pool.alloc_device(frame).unwrap();
+    let small = pool.alloc_device(1000).unwrap();
+    let big_footprint = footprint_at(&pool, big.addr());
+    assert!(big_footprint > 256 << 10, "past the thread caches' limit");
+    drop(big);
+    drop(small);
+    assert_eq!(
+        pool.stats(MemKind::DEVICE).cached_regions,
+        2,
+        "one slot, one cache"
+    );
+    assert_eq!(pool.flush_thread_caches(), big_footprint + 1088);
+    let s = pool.stats(MemKind::DEVICE);
+    assert_eq!((s.cached_regions, s.allocated_bytes), (0, 0));
     pool.validate().unwrap();
 }
