@@ -6,7 +6,7 @@
 //! memory or calls the source per request fails them.
 
 use ascend_pool::region::{DvppRegion, HostRegion};
-use ascend_pool::source::sim::SimSource;
+use ascend_pool::source::sim::{AclFunc, SimConfig, SimSource};
 use ascend_pool::{MemKind, Pool, PoolConfig};
 use std::sync::Arc;
 
@@ -281,4 +281,81 @@ fn shape_slots_take_footprints_up_to_their_last_unit_and_no_further() {
     pool.validate().unwrap();
     let st = pool.stats(MemKind::DEVICE);
     assert_eq!((st.live_regions, st.allocated_bytes), (0, 0));
+}
+
+/// A kind trimmed down to no chunks was still used: the snapshot keeps listing it, with its
+/// counters, and lists no kind the pool never touched.
+#[test]
+fn a_kind_trimmed_to_no_chunks_stays_in_the_snapshot() {
+    let pool = pool();
+    drop(pool.alloc_host(4096).unwrap());
+    let _dvpp = pool.alloc_dvpp(FRAME).unwrap();
+    assert!(pool.trim() > 0, "the host chunk goes back to the source");
+    assert_eq!(pool.stats(MemKind::Host).chunks, 0);
+    let snap = pool.snapshot();
+    let kinds: Vec<MemKind> = snap.kinds.iter().map(|k| k.stats.kind).collect();
+    assert_eq!(kinds.len(), 2, "host and DVPP, nothing else: {kinds:?}");
+    let host = snap
+        .kinds
+        .iter()
+        .find(|k| k.stats.kind == MemKind::Host)
+        .expect("the trimmed kind is listed");
+    assert!(host.chunks.is_empty());
+    assert_eq!((host.stats.allocations, host.stats.frees), (1, 1));
+    pool.validate().unwrap();
+}
+
+/// Empty chunks go back to the source once their bytes pass the release threshold, and not
+/// before: at exactly the threshold the chunk is kept for the next request.
+#[test]
+fn an_empty_chunk_goes_back_only_past_the_release_threshold() {
+    let with_threshold = |t: u64| {
+        let config = PoolConfig {
+            thread_cache: 0,
+            release_threshold: t,
+            ..PoolConfig::default()
+        };
+        Pool::new(Arc::new(SimSource::default()), config).unwrap()
+    };
+    let chunk = {
+        let probe = with_threshold(u64::MAX);
+        let _r = probe.alloc_host(4096).unwrap();
+        probe.stats(MemKind::Host).reserved_bytes
+    };
+    for (threshold, kept) in [(chunk, true), (chunk - 1, false)] {
+        let pool = with_threshold(threshold);
+        drop(pool.alloc_host(4096).unwrap());
+        let st = pool.stats(MemKind::Host);
+        let expected = if kept { (1, chunk, 0) } else { (0, 0, 1) };
+        assert_eq!(
+            (st.chunks, st.reserved_bytes, st.source_free_calls),
+            expected,
+            "threshold {threshold}, chunk {chunk}"
+        );
+        pool.validate().unwrap();
+    }
+}
+
+/// A request the device cannot hold is refused as out of memory, and the runtime is asked
+/// once per size the pool tries on each of its three passes (trim, flush, wait), never
+/// twice for the same size in one pass.
+#[test]
+fn a_request_past_the_device_asks_the_runtime_once_per_pass() {
+    let sim = SimSource::new(SimConfig::default().with_device_capacity(64 * MIB));
+    let sim = Arc::new(sim.unwrap());
+    let pool = Pool::new(Arc::clone(&sim) as _, PoolConfig::default()).unwrap();
+    let mallocs = || sim.stats().calls(AclFunc::Malloc);
+    for len in [100 * MIB, 40 * MIB] {
+        let _held = (len < 64 * MIB).then(|| pool.alloc_device(40 * MIB).unwrap());
+        let before = mallocs();
+        let err = pool.alloc_device(len).unwrap_err();
+        assert!(
+            matches!(err, ascend_pool::Error::OutOfMemory { .. }),
+            "{err:?}"
+        );
+        assert_eq!(mallocs() - before, 3, "{len} bytes: one call per pass");
+    }
+    let st = pool.stats(MemKind::DEVICE);
+    assert_eq!((st.live_regions, st.ooms), (0, 2));
+    pool.validate().unwrap();
 }
