@@ -217,6 +217,42 @@ fn a_free_its_stream_has_passed_is_reused_before_the_kind_grows() {
     every_free_completes(&pool);
 }
 
+/// The same when the pending free is the chunk's only segment: the chunk is not given back
+/// to the source as empty and a new one taken for the same request.
+#[test]
+fn a_chunk_a_passed_free_empties_is_reused_not_swapped() {
+    // One shared chunk (not one request's own) of one granule, holding one 1 MiB segment.
+    let sim = sim(0);
+    let source: Arc<dyn BlockSource> = Arc::clone(&sim) as Arc<dyn BlockSource>;
+    let mut config = PoolConfig::default().with_chunk_size(4 << 20);
+    config.large_threshold = 64 << 20;
+    let pool = Pool::new(source, config).unwrap();
+    let half = LEN - 64;
+    let s = pool.create_stream().unwrap();
+    let staging = pool.alloc_host(half).unwrap();
+    let mut a = pool.alloc_device(half).unwrap();
+    let a_addr = a.addr();
+    let before = pool.stats(MemKind::DEVICE);
+    assert_eq!((before.chunks, before.reserved_bytes), (1, 2 << 20));
+    pool.copy_async(&mut a, 0, &staging, 0, half, &s).unwrap();
+    drop(a);
+    s.synchronize().unwrap();
+    // A request for the whole chunk: it fits once the pending free is done, not before.
+    let c = pool.alloc_device((2 << 20) - 64).unwrap();
+    let after = pool.stats(MemKind::DEVICE);
+    assert_eq!(c.addr(), a_addr);
+    assert_eq!(
+        (
+            after.source_alloc_calls,
+            after.source_free_calls,
+            after.chunks
+        ),
+        (before.source_alloc_calls, before.source_free_calls, 1)
+    );
+    drop(c);
+    every_free_completes(&pool);
+}
+
 #[test]
 fn the_event_of_a_passed_free_is_kept_for_the_next_one() {
     let sim = sim(0);
@@ -666,4 +702,73 @@ fn a_stream_waits_for_its_work_and_is_destroyed_on_drop() {
     assert_eq!(sim.stats().calls(AclFunc::SynchronizeStream), syncs + 1);
     assert_eq!(sim.stats().live_streams, streams);
     assert!(sim.pending_ops(handle).is_err(), "the handle is dead");
+}
+
+/// Frees pending behind streams are looked at once per batch of 64, even when no
+/// allocation comes to look: the list stays bounded, and is not queried on every free.
+#[test]
+fn pending_frees_are_reclaimed_a_batch_at_a_time_without_allocations() {
+    let sim = sim(0);
+    let pool = pool_over(&sim);
+    let s = pool.create_stream().unwrap();
+    let regions: Vec<DeviceRegion> = (0..128)
+        .map(|_| {
+            let r = pool.alloc_device(64 << 10).unwrap();
+            r.record_stream(&s).unwrap();
+            r
+        })
+        .collect();
+    let pending = || pool.stats(MemKind::DEVICE).pending_frees;
+    let hold = sim.hold_stream(s.handle()).unwrap();
+    let mut regions = regions.into_iter();
+    for r in regions.by_ref().take(64) {
+        drop(r);
+    }
+    // The 64th free looked at the list, while the stream still held every segment.
+    assert_eq!(pending(), 64);
+    hold.release();
+    s.synchronize().unwrap();
+    for r in regions.by_ref().take(63) {
+        drop(r);
+    }
+    assert_eq!(pending(), 127, "not looked at between batches");
+    // Every fence recorded so far has run; the next free's own fence may not have yet.
+    s.synchronize().unwrap();
+    drop(regions.next());
+    assert!(
+        pending() <= 1,
+        "the 128th free completes the others: {}",
+        pending()
+    );
+    pool.validate().unwrap();
+}
+
+/// Events of completed frees are kept for the next fences, up to 256; the rest go back to
+/// the runtime at once rather than pile up.
+#[test]
+fn at_most_256_idle_events_are_kept() {
+    let sim = sim(0);
+    let pool = pool_over(&sim);
+    let s = pool.create_stream().unwrap();
+    let regions: Vec<DeviceRegion> = (0..300)
+        .map(|_| {
+            let r = pool.alloc_device(4096).unwrap();
+            r.record_stream(&s).unwrap();
+            r
+        })
+        .collect();
+    let hold = sim.hold_stream(s.handle()).unwrap();
+    drop(regions); // 300 frees, each fenced by an event of its own
+    assert_eq!(pool.stats(MemKind::DEVICE).pending_frees, 300);
+    let created = sim.stats().calls(AclFunc::CreateEvent);
+    assert!(created >= 300, "{created}");
+    hold.release();
+    pool.synchronize().unwrap();
+    assert_eq!(pool.stats(MemKind::DEVICE).pending_frees, 0);
+    assert_eq!(
+        sim.stats().calls(AclFunc::DestroyEvent),
+        created - 256,
+        "all but 256 destroyed"
+    );
+    pool.validate().unwrap();
 }

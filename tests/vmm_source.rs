@@ -510,6 +510,11 @@ fn the_pool_grows_a_chunk_in_place_and_trims_its_tail() {
     // A request larger than what any fresh chunk would be served the same way.
     let big = pool.alloc_device(20 * MIB).unwrap();
     assert_eq!(pool.stats(MemKind::DEVICE).chunks, 1);
+    // The grown engine carves the whole grown block, to the last byte.
+    let snap = pool.snapshot();
+    let chunk = &snap.kinds[0].chunks[0];
+    assert_eq!(chunk.engine.range.capacity, chunk.size);
+    assert_eq!(chunk.size, pool.stats(MemKind::DEVICE).reserved_bytes);
     drop(big);
     let before = pool.stats(MemKind::DEVICE).reserved_bytes;
     let used_before = used(&sim);
@@ -595,4 +600,73 @@ fn blocks_taken_one_after_another_can_all_grow_in_place() {
         vmm.free_block(b).unwrap();
     }
     assert_eq!(vmm.stats(), Default::default());
+}
+
+/// A chunk made for an over-aligned request starts past its block's address; grown in
+/// place, its engine still ends where the block ends, not past it.
+#[test]
+fn an_over_aligned_chunk_grows_in_place_within_its_block() {
+    let _g = serial();
+    let (_sim, vmm) = vmm(256 * MIB);
+    let vmm = Arc::new(vmm);
+    let pool = pool_growing_in_place(&vmm);
+    let align = 8 * MIB;
+    let mut regions = Vec::new();
+    for _ in 0..4 {
+        let r = pool.alloc_device_aligned(3 * MIB, align).unwrap();
+        assert_eq!(r.addr() % align as usize, 0);
+        regions.push(r);
+        pool.validate().unwrap();
+    }
+    let st = pool.stats(MemKind::DEVICE);
+    assert_eq!(st.chunks, 1, "one chunk, grown where it is: {st:?}");
+    assert!(st.source_alloc_calls > 1, "{st:?}");
+    let snap = pool.snapshot();
+    let chunk = &snap.kinds[0].chunks[0];
+    // The engine starts at the first aligned address in the block, and stops at its end.
+    let skipped = chunk.addr.next_multiple_of(align as usize) - chunk.addr;
+    assert!(skipped > 0, "the block's own start is not aligned enough");
+    assert_eq!(chunk.engine.range.capacity, chunk.size - skipped as u64);
+    vmm.validate().unwrap();
+}
+
+/// A trim the runtime refuses (the unmap fails) keeps the chunk's tail: the block stays as
+/// it was, and the engine takes the tail back and carves it again without the source.
+#[test]
+fn a_trim_the_runtime_refuses_keeps_the_tail_carvable() {
+    let _g = serial();
+    let (sim, vmm) = vmm(256 * MIB);
+    let vmm = Arc::new(vmm);
+    let pool = pool_growing_in_place(&vmm);
+    let mut regions: Vec<_> = (0..5)
+        .map(|_| pool.alloc_device(3 * MIB).unwrap())
+        .collect();
+    regions.truncate(2);
+    let before = pool.stats(MemKind::DEVICE);
+    assert_eq!(before.chunks, 1);
+    sim.inject_fault(Fault::next(AclFunc::UnmapMem, AclError::RT_FAILURE, 1));
+    assert_eq!(pool.trim(), 0, "nothing went back");
+    assert_eq!(
+        sim.stats().failures(AclFunc::UnmapMem),
+        1,
+        "the unmap was tried"
+    );
+    let st = pool.stats(MemKind::DEVICE);
+    assert_eq!(st.reserved_bytes, before.reserved_bytes);
+    let snap = pool.snapshot();
+    let chunk = &snap.kinds[0].chunks[0];
+    assert_eq!(
+        chunk.engine.range.capacity, chunk.size,
+        "the tail is the engine's again"
+    );
+    pool.validate().unwrap();
+    vmm.validate().unwrap();
+    // The tail serves the same requests again, without a call to the source.
+    regions.extend((0..3).map(|_| pool.alloc_device(3 * MIB).unwrap()));
+    let st = pool.stats(MemKind::DEVICE);
+    assert_eq!(
+        (st.chunks, st.source_alloc_calls, st.reserved_bytes),
+        (1, before.source_alloc_calls, before.reserved_bytes)
+    );
+    pool.validate().unwrap();
 }
