@@ -2391,6 +2391,58 @@ mod handle_tests {
         PoolInner::release(r.owner, &r.raw, &[]).unwrap();
     }
 
+    /// `validate` reports each of a kind's counters drifting alone: chunks, reserved,
+    /// allocated and requested bytes.
+    #[test]
+    fn validate_reports_each_counter_drifting_alone() {
+        let pool = Pool::new(Arc::new(SimSource::default()), PoolConfig::default()).unwrap();
+        let r = pool.alloc_raw(MemKind::Host, 4096, 64).unwrap();
+        pool.validate().unwrap();
+        type Field = fn(&mut KindStats) -> &mut u64;
+        let fields: [(&str, Field); 4] = [
+            ("chunks", |s| &mut s.chunks),
+            ("reserved", |s| &mut s.reserved_bytes),
+            ("allocated", |s| &mut s.allocated_bytes),
+            ("requested", |s| &mut s.requested_bytes),
+        ];
+        for (name, field) in fields {
+            let bump = |by: u64| {
+                let mut k = pool.inner.kinds[MemKind::Host.index()].lock();
+                let f = field(&mut k.stats);
+                *f = f.wrapping_add(by);
+            };
+            bump(1);
+            assert!(
+                matches!(pool.validate(), Err(Error::Invalid(_))),
+                "{name} drifted alone"
+            );
+            bump(u64::MAX); // back by one
+            pool.validate().unwrap();
+        }
+        PoolInner::release(r.owner, &r.raw, &[]).unwrap();
+    }
+
+    /// Shape slots are found by a 30-bit hash of length and alignment: a slot's segment
+    /// serves only its own length and alignment, however the hashes collide. 1 MiB and
+    /// 702,457,309 bytes hash alike at 64-byte alignment.
+    #[test]
+    #[cfg_attr(miri, ignore = "a 670 MiB block, which Miri would commit byte by byte")]
+    fn a_shape_slot_serves_only_its_own_shape_when_hashes_collide() {
+        let (small, big) = (1 << 20, 702_457_309);
+        assert_eq!(shapes::shape_key(small, 64), shapes::shape_key(big, 64));
+        let pool = Pool::new(Arc::new(SimSource::default()), PoolConfig::default()).unwrap();
+        let OwnedSegment { raw, owner } = pool.alloc_raw(MemKind::DEVICE, small, 64).unwrap();
+        let slot_addr = raw.addr;
+        PoolInner::release(owner, &raw, &[]).unwrap();
+        assert_eq!(pool.stats(MemKind::DEVICE).cached_regions, 1, "in a slot");
+        let OwnedSegment { raw, owner } = pool.alloc_raw(MemKind::DEVICE, big, 64).unwrap();
+        assert_eq!(raw.len(), big);
+        assert_ne!(raw.addr, slot_addr);
+        pool.validate().unwrap();
+        PoolInner::release(owner, &raw, &[]).unwrap();
+        pool.validate().unwrap();
+    }
+
     /// The cache-first path of `allocate` computes a footprint before the rule checks the
     /// alignment: alignments the rule refuses are refused the same, with or without a
     /// cached segment of that length, and the pool stays whole.
