@@ -272,3 +272,31 @@ fn a_flush_gives_back_and_counts_shape_slots_too() {
     assert_eq!((s.cached_regions, s.allocated_bytes), (0, 0));
     pool.validate().unwrap();
 }
+
+/// A segment of exactly the dedicated-chunk size has a chunk of its own: freed, it goes
+/// back to the source with its chunk rather than into a shape slot, and one 64 bytes
+/// smaller waits in a slot.
+#[test]
+fn a_segment_of_the_dedicated_size_skips_the_shape_slots() {
+    let config = PoolConfig {
+        large_threshold: 4 << 20,
+        ..PoolConfig::default()
+    };
+    let pool = Pool::new(Arc::new(SimSource::default()), config).unwrap();
+    for (footprint, slotted) in [(4 << 20, false), ((4 << 20) - 64, true)] {
+        let r = pool.alloc_device(footprint - 64).unwrap();
+        assert_eq!(footprint_at(&pool, r.addr()), footprint);
+        let before = pool.stats(MemKind::DEVICE);
+        drop(r);
+        let s = pool.stats(MemKind::DEVICE);
+        assert_eq!(
+            (
+                s.cached_regions,
+                s.source_free_calls - before.source_free_calls
+            ),
+            if slotted { (1, 0) } else { (0, 1) },
+            "footprint {footprint}"
+        );
+        pool.validate().unwrap();
+    }
+}

@@ -183,6 +183,17 @@ fn a_request_no_chunk_size_can_hold_is_out_of_memory() {
                     pool.validate().unwrap();
                 }
             }
+            // Each refusal is counted once, as out of memory, in its kind.
+            let ooms = |kind| pool.stats(kind).ooms;
+            assert_eq!(
+                (
+                    ooms(MemKind::Dvpp),
+                    ooms(MemKind::Host),
+                    ooms(MemKind::Device(MallocPolicy::HugeFirst))
+                ),
+                (6, 3, 3),
+                "{range:?}, limit {limit}"
+            );
             // The pool still serves, and loses nothing.
             let after = pool.alloc_dvpp(5000).unwrap();
             drop((held, after));

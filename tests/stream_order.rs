@@ -772,3 +772,32 @@ fn at_most_256_idle_events_are_kept() {
     );
     pool.validate().unwrap();
 }
+
+/// A free behind two streams, the first of which could not be fenced but was waited for:
+/// only the second stream's event guards it, and an allocation on the first stream must not
+/// take it at once, since the second may still be writing.
+#[test]
+fn a_free_fenced_on_its_second_stream_only_is_not_reused_on_the_first() {
+    let sim = sim(0);
+    let pool = pool_over(&sim);
+    let (s1, s2) = (pool.create_stream().unwrap(), pool.create_stream().unwrap());
+    let r = pool.alloc_device(LEN).unwrap();
+    let addr = r.addr();
+    r.record_stream(&s1).unwrap();
+    r.record_stream(&s2).unwrap();
+    let hold = sim.hold_stream(s2.handle()).unwrap();
+    // The fence on `s1` fails; `s1` is idle, so the wait for it succeeds.
+    sim.inject_fault(Fault::next(AclFunc::RecordEvent, AclError::RT_FAILURE, 1));
+    drop(r);
+    assert_eq!(sim.stats().failures(AclFunc::RecordEvent), 1);
+    assert_eq!(pool.stats(MemKind::DEVICE).pending_frees, 1);
+    let on_s1 = pool.alloc_device_on(LEN, &s1).unwrap();
+    assert!(
+        !overlaps(on_s1.addr(), addr, LEN),
+        "got memory the held stream may still write"
+    );
+    pool.validate().unwrap();
+    hold.release();
+    drop(on_s1);
+    every_free_completes(&pool);
+}
