@@ -699,3 +699,28 @@ mod model {
         }
     }
 }
+
+/// Events and streams belong to a device: an event is recorded on a stream of its own
+/// device, on any device, and a stream of another device is refused.
+#[test]
+fn events_are_recorded_on_streams_of_their_own_device() {
+    let sim = SimSource::new(SimConfig::default().with_devices(2)).unwrap();
+    let (s0, s1) = (sim.create_stream(0).unwrap(), sim.create_stream(1).unwrap());
+    let (e0, e1) = (sim.create_event(0).unwrap(), sim.create_event(1).unwrap());
+    sim.record_event(e0, s0).unwrap();
+    sim.record_event(e1, s1).unwrap();
+    assert_eq!(
+        err(sim.record_event(e0, s1)),
+        ("aclrtRecordEvent", AclError::RT_PARAM_INVALID)
+    );
+    assert_eq!(
+        err(sim.record_event(e1, s0)),
+        ("aclrtRecordEvent", AclError::RT_PARAM_INVALID)
+    );
+    sim.synchronize_device(1).unwrap();
+    assert!(sim.query_event(e1).unwrap());
+    sim.synchronize_event(e0).unwrap();
+    for s in [s0, s1] {
+        sim.destroy_stream(s).unwrap();
+    }
+}
