@@ -434,5 +434,59 @@ macro_rules! conformance_suite {
             pool.validate().unwrap();
             assert_eq!(pool.stats(MemKind::DEVICE).live_regions, 0);
         }
+
+        /// The source's own calls, below any pool: memory info follows allocations, an
+        /// event orders two streams, and destroyed streams and events are refused.
+        #[test]
+        fn streams_events_and_memory_info_follow_the_runtime() {
+            let src = source(256 << 20);
+            let len = 16u64 << 20;
+            let (free0, total) = src.mem_info(0, MemKind::DEVICE).unwrap();
+            assert!(total > 0 && free0 <= total, "{free0} free of {total}");
+            let a = src.alloc_block(0, MemKind::DEVICE, len).unwrap();
+            let b = src.alloc_block(0, MemKind::DEVICE, len).unwrap();
+            let (free1, total1) = src.mem_info(0, MemKind::DEVICE).unwrap();
+            assert_eq!(total1, total);
+            assert!(free1 + 2 * len <= free0, "{free1} free after taking {} of {free0}", 2 * len);
+            let s1 = src.create_stream(0).unwrap();
+            let s2 = src.create_stream(0).unwrap();
+            let e = src.create_event(0).unwrap();
+            // SAFETY: `a` and `b` are this source's blocks of `len` bytes, used by nothing
+            // else, and stay allocated until both streams have passed.
+            unsafe {
+                src.memset(a.addr, len, 0xA1, len).unwrap();
+                src.memset(b.addr, len, 0, len).unwrap();
+                // Copies that take tens of milliseconds on `s1` (four times the fill), then
+                // the event...
+                for _ in 0..4 {
+                    src.memcpy_async(b.addr, len, a.addr, len, MemcpyKind::DeviceToDevice, s1)
+                        .unwrap();
+                }
+                src.record_event(e, s1).unwrap();
+                // ...which `s2` waits for: its fill lands after the copy, not under it.
+                src.stream_wait_event(s2, e).unwrap();
+                src.memset_async(b.addr, len, 0xB2, len, s2).unwrap();
+            }
+            src.synchronize_event(e).unwrap();
+            assert!(src.query_event(e).unwrap(), "an event waited for is complete");
+            src.synchronize_stream(s2).unwrap();
+            let mut back = vec![0u8; len as usize];
+            // SAFETY: `back` holds `len` bytes; both streams have passed `b`.
+            unsafe {
+                src.memcpy(back.as_mut_ptr() as usize, len, b.addr, len, MemcpyKind::DeviceToHost)
+                    .unwrap();
+            }
+            assert!(back.iter().all(|&x| x == 0xB2), "the fill ran before the copy it waited for");
+            src.destroy_event(e).unwrap();
+            assert!(src.destroy_event(e).is_err(), "an event destroyed twice");
+            assert!(src.query_event(e).is_err(), "a destroyed event queried");
+            src.destroy_stream(s1).unwrap();
+            src.destroy_stream(s2).unwrap();
+            assert!(src.destroy_stream(s1).is_err(), "a stream destroyed twice");
+            assert!(src.synchronize_stream(s2).is_err(), "a destroyed stream synchronized");
+            src.free_block(a).unwrap();
+            src.free_block(b).unwrap();
+            assert_eq!(src.mem_info(0, MemKind::DEVICE).unwrap(), (free0, total));
+        }
     };
 }
