@@ -681,3 +681,168 @@ fn a_trim_the_runtime_refuses_keeps_the_tail_carvable() {
     );
     pool.validate().unwrap();
 }
+
+/// A block goes in the largest free range of addresses (the first of equal ones), half-way
+/// into it; a request no free range holds is refused before anything is mapped. A block
+/// grows up to its neighbour exactly, and within its mapped granules without mapping.
+#[test]
+fn blocks_go_in_the_largest_free_range_and_grow_up_to_their_neighbour() {
+    let _g = serial();
+    let sim = sim(256 * MIB);
+    let config = VmmConfig::default().with_reserve(256 * MIB);
+    let vmm = VmmSource::new(Arc::clone(&sim), 0, config).unwrap();
+    let (base, reserved) = vmm.reservation();
+    assert_eq!(
+        reserved,
+        256 * MIB,
+        "the reservation asked for, not 4x the device"
+    );
+    assert_eq!((vmm.device(), vmm.granule()), (0, G));
+    assert_eq!(vmm.name(), "vmm:sim");
+    let two = SimConfig::default().with_devices(2);
+    let on_1 = VmmSource::new(
+        Arc::new(SimSource::new(two).unwrap()),
+        1,
+        VmmConfig::default(),
+    );
+    assert_eq!(on_1.unwrap().device(), 1);
+    let at = |mib: usize| base + (mib << 20);
+    let a = vmm.alloc_block(0, MemKind::DEVICE, G).unwrap();
+    assert_eq!(a.addr, at(0), "the start of the reservation as it is");
+    let b = vmm.alloc_block(0, MemKind::DEVICE, G).unwrap();
+    assert_eq!(b.addr, at(128), "half-way into 2..256 MiB");
+    // Two free ranges of 126 MiB: the first.
+    let c = vmm.alloc_block(0, MemKind::DEVICE, G).unwrap();
+    assert_eq!(c.addr, at(64));
+    // 62, 62 and 126 MiB: the largest, though the first two come before it.
+    let d = vmm.alloc_block(0, MemKind::DEVICE, G).unwrap();
+    assert_eq!(d.addr, at(192));
+    vmm.validate().unwrap();
+    // Four free ranges of 62 MiB: 64 MiB fits in none, though the device has it.
+    let before = (used(&sim), sim.stats().calls(AclFunc::MallocPhysical));
+    assert_eq!(
+        code(vmm.alloc_block(0, MemKind::DEVICE, 64 * MIB)),
+        ("aclrtReserveMemAddress", AclError::RT_MEMORY_ALLOCATION)
+    );
+    assert_eq!(
+        (used(&sim), sim.stats().calls(AclFunc::MallocPhysical)),
+        before
+    );
+    // `c` (64..66 MiB) grows up to `b` at 128 MiB exactly, and not a granule further.
+    assert!(vmm.extend_block(c, 62 * MIB + G).unwrap().is_none());
+    let c = vmm
+        .extend_block(c, 62 * MIB)
+        .unwrap()
+        .expect("room up to b");
+    assert_eq!((c.addr, c.size), (at(64), 64 * MIB));
+    // A block of 3 MiB has 4 MiB mapped: one more MiB maps nothing.
+    let e = vmm.alloc_block(0, MemKind::DEVICE, 3 * MIB).unwrap();
+    let maps = sim.stats().calls(AclFunc::MapMem);
+    let e = vmm
+        .extend_block(e, MIB)
+        .unwrap()
+        .expect("room in its own granules");
+    assert_eq!(e.size, 4 * MIB);
+    assert_eq!(sim.stats().calls(AclFunc::MapMem), maps);
+    vmm.validate().unwrap();
+    for blk in [a, b, c, d, e] {
+        vmm.free_block(blk).unwrap();
+    }
+    assert_eq!(used(&sim), 0);
+}
+
+/// Shrinking to a size not smaller, or a block of a kind the source does not map, changes
+/// nothing.
+#[test]
+fn shrinks_that_shrink_nothing_change_nothing() {
+    let _g = serial();
+    let (sim, vmm) = vmm(64 * MIB);
+    let d = vmm.alloc_block(0, MemKind::DEVICE, 3 * MIB).unwrap();
+    for size in [3 * MIB, 3 * MIB + 1, 8 * MIB] {
+        assert_eq!(vmm.shrink_block(d, size).unwrap(), d);
+    }
+    assert_eq!(used(&sim), 2 * G);
+    let h = vmm.alloc_block(0, MemKind::Host, 3 * MIB).unwrap();
+    assert_eq!(vmm.shrink_block(h, MIB).unwrap(), h);
+    vmm.validate().unwrap();
+    vmm.free_block(h).unwrap();
+    vmm.free_block(d).unwrap();
+    assert_eq!(vmm.stats(), Default::default());
+}
+
+/// A shrink whose third unmap fails maps the two granules already unmapped back, each at
+/// its own offset in the physical allocation: the data under every address is as it was.
+#[test]
+fn a_shrink_refused_half_way_maps_each_granule_back_where_it_was() {
+    let _g = serial();
+    let (sim, vmm) = vmm(64 * MIB);
+    let a = vmm.alloc_block(0, MemKind::DEVICE, G).unwrap();
+    // The growth maps one physical allocation of three granules after the first.
+    let a = vmm.extend_block(a, 3 * G).unwrap().unwrap();
+    assert_eq!(vmm.stats().extents, 2);
+    let granule = |k: u64| a.addr + (k * G) as usize;
+    for k in 0..4u8 {
+        write(&vmm, granule(k as u64), &[k + 1; 8]);
+    }
+    sim.inject_fault(Fault::after(AclFunc::UnmapMem, AclError::RT_FAILURE, 2));
+    assert_eq!(
+        code(vmm.shrink_block(a, G)),
+        ("aclrtUnmapMem", AclError::RT_FAILURE)
+    );
+    for k in 0..4u8 {
+        assert_eq!(read(&vmm, granule(k as u64), 8), [k + 1; 8], "granule {k}");
+    }
+    assert_eq!(used(&sim), 4 * G);
+    vmm.validate().unwrap();
+    let a = vmm.shrink_block(a, G).unwrap();
+    assert_eq!(used(&sim), G);
+    vmm.free_block(a).unwrap();
+}
+
+/// Publishing a range that starts where one physical allocation ends exports only the
+/// allocations under the range.
+#[test]
+fn a_range_published_from_an_extent_boundary_exports_only_what_it_covers() {
+    let _g = serial();
+    let (sim, vmm) = vmm(64 * MIB);
+    let a = vmm.alloc_block(0, MemKind::DEVICE, G).unwrap();
+    let a = vmm.extend_block(a, G).unwrap().unwrap();
+    assert_eq!(vmm.stats().extents, 2);
+    let second = a.addr + G as usize;
+    let desc = vmm
+        .publish_range(second, G, &ascend_pool::share::Access::AnyProcess)
+        .unwrap();
+    assert_eq!(desc.base, second);
+    assert_eq!((desc.pieces.len(), desc.offset, desc.len), (1, 0, G));
+    assert_eq!(sim.stats().calls(AclFunc::MemExportToShareableHandle), 1);
+    vmm.free_block(a).unwrap();
+}
+
+/// A source dropped with blocks still out unmaps them, frees their physical memory and
+/// releases its reservation: the device is whole again and no memory object is left.
+#[test]
+fn a_source_dropped_with_blocks_out_gives_everything_back() {
+    let _g = serial();
+    let objects = memory_objects();
+    let sim = sim(64 * MIB);
+    {
+        let vmm = VmmSource::new(Arc::clone(&sim), 0, VmmConfig::default()).unwrap();
+        let a = vmm.alloc_block(0, MemKind::DEVICE, 3 * MIB).unwrap();
+        let _a = vmm.extend_block(a, 5 * MIB).unwrap().unwrap();
+        let _b = vmm.alloc_block(0, MemKind::DEVICE, 5 * MIB).unwrap();
+        assert_eq!(used(&sim), 14 * MIB);
+        assert!(memory_objects() > objects);
+    }
+    assert_eq!(used(&sim), 0);
+    assert_eq!(memory_objects(), objects);
+    let st = sim.stats();
+    for f in [
+        AclFunc::UnmapMem,
+        AclFunc::FreePhysical,
+        AclFunc::ReleaseMemAddress,
+    ] {
+        assert_eq!(st.failures(f), 0, "{f:?}");
+    }
+    assert_eq!(st.calls(AclFunc::UnmapMem), 7, "one per granule");
+    assert_eq!(st.calls(AclFunc::ReleaseMemAddress), 1);
+}
