@@ -738,3 +738,126 @@ impl<R: VmmRuntime + 'static> BlockSource for VmmSource<R> {
         unsafe { self.runtime.memset_async(dst, max, value, count, stream) }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::source::sim::{SimConfig, SimSource};
+
+    const MIB: u64 = 1 << 20;
+    const G: u64 = 2 * MIB;
+
+    fn source(reserve: u64) -> VmmSource<SimSource> {
+        let config = SimConfig::default().with_device_capacity(64 * MIB);
+        let sim = Arc::new(SimSource::new(config).unwrap());
+        VmmSource::new(sim, 0, VmmConfig::default().with_reserve(reserve)).unwrap()
+    }
+
+    /// Runs `corrupt` on the state of a source holding a grown block (two extents) and a
+    /// second block, and returns what `validate` says; the state is put back after, so the
+    /// source is dropped whole.
+    fn validate_after(corrupt: impl FnOnce(&mut VmmState, (usize, u64))) -> String {
+        let vmm = source(0);
+        let a = vmm.alloc_block(0, MemKind::DEVICE, 3 * MIB).unwrap();
+        vmm.extend_block(a, 5 * MIB).unwrap().unwrap();
+        vmm.alloc_block(0, MemKind::DEVICE, G).unwrap();
+        vmm.validate().unwrap();
+        let saved = {
+            let mut s = lock(&vmm.state);
+            let saved = (s.blocks.clone(), s.extents.clone(), s.mapped_bytes);
+            corrupt(&mut s, vmm.reservation());
+            saved
+        };
+        let verdict = vmm.validate();
+        let mut s = lock(&vmm.state);
+        (s.blocks, s.extents, s.mapped_bytes) = saved;
+        drop(s);
+        vmm.validate().unwrap();
+        match verdict {
+            Err(Error::Invalid(m)) => m,
+            other => panic!("validate passed a corrupted source: {other:?}"),
+        }
+    }
+
+    fn first_block(s: &VmmState) -> (usize, VirtualBlock) {
+        s.blocks.iter().next().map(|(&a, &b)| (a, b)).unwrap()
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "reserves addresses with PROT_NONE, which Miri refuses")]
+    fn validate_reports_a_block_overlapping_the_one_before() {
+        let m = validate_after(|s, _| {
+            let (addr, _) = first_block(s);
+            let b = VirtualBlock {
+                kind: MemKind::DEVICE,
+                size: G,
+                mapped: G,
+            };
+            s.blocks.insert(addr + G as usize, b);
+        });
+        assert!(m.contains("overlaps or leaves the reservation"), "{m}");
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "reserves addresses with PROT_NONE, which Miri refuses")]
+    fn validate_reports_a_block_past_the_reservation() {
+        let m = validate_after(|s, (base, reserved)| {
+            let b = VirtualBlock {
+                kind: MemKind::DEVICE,
+                size: 2 * G,
+                mapped: 2 * G,
+            };
+            s.blocks.insert(base + (reserved - G) as usize, b);
+        });
+        assert!(m.contains("overlaps or leaves the reservation"), "{m}");
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "reserves addresses with PROT_NONE, which Miri refuses")]
+    fn validate_reports_a_block_larger_than_it_is_mapped() {
+        let m = validate_after(|s, _| {
+            let (addr, b) = first_block(s);
+            s.blocks.get_mut(&addr).unwrap().size = b.mapped + 1;
+        });
+        assert!(m.contains("size"), "{m}");
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "reserves addresses with PROT_NONE, which Miri refuses")]
+    fn validate_reports_a_miscounted_mapping() {
+        let m = validate_after(|s, _| s.mapped_bytes += G);
+        assert!(m.contains("counted"), "{m}");
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "reserves addresses with PROT_NONE, which Miri refuses")]
+    fn validate_reports_an_extent_outside_every_block() {
+        let m = validate_after(|s, (base, reserved)| {
+            let (_, e) = s.extents.iter().next().map(|(&a, &e)| (a, e)).unwrap();
+            // Counted, but in no block.
+            s.extents
+                .insert(base + (reserved - G) as usize, Extent { len: G, ..e });
+            s.mapped_bytes += G;
+        });
+        assert!(m.contains("bytes of extents"), "{m}");
+    }
+
+    /// Blocks that fill the reservation to its last byte are valid.
+    #[test]
+    #[cfg_attr(miri, ignore = "reserves addresses with PROT_NONE, which Miri refuses")]
+    fn blocks_up_to_the_end_of_the_reservation_are_valid() {
+        let vmm = source(8 * MIB);
+        let (base, _) = vmm.reservation();
+        let a = vmm.alloc_block(0, MemKind::DEVICE, 4 * MIB).unwrap();
+        let b = vmm.alloc_block(0, MemKind::DEVICE, 4 * MIB).unwrap();
+        assert_eq!(b.addr + b.size as usize, base + 8 * MIB as usize);
+        vmm.validate().unwrap();
+        let debug = format!("{vmm:?}");
+        assert!(
+            debug.starts_with("VmmSource") && debug.contains("blocks: 2"),
+            "{debug}"
+        );
+        vmm.free_block(a).unwrap();
+        vmm.free_block(b).unwrap();
+    }
+}
