@@ -243,9 +243,14 @@ impl<R: VmmRuntime> SharedMapping<R> {
     /// Imports and maps what `desc` describes on `device`. On failure what was imported,
     /// mapped or reserved is let go again (what the runtime refuses to let go twice stays
     /// held, and is printed); a process off the whitelist gets [`Error::ShareRefused`], a
-    /// handle no longer exported [`Error::ShareGone`].
+    /// handle no longer exported [`Error::ShareGone`], a descriptor that publishes no bytes
+    /// or does not add up [`Error::Config`].
     pub fn open(runtime: Arc<R>, device: DeviceId, desc: &ShareDescriptor) -> Result<Self> {
         let bad = |m: &str| Error::Config(format!("share descriptor: {m}"));
+        // `publish_*` never publish 0 bytes; a mapping of nothing could only refuse copies.
+        if desc.len == 0 {
+            return Err(bad("no bytes published"));
+        }
         if desc.pieces.is_empty()
             || desc
                 .offset

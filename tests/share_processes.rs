@@ -16,11 +16,11 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use ascend_pool::mbuf::{Mbuf, MbufKind, SharedMbuf};
-use ascend_pool::share::{Access, ShareDescriptor, SharedMapping};
+use ascend_pool::share::{Access, ShareDescriptor, SharedMapping, SharedPiece};
 use ascend_pool::source::acl::AclSource;
 use ascend_pool::source::sim::{AclFunc, Fault, SimConfig, SimSource};
 use ascend_pool::source::vmm::{VmmConfig, VmmRuntime, VmmSource};
-use ascend_pool::source::BlockSource;
+use ascend_pool::source::{BlockSource, MemcpyKind};
 use ascend_pool::{AclError, Error, MemKind, Pool, PoolConfig, Region};
 
 const ROLE: &str = "ASCEND_POOL_SHARE_ROLE";
@@ -510,4 +510,181 @@ fn child_process() {
         }
         other => panic!("unknown role {other}"),
     }
+}
+
+/// A descriptor comes from another process: one that publishes nothing, or whose pieces and
+/// span do not add up, is refused as a bad descriptor before anything is reserved. Each case
+/// breaks one rule alone.
+#[test]
+fn descriptors_that_do_not_add_up_are_refused_before_anything_is_reserved() {
+    let _g = serial();
+    let sim = sim();
+    let g = 2 * MIB;
+    let piece = |offset, len| SharedPiece {
+        offset,
+        len,
+        handle: 0x5eed,
+    };
+    let desc = |pieces, span, offset, len| ShareDescriptor {
+        exporter: 1,
+        base: 0x1000_0000,
+        span,
+        pieces,
+        offset,
+        len,
+    };
+    let cases = [
+        ("no bytes", desc(vec![piece(0, g)], g, 0, 0)),
+        ("no pieces", desc(vec![], g, 0, g)),
+        ("bytes past the span", desc(vec![piece(0, g)], g, 8, g)),
+        (
+            "overlapping pieces",
+            desc(vec![piece(0, 2 * g), piece(g, 2 * g)], 3 * g, 0, g),
+        ),
+        (
+            "an empty piece",
+            desc(vec![piece(0, g), piece(g, 0)], g, 0, g),
+        ),
+        (
+            "a piece off a granule",
+            desc(vec![piece(4096, g)], 4096 + g, 4096, 8),
+        ),
+        (
+            "a piece of part of a granule",
+            desc(vec![piece(0, g + 4096)], g + 4096, 0, g),
+        ),
+        (
+            "a span past the pieces",
+            desc(vec![piece(0, g)], 2 * g, 0, g),
+        ),
+    ];
+    for (what, d) in cases {
+        match SharedMapping::open(Arc::clone(&sim), 0, &d) {
+            Err(Error::Config(_)) => {}
+            other => panic!("{what}: {other:?}"),
+        }
+    }
+    let st = sim.stats();
+    assert_eq!((st.reservations, st.physical_handles), (0, 0));
+    assert_eq!(st.calls(AclFunc::ReserveMemAddress), 0);
+}
+
+/// An opened mapping of a region that starts inside a granule: its address holds the
+/// region's bytes, `translate` maps exactly the published window, and copies of nothing or
+/// past the window are refused.
+#[test]
+fn a_mapping_translates_and_copies_only_inside_its_window() {
+    let _g = serial();
+    let (sim, vmm, pool) = exporter();
+    let _before = pool.alloc_device(4096).unwrap();
+    let region = filled(&pool, 1000);
+    let desc = vmm.publish_region(&region, &Access::AnyProcess).unwrap();
+    assert!(
+        desc.offset > 0,
+        "the region starts inside a granule: {desc:?}"
+    );
+    let m = SharedMapping::open(Arc::clone(&sim), 0, &desc).unwrap();
+    assert!(!m.is_empty());
+    assert_eq!(m.len(), 1000);
+    assert!(format!("{m:?}").starts_with("SharedMapping"));
+    // The runtime reads the region's first bytes at the mapping's address.
+    let mut first = [0u8; 16];
+    // SAFETY: `first` holds 16 bytes; the mapping's first 16 bytes are mapped and published.
+    unsafe {
+        sim.memcpy(
+            first.as_mut_ptr() as usize,
+            16,
+            m.addr(),
+            16,
+            MemcpyKind::DeviceToHost,
+        )
+        .unwrap();
+    }
+    assert!(first.iter().enumerate().all(|(i, &b)| b == pattern(i)));
+    assert_eq!(m.translate(region.addr()), Some(m.addr()));
+    assert_eq!(m.translate(region.addr() + 999), Some(m.addr() + 999));
+    assert_eq!(m.translate(region.addr() + 1000), None);
+    assert_eq!(m.translate(region.addr() - 1), None);
+    let refused = |r: ascend_pool::Result<()>| matches!(r, Err(Error::OutOfBounds { .. }));
+    let mut buf = [0u8; 8];
+    assert!(refused(m.read(996, &mut buf)), "a read past the window");
+    assert!(refused(m.write(996, &buf)), "a write past the window");
+    assert!(refused(m.read(0, &mut [])), "a read of nothing");
+    assert!(refused(m.write(1000, &[])), "a write of nothing");
+    m.read(992, &mut buf).unwrap();
+    assert!(buf.iter().enumerate().all(|(i, &b)| b == pattern(992 + i)));
+    m.close().unwrap();
+    drop((region, pool, vmm));
+}
+
+/// An import refused by the whitelist names this process (-1 when its id cannot be had);
+/// one that fails for another reason reports the runtime's error as it is. Nothing stays
+/// reserved or imported either way.
+#[test]
+fn import_failures_are_reported_as_what_they_are() {
+    let _g = serial();
+    let (sim, vmm, pool) = exporter();
+    let region = filled(&pool, 1000);
+    let me = sim.bare_tgid().unwrap();
+    let others = vmm
+        .publish_region(&region, &Access::Processes(vec![me + 1]))
+        .unwrap();
+    let open = |d: &ShareDescriptor| SharedMapping::open(Arc::clone(&sim), 0, d);
+    match open(&others) {
+        Err(Error::ShareRefused { pid, .. }) => assert_eq!(pid, me),
+        other => panic!("{other:?}"),
+    }
+    sim.inject_fault(Fault::next(
+        AclFunc::DeviceGetBareTgid,
+        AclError::RT_FAILURE,
+        1,
+    ));
+    match open(&others) {
+        Err(Error::ShareRefused { pid, .. }) => assert_eq!(pid, -1),
+        other => panic!("{other:?}"),
+    }
+    // The same allocation, this process let in: the import itself fails.
+    let second = filled(&pool, 1000);
+    let mine = vmm
+        .publish_region(&second, &Access::Processes(vec![me]))
+        .unwrap();
+    sim.inject_fault(Fault::next(
+        AclFunc::MemImportFromShareableHandle,
+        AclError::RT_FAILURE,
+        1,
+    ));
+    match open(&mine) {
+        Err(Error::Runtime { func, code }) => {
+            assert_eq!(
+                (func, code),
+                ("aclrtMemImportFromShareableHandle", AclError::RT_FAILURE)
+            )
+        }
+        other => panic!("{other:?}"),
+    }
+    let m = open(&mine).unwrap();
+    m.close().unwrap();
+    drop((region, second, pool, vmm));
+    let st = sim.stats();
+    assert_eq!(
+        (st.reservations, st.physical_handles, st.mappings),
+        (0, 0, 0)
+    );
+}
+
+/// Publishing a range some of which this source never mapped is refused.
+#[test]
+fn a_range_reaching_past_what_was_mapped_is_not_published() {
+    let _g = serial();
+    let (_sim, vmm, pool) = exporter();
+    let region = filled(&pool, 1000);
+    let (base, _) = vmm.reservation();
+    let mapped = vmm.stats().mapped_bytes;
+    assert!(matches!(
+        vmm.publish_range(base, mapped + 1, &Access::AnyProcess),
+        Err(Error::ForeignHandle)
+    ));
+    vmm.publish_range(base, mapped, &Access::AnyProcess)
+        .unwrap();
+    drop((region, pool));
 }
