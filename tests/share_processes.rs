@@ -688,3 +688,34 @@ fn a_range_reaching_past_what_was_mapped_is_not_published() {
         .unwrap();
     drop((region, pool));
 }
+
+/// Two simulators in one process, the crate's and the drop-in library's, run an export
+/// service each (their handles differ in the instance bits): memory exported by either is
+/// imported through the other.
+#[test]
+fn two_simulators_in_one_process_import_each_others_memory() {
+    let _g = serial();
+    let (sim, vmm, pool) = exporter();
+    let region = filled(&pool, 1000);
+    let from_sim = vmm.publish_region(&region, &Access::AnyProcess).unwrap();
+    let acl = Arc::new(AclSource::open(common_dropin::dropin()).unwrap());
+    let acl_vmm = Arc::new(VmmSource::new(Arc::clone(&acl), 0, VmmConfig::default()).unwrap());
+    let acl_pool = Pool::new(acl_vmm.clone(), PoolConfig::default()).unwrap();
+    let acl_region = filled(&acl_pool, 1000);
+    let from_acl = acl_vmm
+        .publish_region(&acl_region, &Access::AnyProcess)
+        .unwrap();
+    let pieces = |d: &ShareDescriptor| d.pieces.iter().map(|p| p.handle).collect::<Vec<_>>();
+    assert_ne!(pieces(&from_sim), pieces(&from_acl));
+    let mut back = vec![0u8; 1000];
+    let into_sim = SharedMapping::open(Arc::clone(&sim), 0, &from_acl).unwrap();
+    into_sim.read(0, &mut back).unwrap();
+    assert!(back.iter().enumerate().all(|(i, &b)| b == pattern(i)));
+    into_sim.close().unwrap();
+    back.fill(0);
+    let into_acl = SharedMapping::open(Arc::clone(&acl), 0, &from_sim).unwrap();
+    into_acl.read(0, &mut back).unwrap();
+    assert!(back.iter().enumerate().all(|(i, &b)| b == pattern(i)));
+    into_acl.close().unwrap();
+    drop((acl_region, acl_pool, acl_vmm, region, pool, vmm));
+}
