@@ -33,6 +33,13 @@ fn pattern(i: usize) -> u8 {
     (i * 7 + 3) as u8 % 251
 }
 
+/// Whether `data` holds the pattern's bytes from index `from` on.
+fn patterned(data: &[u8], from: usize) -> bool {
+    data.iter()
+        .enumerate()
+        .all(|(i, &b)| b == pattern(from + i))
+}
+
 fn sim() -> Arc<SimSource> {
     Arc::new(SimSource::new(SimConfig::default().with_device_capacity(256 * MIB)).unwrap())
 }
@@ -372,7 +379,7 @@ fn memory_outlives_the_exporting_process_until_the_importer_frees_it() {
 
     let mut back = vec![0u8; desc.len as usize];
     mapping.read(0, &mut back).unwrap();
-    assert!(back.iter().enumerate().all(|(i, &b)| b == pattern(i)));
+    assert!(patterned(&back, 0));
     mapping.write(0, b"still writable").unwrap();
     assert_eq!(used(&sim), 0, "imported memory is charged to its exporter");
     mapping.close().unwrap();
@@ -438,7 +445,7 @@ fn child_process() {
             let check = |m: &SharedMapping<SimSource>| {
                 let mut data = vec![0u8; m.len() as usize - 32];
                 m.read(0, &mut data).unwrap();
-                data.iter().enumerate().all(|(i, &b)| b == pattern(i))
+                patterned(&data, 0)
             };
             println!("@@read {}", if check(&mapping) { "ok" } else { "bad" });
             let answer = format!("answer from {tgid:>20}");
@@ -474,7 +481,7 @@ fn child_process() {
                 )
                 .unwrap();
             }
-            let ok = data.iter().enumerate().all(|(i, &b)| b == pattern(i));
+            let ok = patterned(&data, 0);
             println!("@@read {}", if ok { "ok" } else { "bad" });
             mapping.close().unwrap();
         }
@@ -600,7 +607,7 @@ fn a_mapping_translates_and_copies_only_inside_its_window() {
         )
         .unwrap();
     }
-    assert!(first.iter().enumerate().all(|(i, &b)| b == pattern(i)));
+    assert!(patterned(&first, 0));
     assert_eq!(m.translate(region.addr()), Some(m.addr()));
     assert_eq!(m.translate(region.addr() + 999), Some(m.addr() + 999));
     assert_eq!(m.translate(region.addr() + 1000), None);
@@ -612,7 +619,7 @@ fn a_mapping_translates_and_copies_only_inside_its_window() {
     assert!(refused(m.read(0, &mut [])), "a read of nothing");
     assert!(refused(m.write(1000, &[])), "a write of nothing");
     m.read(992, &mut buf).unwrap();
-    assert!(buf.iter().enumerate().all(|(i, &b)| b == pattern(992 + i)));
+    assert!(patterned(&buf, 992));
     m.close().unwrap();
     drop((region, pool, vmm));
 }
@@ -710,12 +717,12 @@ fn two_simulators_in_one_process_import_each_others_memory() {
     let mut back = vec![0u8; 1000];
     let into_sim = SharedMapping::open(Arc::clone(&sim), 0, &from_acl).unwrap();
     into_sim.read(0, &mut back).unwrap();
-    assert!(back.iter().enumerate().all(|(i, &b)| b == pattern(i)));
+    assert!(patterned(&back, 0));
     into_sim.close().unwrap();
     back.fill(0);
     let into_acl = SharedMapping::open(Arc::clone(&acl), 0, &from_sim).unwrap();
     into_acl.read(0, &mut back).unwrap();
-    assert!(back.iter().enumerate().all(|(i, &b)| b == pattern(i)));
+    assert!(patterned(&back, 0));
     into_acl.close().unwrap();
     drop((acl_region, acl_pool, acl_vmm, region, pool, vmm));
 }

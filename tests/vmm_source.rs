@@ -824,15 +824,13 @@ fn a_range_published_from_an_extent_boundary_exports_only_what_it_covers() {
 fn a_source_dropped_with_blocks_out_gives_everything_back() {
     let _g = serial();
     let objects = memory_objects();
-    let sim = sim(64 * MIB);
-    {
-        let vmm = VmmSource::new(Arc::clone(&sim), 0, VmmConfig::default()).unwrap();
-        let a = vmm.alloc_block(0, MemKind::DEVICE, 3 * MIB).unwrap();
-        let _a = vmm.extend_block(a, 5 * MIB).unwrap().unwrap();
-        let _b = vmm.alloc_block(0, MemKind::DEVICE, 5 * MIB).unwrap();
-        assert_eq!(used(&sim), 14 * MIB);
-        assert!(memory_objects() > objects);
-    }
+    let (sim, vmm) = vmm(64 * MIB);
+    let a = vmm.alloc_block(0, MemKind::DEVICE, 3 * MIB).unwrap();
+    vmm.extend_block(a, 5 * MIB).unwrap().unwrap();
+    vmm.alloc_block(0, MemKind::DEVICE, 5 * MIB).unwrap();
+    assert_eq!(used(&sim), 14 * MIB);
+    assert!(memory_objects() > objects);
+    drop(vmm);
     assert_eq!(used(&sim), 0);
     assert_eq!(memory_objects(), objects);
     let st = sim.stats();
