@@ -177,11 +177,8 @@ impl SimSource {
 /// The user-data bytes `len` bytes at `offset` cover, if they fit in the 96.
 fn user_range(len: usize, offset: u64) -> Result<std::ops::Range<usize>, AclError> {
     let offset = usize::try_from(offset).map_err(|_| AclError::INVALID_PARAM)?;
-    if len == 0 || len > USER_DATA_BYTES || offset > USER_DATA_BYTES {
-        return Err(AclError::INVALID_PARAM);
-    }
     match offset.checked_add(len) {
-        Some(end) if end <= USER_DATA_BYTES => Ok(offset..end),
+        Some(end) if end <= USER_DATA_BYTES && len > 0 => Ok(offset..end),
         _ => Err(AclError::INVALID_PARAM),
     }
 }

@@ -315,3 +315,106 @@ fn cost_follows_bandwidth() {
     assert_eq!(cfg.cost(1 << 20), Duration::from_millis(1001));
     assert_eq!(SimConfig::default().cost(1 << 30), Duration::ZERO);
 }
+
+#[test]
+fn shared_buffers_keep_length_user_data_and_memory_across_references() {
+    let sim = small();
+    let handles = |sim: &SimSource| sim.stats().mbuf_handles;
+    for (ty, kind) in [(0, MemKind::DEVICE), (1, MemKind::Dvpp)] {
+        let buf = sim.alloc_buf(0, 1000, ty).unwrap();
+        assert_eq!(handles(&sim), 1);
+        assert_eq!(sim.stats().usage(0, kind).requested_bytes, 1000);
+        let (addr, size) = sim.buf_data(buf).unwrap();
+        assert_eq!(size, 1000);
+        assert_eq!(sim.block_containing(addr).map(|b| b.kind), Some(kind));
+
+        assert_eq!(sim.buf_data_len(buf).unwrap(), 0);
+        sim.set_buf_data_len(buf, 1000).unwrap();
+        assert_eq!(sim.buf_data_len(buf).unwrap(), 1000);
+        let set_len = sim.set_buf_data_len(buf, 1001);
+        assert_eq!(
+            code(set_len),
+            ("acltdtSetBufDataLen", AclError::INVALID_PARAM)
+        );
+        sim.set_buf_data_len(buf, 7).unwrap();
+
+        sim.set_buf_user_data(buf, b"first", 0).unwrap();
+        sim.set_buf_user_data(buf, &[9; 8], 88).unwrap();
+        sim.set_buf_user_data(buf, &[5], 95).unwrap();
+
+        // A reference shares everything; the memory stays until the last handle goes.
+        let copy = sim.copy_buf_ref(buf).unwrap();
+        assert_ne!(copy, buf);
+        assert_eq!(handles(&sim), 2);
+        sim.free_buf(buf).unwrap();
+        assert_eq!(handles(&sim), 1);
+        assert_eq!(sim.stats().usage(0, kind).requested_bytes, 1000);
+        assert_eq!(sim.buf_data(copy).unwrap(), (addr, 1000));
+        assert_eq!(sim.buf_data_len(copy).unwrap(), 7);
+        let mut user = [0u8; 96];
+        sim.buf_user_data(copy, &mut user, 0).unwrap();
+        assert_eq!(&user[..5], b"first");
+        assert_eq!(user[5..88], [0; 83]);
+        assert_eq!(user[88..95], [9; 7]);
+        assert_eq!(user[95], 5);
+        sim.free_buf(copy).unwrap();
+        assert_eq!(handles(&sim), 0);
+        assert_eq!(sim.stats().usage(0, kind), KindUsage::default());
+        assert_eq!(
+            code(sim.buf_data_len(copy)),
+            ("acltdtGetBufDataLen", AclError::RT_INVALID_HANDLE)
+        );
+    }
+    assert_eq!(
+        code(sim.alloc_buf(0, 1000, 2)),
+        ("acltdtAllocBuf", AclError::INVALID_PARAM)
+    );
+    assert_eq!(handles(&sim), 0);
+}
+
+#[test]
+fn shared_buffer_user_data_stays_inside_its_96_bytes() {
+    let sim = small();
+    let buf = sim.alloc_buf(0, 64, 0).unwrap();
+    let fits = [(0, 96), (88, 8), (95, 1), (0, 1)];
+    for (offset, len) in fits {
+        let data = vec![offset as u8 + 1; len];
+        sim.set_buf_user_data(buf, &data, offset).unwrap();
+        let mut back = vec![0u8; len];
+        sim.buf_user_data(buf, &mut back, offset).unwrap();
+        assert_eq!(back, data, "{offset} {len}");
+    }
+    let refused = [
+        (0, 0),
+        (96, 0),
+        (0, 97),
+        (96, 1),
+        (97, 1),
+        (89, 8),
+        (1, 96),
+        (u64::MAX, 1),
+        (1 << 32, 1),
+    ];
+    for (offset, len) in refused {
+        let data = vec![0xee; len];
+        assert_eq!(
+            code(sim.set_buf_user_data(buf, &data, offset)),
+            ("acltdtSetBufUserData", AclError::INVALID_PARAM),
+            "{offset} {len}"
+        );
+        let mut out = vec![0u8; len];
+        assert_eq!(
+            code(sim.buf_user_data(buf, &mut out, offset)),
+            ("acltdtGetBufUserData", AclError::INVALID_PARAM),
+            "{offset} {len}"
+        );
+    }
+    // Nothing refused was written.
+    let mut all = [0u8; 96];
+    sim.buf_user_data(buf, &mut all, 0).unwrap();
+    assert_eq!(all[0], 1);
+    assert_eq!(all[1..88], [1; 87]);
+    assert_eq!(all[88..95], [89; 7]);
+    assert_eq!(all[95], 96);
+    sim.free_buf(buf).unwrap();
+}
