@@ -235,11 +235,14 @@ pub struct SharedMbuf<R: VmmRuntime> {
 }
 
 impl<R: VmmRuntime> SharedMbuf<R> {
-    /// Opens what [`Mbuf::publish`] described; refuses memory that is not a buffer.
+    /// Opens what [`Mbuf::publish`] described. Memory that is not a buffer (no header, or a
+    /// header whose size does not match what was published) is refused with
+    /// [`Error::ForeignHandle`], and nothing stays imported.
     pub fn open(runtime: Arc<R>, device: DeviceId, desc: &ShareDescriptor) -> Result<Self> {
         let mapping = SharedMapping::open(runtime, device, desc)?;
         let mut head = [0u8; 16];
-        if mapping.len() < HEADER_LEN {
+        // A buffer holds at least one byte of data after its header.
+        if mapping.len() <= HEADER_LEN {
             return Err(Error::ForeignHandle);
         }
         mapping.read(0, &mut head)?;

@@ -7,11 +7,31 @@ use ascend_pool::mbuf::{Mbuf, MbufKind, HEADER_LEN};
 use ascend_pool::share::Access;
 use ascend_pool::source::sim::{SimConfig, SimSource};
 use ascend_pool::source::vmm::{VmmConfig, VmmSource};
+use ascend_pool::source::MemcpyKind;
 use ascend_pool::{Error, MemKind, Pool, PoolConfig};
 
 fn pool() -> Arc<Pool> {
     let sim = SimSource::new(SimConfig::default().with_device_capacity(256 << 20)).unwrap();
     Arc::new(Pool::new(Arc::new(sim), PoolConfig::default()).unwrap())
+}
+
+/// The buffer's header as the device holds it: the 128 bytes before its data.
+fn header(pool: &Pool, buf: &Mbuf) -> [u8; 128] {
+    let (addr, _) = buf.data();
+    let mut h = [0u8; 128];
+    // SAFETY: the header is the 128 live bytes before the data area; `h` holds 128 bytes.
+    unsafe {
+        pool.source()
+            .memcpy(
+                h.as_mut_ptr() as usize,
+                128,
+                addr - HEADER_LEN as usize,
+                128,
+                MemcpyKind::DeviceToHost,
+            )
+            .unwrap();
+    }
+    h
 }
 
 #[test]
@@ -49,32 +69,51 @@ fn buffers_carry_data_length_and_user_data_and_share_them_between_references() {
             (&[1u8; 16][..], &[0u8; 64][..], &[2u8; 16][..])
         );
 
-        // Every bound is checked; nothing is written past it.
-        assert!(matches!(
-            copy.set_data_len(size + 1),
-            Err(Error::OutOfBounds { .. })
-        ));
-        assert!(matches!(
-            copy.set_user_data(&[0; 97], 0),
-            Err(Error::OutOfBounds { capacity: 96, .. })
-        ));
-        assert!(matches!(
-            copy.set_user_data(&[0; 8], 89),
-            Err(Error::OutOfBounds { .. })
-        ));
-        assert!(matches!(
-            copy.user_data(&mut [0; 1], 96),
-            Err(Error::OutOfBounds { .. })
-        ));
-        assert!(matches!(
-            copy.write(size - 4, b"frame"),
-            Err(Error::OutOfBounds { .. })
-        ));
-        assert!(matches!(
-            copy.read(u64::MAX, &mut [0; 1]),
-            Err(Error::OutOfBounds { .. })
-        ));
+        // Every bound is checked, against the buffer's own data or its 96 bytes of user
+        // data (not the region's), and nothing is written past it.
+        let past = |offset, len, capacity| {
+            Err(Error::OutOfBounds {
+                offset,
+                len,
+                capacity,
+            })
+        };
+        assert_eq!(copy.set_data_len(size + 1), past(0, size + 1, size));
+        assert_eq!(copy.set_user_data(&[0; 97], 0), past(0, 97, 96));
+        assert_eq!(copy.set_user_data(&[0; 8], 89), past(89, 8, 96));
+        assert_eq!(copy.user_data(&mut [0; 1], 96), past(96, 1, 96));
+        assert_eq!(copy.set_user_data(&[], 0), past(0, 0, 96));
+        assert_eq!(copy.user_data(&mut [], 96), past(96, 0, 96));
+        assert_eq!(copy.write(size - 4, b"frame"), past(size - 4, 5, size));
+        assert_eq!(copy.read(size, &mut [0; 1]), past(size, 1, size));
+        assert_eq!(copy.read(u64::MAX, &mut [0; 1]), past(u64::MAX, 1, size));
+        assert_eq!(copy.write(0, &[]), past(0, 0, size));
+        assert_eq!(copy.read(size, &mut []), past(size, 0, size));
         assert_eq!(copy.data_len().unwrap(), size);
+        assert_eq!(header(&pool, &copy), {
+            let mut h = [0u8; 128];
+            h[..8].copy_from_slice(b"APMBUF01");
+            h[8..16].copy_from_slice(&size.to_le_bytes());
+            h[16..24].copy_from_slice(&size.to_le_bytes());
+            h[24] = u8::from(kind == MbufKind::Dvpp);
+            h[32..48].fill(1);
+            h[112..128].fill(2);
+            h
+        });
+        let mut end = [0u8; 5];
+        // SAFETY: the last 5 bytes of the live data area; `end` holds 5 bytes.
+        unsafe {
+            pool.source()
+                .memcpy(
+                    end.as_mut_ptr() as usize,
+                    5,
+                    addr + size as usize - 5,
+                    5,
+                    MemcpyKind::DeviceToHost,
+                )
+                .unwrap();
+        }
+        assert_eq!(&end, b"frame", "the data area starts where data() says");
         drop(copy);
         assert_eq!(pool.stats(mem).live_regions, 0);
     }

@@ -418,6 +418,120 @@ fn a_secondary_process_reads_a_buffer_the_primary_authorised() {
     all_given_back(objects);
 }
 
+/// A buffer opened in the process that published it: its header, data and bounds read as the
+/// primary wrote them, and closing gives back what was imported. Memory that is not a buffer
+/// is refused, and nothing stays imported.
+#[test]
+fn an_opened_buffer_reads_only_what_its_header_describes() {
+    let _g = serial();
+    let (sim, vmm, pool) = exporter();
+    let pool = Arc::new(pool);
+    let held = |sim: &SimSource| {
+        let s = sim.stats();
+        (s.reservations, s.physical_handles, s.mappings)
+    };
+    let buf = Mbuf::alloc(&pool, 1000, MbufKind::Normal).unwrap();
+    let data: Vec<u8> = (0..1000).map(pattern).collect();
+    buf.write(0, &data).unwrap();
+    buf.set_data_len(900).unwrap();
+    buf.set_user_data(b"stream=3", 8).unwrap();
+    let desc = buf.publish(&vmm, &Access::AnyProcess).unwrap();
+    let exporter_holds = held(&sim);
+
+    // The raw mapping shows the header the module documents, then the data.
+    let raw = SharedMapping::open(Arc::clone(&sim), 0, &desc).unwrap();
+    assert_eq!(raw.translate(buf.data().0), Some(raw.addr() + 128));
+    let mut head = [0u8; 48];
+    raw.read(0, &mut head).unwrap();
+    assert_eq!(&head[..8], b"APMBUF01");
+    assert_eq!(head[8..16], 1000u64.to_le_bytes());
+    assert_eq!(head[16..24], 900u64.to_le_bytes());
+    assert_eq!(head[24..28], [0; 4], "kind: device memory");
+    assert_eq!(&head[40..48], b"stream=3");
+    raw.close().unwrap();
+
+    let opened = SharedMbuf::open(Arc::clone(&sim), 0, &desc).unwrap();
+    assert_eq!(opened.size(), 1000);
+    assert_eq!(opened.data_len().unwrap(), 900);
+    let mut user = [0u8; 8];
+    opened.user_data(&mut user, 8).unwrap();
+    assert_eq!(&user, b"stream=3");
+    let mut eight = [0u8; 8];
+    for at in [0, 100, 992] {
+        opened.read(at, &mut eight).unwrap();
+        assert!(patterned(&eight, at as usize), "data at {at}");
+    }
+    let past = |offset, len, capacity| {
+        Err(Error::OutOfBounds {
+            offset,
+            len,
+            capacity,
+        })
+    };
+    assert_eq!(opened.read(996, &mut eight), past(996, 8, 1000));
+    assert_eq!(opened.read(u64::MAX, &mut eight), past(u64::MAX, 8, 1000));
+    assert_eq!(opened.read(0, &mut []), past(0, 0, 1000));
+    assert_eq!(opened.user_data(&mut eight, 89), past(89, 8, 96));
+    opened.close().unwrap();
+    assert_eq!(held(&sim), exporter_holds, "close gave back the import");
+
+    // A close the runtime refuses is reported; `try_close` gives back at once.
+    let opened = SharedMbuf::open(Arc::clone(&sim), 0, &desc).unwrap();
+    sim.inject_fault(Fault::next(AclFunc::UnmapMem, AclError::RT_FAILURE, 1));
+    assert_eq!(
+        opened.close(),
+        Err(Error::Runtime {
+            func: "aclrtUnmapMem",
+            code: AclError::RT_FAILURE
+        })
+    );
+    assert_eq!(held(&sim), exporter_holds, "the drop let go");
+    let mut opened = SharedMbuf::open(Arc::clone(&sim), 0, &desc).unwrap();
+    sim.inject_fault(Fault::next(AclFunc::FreePhysical, AclError::RT_FAILURE, 1));
+    assert!(opened.try_close().is_err());
+    assert_ne!(held(&sim), exporter_holds);
+    opened.try_close().unwrap();
+    assert_eq!(held(&sim), exporter_holds, "given back before the drop");
+    assert_eq!(opened.read(0, &mut eight), Err(Error::AlreadyFreed));
+    drop(opened);
+
+    // Memory that is not a buffer: each case breaks one rule alone.
+    let header = |magic: &[u8; 8], size: u64| {
+        let mut h = [0u8; 16];
+        h[..8].copy_from_slice(magic);
+        h[8..].copy_from_slice(&size.to_le_bytes());
+        h
+    };
+    let cases: [(&str, u64, Option<[u8; 16]>); 5] = [
+        ("no header", 1128, None),
+        (
+            "a size that does not match",
+            1128,
+            Some(header(b"APMBUF01", 999)),
+        ),
+        ("another magic", 1128, Some(header(b"APMBUF02", 1000))),
+        ("a header and no data", 128, Some(header(b"APMBUF01", 0))),
+        ("shorter than a header's first fields", 8, None),
+    ];
+    for (what, len, head) in cases {
+        let mut region = filled(&pool, len);
+        if let Some(h) = head {
+            pool.copy_from_host(&mut region, 0, &h).unwrap();
+        }
+        let desc = vmm.publish_region(&region, &Access::AnyProcess).unwrap();
+        let before = held(&sim);
+        assert!(
+            matches!(
+                SharedMbuf::open(Arc::clone(&sim), 0, &desc),
+                Err(Error::ForeignHandle)
+            ),
+            "{what}"
+        );
+        assert_eq!(held(&sim), before, "{what}: nothing stays imported");
+    }
+    drop((buf, pool, vmm));
+}
+
 /// The other process. Does nothing in a normal test run.
 #[test]
 fn child_process() {
