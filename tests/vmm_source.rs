@@ -16,7 +16,7 @@ use ascend_pool::{AclError, Error, MemKind, Pool, PoolConfig, Region};
 const MIB: u64 = 1 << 20;
 const G: u64 = 2 * MIB;
 
-use common_memfd::{memory_objects, serial};
+use common_memfd::{mapped_objects, memory_objects, serial};
 
 fn sim(capacity: u64) -> Arc<SimSource> {
     Arc::new(SimSource::new(SimConfig::default().with_device_capacity(capacity)).unwrap())
@@ -843,4 +843,75 @@ fn a_source_dropped_with_blocks_out_gives_everything_back() {
     }
     assert_eq!(st.calls(AclFunc::UnmapMem), 7, "one per granule");
     assert_eq!(st.calls(AclFunc::ReleaseMemAddress), 1);
+}
+
+/// A copy that starts in a mapping may run on into the mappings that follow it without a
+/// gap, and no further: into an unmapped granule or past the reservation it is refused.
+#[test]
+fn copies_reach_across_mappings_only_while_every_byte_is_mapped() {
+    let _g = serial();
+    let sim = sim(64 * MIB);
+    let g = 2 * MIB;
+    // Granules 0, 1 and 3 of four mapped; 2 is a gap.
+    let va = sim.reserve_mem_address(4 * g, 0, 0, 0).unwrap();
+    let handles: Vec<PhysicalHandle> = (0..3).map(|_| sim.malloc_physical(0, g).unwrap()).collect();
+    for (h, at) in handles.iter().zip([0, 1, 3]) {
+        sim.map_mem(va + (at * g) as usize, g, 0, *h, 0).unwrap();
+    }
+    let at = |granule: u64, less: u64| va + (granule * g - less) as usize;
+    let data: Vec<u8> = (0..=255).collect();
+    write(&*sim, at(1, 128), &data);
+    assert_eq!(read(&*sim, at(1, 128), 256), data, "across two mappings");
+    let refused = |addr: usize, len: u64| {
+        let bytes = vec![7u8; len as usize];
+        // SAFETY: `bytes` holds `len` bytes; the simulator checks the device side.
+        let r = unsafe {
+            sim.memcpy(
+                addr,
+                len,
+                bytes.as_ptr() as usize,
+                len,
+                MemcpyKind::HostToDevice,
+            )
+        };
+        code(r) == ("aclrtMemcpy", AclError::INVALID_PARAM)
+    };
+    assert!(refused(at(2, 128), 256), "from a mapping into the gap");
+    assert!(
+        refused(at(1, 128), g + 256),
+        "across a mapping, then into the gap"
+    );
+    assert!(refused(at(4, 128), 256), "past the reservation");
+    assert!(refused(at(2, 0), 1), "in the gap");
+    assert_eq!(
+        read(&*sim, at(2, 128), 128),
+        vec![0; 128],
+        "nothing was written"
+    );
+    for at in [0, 1, 3] {
+        sim.unmap_mem(va + (at * g) as usize).unwrap();
+    }
+    for h in handles {
+        sim.free_physical(h).unwrap();
+    }
+    sim.release_mem_address(va).unwrap();
+}
+
+/// A simulator dropped while it still holds a reservation with memory mapped in it unmaps
+/// and releases all of it: no memory object stays open or mapped.
+#[test]
+fn a_dropped_simulator_gives_back_what_it_still_holds() {
+    let _g = serial();
+    let (objects, mapped) = (memory_objects(), mapped_objects());
+    let sim = sim(64 * MIB);
+    let g = 2 * MIB;
+    let va = sim.reserve_mem_address(2 * g, 0, 0, 0).unwrap();
+    let h = sim.malloc_physical(0, 2 * g).unwrap();
+    sim.map_mem(va, 2 * g, 0, h, 0).unwrap();
+    write(&*sim, va + 5, b"held");
+    assert_eq!(memory_objects(), objects + 1);
+    assert!(mapped_objects() > mapped);
+    drop(sim);
+    assert_eq!(memory_objects(), objects);
+    assert_eq!(mapped_objects(), mapped);
 }

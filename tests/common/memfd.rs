@@ -17,3 +17,13 @@ pub fn memory_objects() -> usize {
         .filter(|t| t.to_string_lossy().contains("ascend-pool-sim-physical"))
         .count()
 }
+
+/// Mappings of the simulator's memory objects in this process's address space.
+#[allow(dead_code)] // not every binary that counts objects counts mappings
+pub fn mapped_objects() -> usize {
+    std::fs::read_to_string("/proc/self/maps")
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains("ascend-pool-sim-physical"))
+        .count()
+}

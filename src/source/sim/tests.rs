@@ -418,3 +418,72 @@ fn shared_buffer_user_data_stays_inside_its_96_bytes() {
     assert_eq!(all[95], 96);
     sim.free_buf(buf).unwrap();
 }
+
+#[test]
+fn the_configuration_is_checked_and_kept() {
+    use crate::source::vmm::VmmRuntime;
+    let config = SimConfig::default()
+        .with_devices(3)
+        .with_device_capacity(1 << 30)
+        .with_vmm_granularity(4 << 20);
+    let sim = SimSource::new(config).unwrap();
+    assert_eq!(sim.config().devices, 3);
+    assert_eq!(sim.config().device_capacity, 1 << 30);
+    assert_eq!(sim.allocation_granularity(2, false), Ok(4 << 20));
+    let page = mapping::page_size() as u64;
+    assert!(SimSource::new(SimConfig::default().with_vmm_granularity(page)).is_ok());
+    for bad in [0, 3 << 20, page / 2] {
+        assert!(
+            matches!(
+                SimSource::new(SimConfig::default().with_vmm_granularity(bad)),
+                Err(Error::Config(_))
+            ),
+            "granularity {bad}"
+        );
+    }
+    for bad in [
+        SimConfig::default().with_device_capacity(0),
+        SimConfig::default().with_dvpp_limit(0),
+        SimConfig::default().with_host_capacity(0),
+    ] {
+        assert!(matches!(SimSource::new(bad), Err(Error::Config(_))));
+    }
+}
+
+#[test]
+fn a_block_ends_at_its_rounded_size_and_leaves_no_usage_behind() {
+    let sim = small();
+    let b = sim.alloc_block(0, MemKind::DEVICE, 100).unwrap();
+    let rounded = sim.rounded_size(MemKind::DEVICE, 100).unwrap() as usize;
+    assert_eq!(sim.block_containing(b.addr), Some(b));
+    assert_eq!(sim.block_containing(b.addr + rounded - 1), Some(b));
+    // One past the end is another block's, or none.
+    let after = sim.block_containing(b.addr + rounded).map(|x| x.addr);
+    assert_ne!(after, Some(b.addr));
+    assert_eq!(sim.stats().usage.len(), 1);
+    sim.free_block(b).unwrap();
+    assert!(
+        sim.stats().usage.is_empty(),
+        "a kind with no block is not listed"
+    );
+    assert_eq!(sim.block_containing(b.addr), None);
+}
+
+#[test]
+fn synchronize_device_waits_for_that_devices_streams() {
+    let sim = small();
+    let on_0 = sim.create_stream(0).unwrap();
+    let on_1 = sim.create_stream(1).unwrap();
+    sim.enqueue_delay(on_0, Duration::from_millis(30)).unwrap();
+    sim.synchronize_device(0).unwrap();
+    assert_eq!(sim.pending_ops(on_0), Ok(0));
+    sim.enqueue_delay(on_1, Duration::from_millis(30)).unwrap();
+    sim.synchronize_device(1).unwrap();
+    assert_eq!(sim.pending_ops(on_1), Ok(0));
+    assert_eq!(
+        code(sim.synchronize_device(2)),
+        ("aclrtSynchronizeDevice", AclError::RT_PARAM_INVALID)
+    );
+    sim.destroy_stream(on_0).unwrap();
+    sim.destroy_stream(on_1).unwrap();
+}
