@@ -15,23 +15,22 @@ fn pool() -> Arc<Pool> {
     Arc::new(Pool::new(Arc::new(sim), PoolConfig::default()).unwrap())
 }
 
-/// The buffer's header as the device holds it: the 128 bytes before its data.
-fn header(pool: &Pool, buf: &Mbuf) -> [u8; 128] {
-    let (addr, _) = buf.data();
-    let mut h = [0u8; 128];
-    // SAFETY: the header is the 128 live bytes before the data area; `h` holds 128 bytes.
+/// `len` bytes of device memory at `addr`, read by the block source itself.
+fn device_bytes(pool: &Pool, addr: usize, len: usize) -> Vec<u8> {
+    let mut out = vec![0u8; len];
+    // SAFETY: callers pass live device bytes of the buffer; `out` holds `len` bytes.
     unsafe {
         pool.source()
             .memcpy(
-                h.as_mut_ptr() as usize,
-                128,
-                addr - HEADER_LEN as usize,
-                128,
+                out.as_mut_ptr() as usize,
+                len as u64,
+                addr,
+                len as u64,
                 MemcpyKind::DeviceToHost,
             )
             .unwrap();
     }
-    h
+    out
 }
 
 #[test]
@@ -90,30 +89,17 @@ fn buffers_carry_data_length_and_user_data_and_share_them_between_references() {
         assert_eq!(copy.write(0, &[]), past(0, 0, size));
         assert_eq!(copy.read(size, &mut []), past(size, 0, size));
         assert_eq!(copy.data_len().unwrap(), size);
-        assert_eq!(header(&pool, &copy), {
-            let mut h = [0u8; 128];
-            h[..8].copy_from_slice(b"APMBUF01");
-            h[8..16].copy_from_slice(&size.to_le_bytes());
-            h[16..24].copy_from_slice(&size.to_le_bytes());
-            h[24] = u8::from(kind == MbufKind::Dvpp);
-            h[32..48].fill(1);
-            h[112..128].fill(2);
-            h
-        });
-        let mut end = [0u8; 5];
-        // SAFETY: the last 5 bytes of the live data area; `end` holds 5 bytes.
-        unsafe {
-            pool.source()
-                .memcpy(
-                    end.as_mut_ptr() as usize,
-                    5,
-                    addr + size as usize - 5,
-                    5,
-                    MemcpyKind::DeviceToHost,
-                )
-                .unwrap();
-        }
-        assert_eq!(&end, b"frame", "the data area starts where data() says");
+        // The header, as the device holds it, is the 128 bytes before the data.
+        let mut header = [0u8; 128];
+        header[..8].copy_from_slice(b"APMBUF01");
+        header[8..16].copy_from_slice(&size.to_le_bytes());
+        header[16..24].copy_from_slice(&size.to_le_bytes());
+        header[24] = u8::from(kind == MbufKind::Dvpp);
+        header[32..48].fill(1);
+        header[112..128].fill(2);
+        assert_eq!(device_bytes(&pool, addr - HEADER_LEN as usize, 128), header);
+        let last = device_bytes(&pool, addr + size as usize - 5, 5);
+        assert_eq!(last, b"frame", "the data area starts where data() says");
         drop(copy);
         assert_eq!(pool.stats(mem).live_regions, 0);
     }

@@ -9,12 +9,15 @@ pub fn serial() -> MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// The name the simulator gives its memory objects.
+const OBJECT_NAME: &str = "ascend-pool-sim-physical";
+
 /// Memory objects (memfds) of the simulator open in this process.
 pub fn memory_objects() -> usize {
     std::fs::read_dir("/proc/self/fd")
         .unwrap()
         .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
-        .filter(|t| t.to_string_lossy().contains("ascend-pool-sim-physical"))
+        .filter(|t| t.to_string_lossy().contains(OBJECT_NAME))
         .count()
 }
 
@@ -24,6 +27,6 @@ pub fn mapped_objects() -> usize {
     std::fs::read_to_string("/proc/self/maps")
         .unwrap()
         .lines()
-        .filter(|l| l.contains("ascend-pool-sim-physical"))
+        .filter(|l| l.contains(OBJECT_NAME))
         .count()
 }
