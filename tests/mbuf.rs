@@ -1,36 +1,20 @@
 //! Shared buffers carved from a pool: data, valid length, user data, references, and the
 //! bounds every call checks.
 
+#[path = "common/device.rs"]
+mod common_device;
+
 use std::sync::Arc;
 
 use ascend_pool::mbuf::{Mbuf, MbufKind, HEADER_LEN};
 use ascend_pool::share::Access;
 use ascend_pool::source::sim::{SimConfig, SimSource};
 use ascend_pool::source::vmm::{VmmConfig, VmmSource};
-use ascend_pool::source::MemcpyKind;
 use ascend_pool::{Error, MemKind, Pool, PoolConfig};
 
 fn pool() -> Arc<Pool> {
     let sim = SimSource::new(SimConfig::default().with_device_capacity(256 << 20)).unwrap();
     Arc::new(Pool::new(Arc::new(sim), PoolConfig::default()).unwrap())
-}
-
-/// `len` bytes of device memory at `addr`, read by the block source itself.
-fn device_bytes(pool: &Pool, addr: usize, len: usize) -> Vec<u8> {
-    let mut out = vec![0u8; len];
-    // SAFETY: callers pass live device bytes of the buffer; `out` holds `len` bytes.
-    unsafe {
-        pool.source()
-            .memcpy(
-                out.as_mut_ptr() as usize,
-                len as u64,
-                addr,
-                len as u64,
-                MemcpyKind::DeviceToHost,
-            )
-            .unwrap();
-    }
-    out
 }
 
 #[test]
@@ -97,8 +81,11 @@ fn buffers_carry_data_length_and_user_data_and_share_them_between_references() {
         header[24] = u8::from(kind == MbufKind::Dvpp);
         header[32..48].fill(1);
         header[112..128].fill(2);
-        assert_eq!(device_bytes(&pool, addr - HEADER_LEN as usize, 128), header);
-        let last = device_bytes(&pool, addr + size as usize - 5, 5);
+        assert_eq!(
+            common_device::read(pool.source().as_ref(), addr - HEADER_LEN as usize, 128),
+            header
+        );
+        let last = common_device::read(pool.source().as_ref(), addr + size as usize - 5, 5);
         assert_eq!(last, b"frame", "the data area starts where data() says");
         drop(copy);
         assert_eq!(pool.stats(mem).live_regions, 0);

@@ -7,6 +7,9 @@ use ascend_pool::source::sim::{AclFunc, Fault, SimConfig, SimSource};
 use ascend_pool::source::{Block, BlockSource, MemcpyKind};
 use ascend_pool::{AclError, Error, MallocPolicy, MemKind};
 
+#[path = "common/device.rs"]
+mod common_device;
+
 #[path = "common/cases.rs"]
 mod cases;
 use cases::cases;
@@ -20,22 +23,7 @@ fn err<T: std::fmt::Debug>(r: ascend_pool::Result<T>) -> (&'static str, AclError
     }
 }
 
-/// Reads `len` bytes of simulator memory through `aclrtMemcpy`.
-fn read(sim: &SimSource, addr: usize, len: usize) -> Vec<u8> {
-    let mut out = vec![0u8; len];
-    // SAFETY: `out` is `len` writable bytes; the device side is checked by the simulator.
-    unsafe {
-        sim.memcpy(
-            out.as_mut_ptr() as usize,
-            len as u64,
-            addr,
-            len as u64,
-            MemcpyKind::DeviceToHost,
-        )
-        .unwrap();
-    }
-    out
-}
+use common_device::read;
 
 #[test]
 fn every_kind_is_aligned_and_rounded() {

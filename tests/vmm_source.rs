@@ -3,6 +3,9 @@
 //!
 //! Tests that count memory objects hold `serial()`, so counts of other tests do not mix in.
 
+#[path = "common/device.rs"]
+mod common_device;
+
 #[path = "common/memfd.rs"]
 mod common_memfd;
 
@@ -34,35 +37,7 @@ fn used(sim: &SimSource) -> u64 {
     total - free
 }
 
-fn write(src: &dyn BlockSource, addr: usize, data: &[u8]) {
-    // SAFETY: callers pass ranges of device memory that is mapped and otherwise unused.
-    unsafe {
-        src.memcpy(
-            addr,
-            data.len() as u64,
-            data.as_ptr() as usize,
-            data.len() as u64,
-            MemcpyKind::HostToDevice,
-        )
-        .unwrap()
-    }
-}
-
-fn read(src: &dyn BlockSource, addr: usize, len: usize) -> Vec<u8> {
-    let mut out = vec![0u8; len];
-    // SAFETY: as in `write`; `out` is `len` bytes.
-    unsafe {
-        src.memcpy(
-            out.as_mut_ptr() as usize,
-            len as u64,
-            addr,
-            len as u64,
-            MemcpyKind::DeviceToHost,
-        )
-        .unwrap()
-    }
-    out
-}
+use common_device::{read, write};
 
 #[test]
 fn vmm_calls_follow_the_documented_rules() {
