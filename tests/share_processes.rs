@@ -4,6 +4,9 @@
 //! unless `ASCEND_POOL_SHARE_ROLE` names a role. Parent and child talk in lines over the
 //! child's stdin and stdout; the child's protocol lines start with `@@`.
 
+#[path = "common/device.rs"]
+mod common_device;
+
 #[path = "common/memfd.rs"]
 mod common_memfd;
 
@@ -20,7 +23,7 @@ use ascend_pool::share::{Access, ShareDescriptor, SharedMapping, SharedPiece};
 use ascend_pool::source::acl::AclSource;
 use ascend_pool::source::sim::{AclFunc, Fault, SimConfig, SimSource};
 use ascend_pool::source::vmm::{VmmConfig, VmmRuntime, VmmSource};
-use ascend_pool::source::{BlockSource, MemcpyKind};
+use ascend_pool::source::BlockSource;
 use ascend_pool::{AclError, Error, MemKind, Pool, PoolConfig, Region};
 
 const ROLE: &str = "ASCEND_POOL_SHARE_ROLE";
@@ -583,18 +586,8 @@ fn child_process() {
             let desc = ShareDescriptor::from_json(parts.next().unwrap()).unwrap();
             let mapping = SharedMapping::open(Arc::clone(&acl), 0, &desc).unwrap();
             let local = mapping.translate(addr).unwrap();
-            let mut data = vec![0u8; len];
-            // SAFETY: `local..local + len` lies in the mapping, which is open.
-            unsafe {
-                acl.memcpy(
-                    data.as_mut_ptr() as usize,
-                    len as u64,
-                    local,
-                    len as u64,
-                    ascend_pool::source::MemcpyKind::DeviceToHost,
-                )
-                .unwrap();
-            }
+            // `local..local + len` lies in the mapping, which is open.
+            let data = common_device::read(&*acl, local, len);
             let ok = patterned(&data, 0);
             println!("@@read {}", if ok { "ok" } else { "bad" });
             mapping.close().unwrap();
@@ -709,18 +702,7 @@ fn a_mapping_translates_and_copies_only_inside_its_window() {
     assert_eq!(m.len(), 1000);
     assert!(format!("{m:?}").starts_with("SharedMapping"));
     // The runtime reads the region's first bytes at the mapping's address.
-    let mut first = [0u8; 16];
-    // SAFETY: `first` holds 16 bytes; the mapping's first 16 bytes are mapped and published.
-    unsafe {
-        sim.memcpy(
-            first.as_mut_ptr() as usize,
-            16,
-            m.addr(),
-            16,
-            MemcpyKind::DeviceToHost,
-        )
-        .unwrap();
-    }
+    let first = common_device::read(&*sim, m.addr(), 16);
     assert!(patterned(&first, 0));
     assert_eq!(m.translate(region.addr()), Some(m.addr()));
     assert_eq!(m.translate(region.addr() + 999), Some(m.addr() + 999));
