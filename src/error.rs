@@ -331,4 +331,166 @@ mod tests {
         assert_eq!(AclError::check(100_000), Err(AclError::INVALID_PARAM));
         assert!(format!("{}", AclError(207_018)).contains("DEVICE_OOM"));
     }
+
+    /// Each constant's documented name is `ACL_ERROR_` and the constant's own name, so a
+    /// log line names the code the AscendCL documents list under it.
+    #[test]
+    fn every_constant_has_its_documented_name() {
+        macro_rules! named {
+            ($($c:ident),+) => {$(
+                assert_eq!(
+                    AclError::$c.name(),
+                    Some(concat!("ACL_ERROR_", stringify!($c))),
+                    "{}",
+                    AclError::$c.0
+                );
+                assert_eq!(
+                    AclError::$c.to_string(),
+                    format!("ACL_ERROR_{} ({})", stringify!($c), AclError::$c.0)
+                );
+            )+};
+        }
+        named!(
+            INVALID_PARAM,
+            BAD_ALLOC,
+            MEMORY_ADDRESS_UNALIGNED,
+            STORAGE_OVER_LIMIT,
+            INTERNAL_ERROR,
+            FAILURE,
+            RT_FAILURE,
+            DRV_FAILURE,
+            RT_PARAM_INVALID,
+            RT_ADDR_UNALIGNED,
+            RT_INVALID_HANDLE,
+            RT_INVALID_MALLOC_TYPE,
+            RT_FEATURE_NOT_SUPPORT,
+            RT_MEMORY_ALLOCATION,
+            RT_MEMORY_FREE,
+            RT_DEVICE_OOM,
+            RT_DEVICE_MEM_ERROR
+        );
+        assert_eq!(AclError::SUCCESS.name(), Some("ACL_SUCCESS"));
+        assert_eq!(AclError(-1).to_string(), "aclError -1");
+    }
+
+    /// Every variant says what happened in words and carries its figures into the message.
+    #[test]
+    fn every_error_reads_with_its_figures() {
+        let kind = MemKind::Device(crate::kind::MallocPolicy::HugeFirst);
+        let cases: Vec<(Error, &[&str])> = vec![
+            (
+                Error::Runtime {
+                    func: "aclrtMalloc",
+                    code: AclError::RT_DEVICE_OOM,
+                },
+                &["aclrtMalloc failed", "ACL_ERROR_RT_DEVICE_OOM (207018)"],
+            ),
+            (
+                Error::OutOfMemory {
+                    kind,
+                    requested: 11,
+                    reserved: 22,
+                    in_use: 33,
+                    largest_free: 44,
+                    source: Some(AclError::RT_MEMORY_ALLOCATION),
+                },
+                &[
+                    "requested 11",
+                    "reserved 22",
+                    "in use 33",
+                    "range 44",
+                    "207001",
+                ],
+            ),
+            (
+                Error::LimitExceeded {
+                    kind,
+                    requested: 5,
+                    limit: 6,
+                    reserved: 7,
+                },
+                &["limit 6", "requested 5", "reserved 7"],
+            ),
+            (Error::ForeignHandle, &["not issued by this pool"]),
+            (Error::AlreadyFreed, &["already freed"]),
+            (
+                Error::OutOfBounds {
+                    offset: 3,
+                    len: 4,
+                    capacity: 5,
+                },
+                &["3..3+4", "5 bytes"],
+            ),
+            (
+                Error::Misaligned {
+                    addr: 0x41,
+                    required: 64,
+                },
+                &["0x41", "64-byte"],
+            ),
+            (
+                Error::WrongKind {
+                    expected: "DVPP",
+                    got: kind,
+                },
+                &["expected DVPP memory, got"],
+            ),
+            (
+                Error::NotSupported {
+                    func: "aclrtMapMem",
+                },
+                &["aclrtMapMem is not supported"],
+            ),
+            (Error::Config("x".into()), &["bad configuration: x"]),
+            (
+                Error::LibraryLoad {
+                    library: "libascendcl.so".into(),
+                    reason: "not found".into(),
+                },
+                &["cannot load libascendcl.so: not found"],
+            ),
+            (
+                Error::from(crate::align::CarveRuleError::LengthOverflow { len: 77 }),
+                &["77"],
+            ),
+            (
+                Error::Corruption {
+                    kind,
+                    offset: 128,
+                    len: 9,
+                    first_bad: 12,
+                },
+                &["offset 128", "len 9", "byte 12"],
+            ),
+            (Error::Invalid("y".into()), &["invariant violated: y"]),
+            (
+                Error::ShareRefused {
+                    handle: 0xab,
+                    pid: 9,
+                },
+                &["process 9", "0xab"],
+            ),
+            (Error::ShareGone { handle: 0xcd }, &["0xcd", "not exported"]),
+            (
+                Error::ShareAccessFixed {
+                    handle: 0xef,
+                    any_process: true,
+                },
+                &["0xef", "to any process"],
+            ),
+            (
+                Error::ShareAccessFixed {
+                    handle: 0xef,
+                    any_process: false,
+                },
+                &["whitelisted processes only"],
+            ),
+        ];
+        for (e, parts) in cases {
+            let text = e.to_string();
+            for part in parts {
+                assert!(text.contains(part), "{text:?} lacks {part:?}");
+            }
+        }
+    }
 }

@@ -323,6 +323,18 @@ mod tests {
     }
 
     #[test]
+    fn a_delayed_fault_lets_its_calls_run_then_fires_once() {
+        let mut p = FaultPlan::default();
+        p.push(Fault::after(AclFunc::MapMem, AclError::RT_DEVICE_OOM, 2));
+        assert_eq!(p.fire(AclFunc::MapMem), None);
+        assert_eq!(p.fire(AclFunc::Malloc), None);
+        assert_eq!(p.fire(AclFunc::MapMem), None);
+        assert_eq!(p.fire(AclFunc::MapMem), Some(AclError::RT_DEVICE_OOM));
+        assert!(p.is_empty());
+        assert_eq!(p.fire(AclFunc::MapMem), None);
+    }
+
+    #[test]
     fn functions_per_kind() {
         let p = MallocPolicy::Huge1gOnly;
         assert_eq!(

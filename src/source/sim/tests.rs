@@ -432,7 +432,8 @@ fn the_configuration_is_checked_and_kept() {
     assert_eq!(sim.allocation_granularity(2, false), Ok(4 << 20));
     let page = mapping::page_size() as u64;
     assert!(SimSource::new(SimConfig::default().with_vmm_granularity(page)).is_ok());
-    for bad in [0, 3 << 20, page / 2] {
+    // 2048 is below every host page size Linux has.
+    for bad in [0, 3 << 20, page / 2, 2048] {
         assert!(
             matches!(
                 SimSource::new(SimConfig::default().with_vmm_granularity(bad)),
