@@ -12,6 +12,9 @@ mod common_device;
 
 #[path = "common/cases.rs"]
 mod cases;
+
+#[path = "common/address_space.rs"]
+mod address_space;
 use cases::cases;
 
 const GIB: u64 = 1 << 30;
@@ -24,6 +27,26 @@ fn err<T: std::fmt::Debug>(r: ascend_pool::Result<T>) -> (&'static str, AclError
 }
 
 use common_device::read;
+
+/// A block maps host memory lazily and freeing it unmaps all of it: a pipeline that
+/// allocates and frees for hours keeps the same address space.
+#[test]
+fn a_freed_block_gives_back_its_address_space() {
+    let sim = SimSource::default();
+    for kind in [MemKind::DEVICE, MemKind::Dvpp, MemKind::Host] {
+        assert!(
+            address_space::in_some_try(|_| {
+                let before = address_space::mapped_bytes();
+                let b = sim.alloc_block(0, kind, GIB).unwrap();
+                let mapped = address_space::mapped_bytes() - before;
+                sim.free_block(b).unwrap();
+                let kept = address_space::mapped_bytes() - before;
+                mapped >= GIB as i64 && kept == 0
+            }),
+            "{kind}"
+        );
+    }
+}
 
 #[test]
 fn every_kind_is_aligned_and_rounded() {

@@ -9,6 +9,9 @@ mod common_device;
 #[path = "common/memfd.rs"]
 mod common_memfd;
 
+#[path = "common/address_space.rs"]
+mod address_space;
+
 use std::sync::Arc;
 
 use ascend_pool::source::sim::{AclFunc, Fault, SimConfig, SimSource};
@@ -214,6 +217,57 @@ fn vmm_calls_follow_the_documented_rules() {
     let s = sim.stats();
     assert_eq!((s.reservations, s.physical_handles, s.mappings), (0, 0, 0));
     assert_eq!(memory_objects(), objects);
+}
+
+/// A reservation takes its own length of address space and no more, wherever it lands:
+/// what was mapped to align it is given back at once, and releasing it gives back the rest.
+#[test]
+fn a_reservation_takes_only_its_own_address_space() {
+    let sim = sim(64 * MIB);
+    let len = 8 * G;
+    assert!(address_space::in_some_try(|_| {
+        let before = address_space::mapped_bytes();
+        let va = sim.reserve_mem_address(len, 1 << 30, 0, 0).unwrap();
+        let reserved = address_space::mapped_bytes() - before;
+        assert_eq!(va % (1 << 30), 0);
+        sim.release_mem_address(va).unwrap();
+        let released = address_space::mapped_bytes() - before;
+        (reserved, released) == (len as i64, 0)
+    }));
+}
+
+/// `aclrtReserveMemAddress` lands at the address asked for when it is free and aligned,
+/// and elsewhere (aligned) when it is not.
+#[test]
+fn a_reservation_lands_where_asked_when_it_can() {
+    let sim = sim(64 * MIB);
+    let align = G;
+    // The bottom of a range just given back: free, and not where the kernel would place a
+    // reservation of its own choice (the top of the free range). Another thread of this
+    // binary may map something there meanwhile, so try a few times.
+    let landed = address_space::in_some_try(|_| {
+        let room = sim.reserve_mem_address(64 * G, align, 0, 0).unwrap();
+        sim.release_mem_address(room).unwrap();
+        let va = sim.reserve_mem_address(4 * G, align, room, 0).unwrap();
+        sim.release_mem_address(va).unwrap();
+        va == room
+    });
+    assert!(landed, "a free, aligned address asked for was not used");
+    // Taken: the second reservation goes elsewhere, still aligned.
+    let va = sim.reserve_mem_address(4 * G, align, 0, 0).unwrap();
+    let other = sim.reserve_mem_address(4 * G, align, va, 0).unwrap();
+    assert_ne!(other, va);
+    assert_eq!(other % align as usize, 0);
+    // Misaligned: not used even where it is free.
+    let room = sim.reserve_mem_address(64 * G, align, 0, 0).unwrap();
+    sim.release_mem_address(room).unwrap();
+    let third = sim
+        .reserve_mem_address(4 * G, align, room + 4096, 0)
+        .unwrap();
+    assert_eq!(third % align as usize, 0);
+    for v in [va, other, third] {
+        sim.release_mem_address(v).unwrap();
+    }
 }
 
 #[test]
