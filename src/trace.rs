@@ -1552,6 +1552,160 @@ mod tests {
         assert_eq!(r.errors().get(RejectKind::UnknownId), 1);
     }
 
+    /// The reader's own counts: lines (blank ones too), bytes, and per kind the valid
+    /// events and live and peak bytes; the rejections by category, as listed and as JSON.
+    #[test]
+    fn the_reader_counts_lines_bytes_events_and_rejections() {
+        let text = r#"{"op":"alloc","id":1,"size":100,"mem":"device"}
+
+{"op":"alloc","id":2,"size":10,"mem":"host"}
+{"op":"free","id":1}
+not json
+{"op":"free","id":7}
+{"op":"free","id":8}
+{"op":"alloc","id":3,"size":1,"mem":"device"}
+"#;
+        let mut r = TraceReader::new(text.as_bytes(), TraceConfig::default());
+        while let Some(i) = r.next_item() {
+            i.unwrap();
+        }
+        assert_eq!((r.lines(), r.bytes_read()), (8, text.len() as u64));
+        assert_eq!(r.live_count(), 2);
+        let device = r.kind_stats()[MemKind::DEVICE.index()];
+        assert_eq!(
+            device,
+            KindStats {
+                allocs: 2,
+                frees: 1,
+                live_requested: 1,
+                live_required: 64,
+                peak_requested: 100,
+                peak_required: 192,
+            }
+        );
+        let host = r.kind_stats()[MemKind::Host.index()];
+        assert_eq!((host.allocs, host.frees, host.live_required), (1, 0, 64));
+        let errors = *r.errors();
+        assert_eq!(
+            errors.nonzero().collect::<Vec<_>>(),
+            [(RejectKind::Malformed, 1), (RejectKind::UnknownId, 2)]
+        );
+        let json = serde_json::to_value(errors).unwrap();
+        assert_eq!(json.as_object().unwrap().len(), RejectKind::ALL.len() + 1);
+        assert_eq!(
+            (json["unknown_id"].as_u64(), json["total"].as_u64()),
+            (Some(2), Some(3))
+        );
+        assert_eq!(json["double_free"].as_u64(), Some(0));
+        // A backend's rejections add to the reader's.
+        let mut all = errors;
+        let mut backend = ErrorCounts::default();
+        backend.add(RejectKind::OutOfMemory);
+        backend.add(RejectKind::UnknownId);
+        all.merge(&backend);
+        assert_eq!(
+            all.nonzero().collect::<Vec<_>>(),
+            [
+                (RejectKind::Malformed, 1),
+                (RejectKind::UnknownId, 3),
+                (RejectKind::OutOfMemory, 1)
+            ]
+        );
+        for k in RejectKind::ALL {
+            assert_eq!(k.to_string(), k.name());
+        }
+    }
+
+    /// An allocation fits the device when its footprint does, up to the last byte.
+    #[test]
+    fn a_footprint_of_exactly_the_device_size_fits() {
+        let config = TraceConfig {
+            device_size: 1 << 20,
+            ..TraceConfig::default()
+        };
+        let host = |size: u64| validate_alloc(1, size, "host", None, &config);
+        assert!(
+            matches!(host((1 << 20) - 32), Ok(TraceOp::Alloc { footprint, .. }) if footprint == 1 << 20)
+        );
+        for size in [(1 << 20) - 31, 1 << 20, (1 << 20) + 1] {
+            assert_eq!(host(size), Err(RejectKind::SizeTooLarge), "{size}");
+        }
+    }
+
+    /// A read interrupted by a signal is retried: the line after it is read whole. (std's
+    /// readers retry inside `read_until`; an input of the caller's own may not.)
+    #[test]
+    fn an_interrupted_read_is_retried() {
+        struct Interrupted<'a> {
+            once: bool,
+            kind: io::ErrorKind,
+            rest: &'a [u8],
+        }
+        impl io::Read for Interrupted<'_> {
+            fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+                self.rest.read(buf)
+            }
+        }
+        impl BufRead for Interrupted<'_> {
+            fn fill_buf(&mut self) -> io::Result<&[u8]> {
+                self.rest.fill_buf()
+            }
+            fn consume(&mut self, n: usize) {
+                self.rest.consume(n)
+            }
+            fn read_until(&mut self, byte: u8, buf: &mut Vec<u8>) -> io::Result<usize> {
+                if std::mem::take(&mut self.once) {
+                    return Err(self.kind.into());
+                }
+                self.rest.read_until(byte, buf)
+            }
+        }
+        let line = br#"{"op":"alloc","id":1,"size":1,"mem":"host"}"#;
+        let input = |kind| Interrupted {
+            once: true,
+            kind,
+            rest: line,
+        };
+        let mut r = TraceReader::new(input(io::ErrorKind::Interrupted), TraceConfig::default());
+        assert!(matches!(
+            r.next_item(),
+            Some(Ok(TraceItem::Op(TraceOp::Alloc { id: 1, .. })))
+        ));
+        assert!(r.next_item().is_none());
+        assert_eq!(r.lines(), 1);
+        // Any other error is the caller's to see, and reading may go on after it.
+        let mut r = TraceReader::new(input(io::ErrorKind::BrokenPipe), TraceConfig::default());
+        assert!(matches!(r.next_item(), Some(Err(e)) if e.kind() == io::ErrorKind::BrokenPipe));
+        assert!(matches!(r.next_item(), Some(Ok(TraceItem::Op(_)))));
+    }
+
+    /// A kind's live bytes stay within its share of `u64::MAX`, however large the device.
+    #[test]
+    fn live_bytes_past_a_kinds_share_are_refused() {
+        let config = TraceConfig {
+            device_size: u64::MAX,
+            ..TraceConfig::default()
+        };
+        let half = LIVE_BYTES_PER_KIND_MAX / 2;
+        let text = format!(
+            "{{\"op\":\"alloc\",\"id\":1,\"size\":{half},\"mem\":\"host\"}}\n\
+             {{\"op\":\"alloc\",\"id\":2,\"size\":{half},\"mem\":\"host\"}}\n\
+             {{\"op\":\"alloc\",\"id\":3,\"size\":{half},\"mem\":\"dvpp\"}}\n"
+        );
+        let mut r = TraceReader::new(text.as_bytes(), config);
+        let mut kinds = Vec::new();
+        while let Some(i) = r.next_item() {
+            kinds.push(match i.unwrap() {
+                TraceItem::Op(_) => None,
+                TraceItem::Rejected(j) => Some(j.kind),
+            });
+        }
+        // The second host allocation would pass the share with its padding; another kind
+        // has a share of its own.
+        assert_eq!(kinds, [None, Some(RejectKind::SizeTooLarge), None]);
+        assert_eq!(r.kind_stats()[MemKind::Host.index()].allocs, 1);
+    }
+
     #[test]
     fn peaks_by_hand() {
         // host: 1 -> 64, 100 -> 192; dvpp (128): 1 -> 128; device align 256: 1 -> 256.
@@ -1578,7 +1732,17 @@ mod tests {
         // Bump never reuses: host 64 + 192 + 64 = 320.
         assert_eq!(r.peak_reserved_bytes, 320 + 128 + 256);
         assert_eq!(r.backend_alloc_calls, 3);
+        assert_eq!((r.backend_free_calls, r.source_calls.free), (0, 0));
         assert_eq!(r.live_at_end, 4);
+        // A range that gives nothing back holds its high water all along.
+        let config = TraceConfig {
+            timeline: true,
+            ..TraceConfig::default()
+        };
+        let r = replay(text.as_bytes(), config, &BumpFactory, |_| {}).unwrap();
+        assert_eq!(r.backend, "bump");
+        let reserved: Vec<u64> = r.timeline.iter().map(|p| p.reserved).collect();
+        assert_eq!(reserved, [64, 256, 256, 384, 640, 704]);
     }
 
     #[test]
@@ -1648,6 +1812,193 @@ mod tests {
         // The honest bump replayer passes.
         let r = replay(text.as_bytes(), config, &BumpFactory, |_| {}).unwrap();
         assert!(r.invariant_errors.is_empty());
+    }
+
+    /// The placement check at its edges: a segment may end at the capacity and touch its
+    /// neighbours, a freed one leaves no trace, and past ten problems the rest are counted.
+    #[test]
+    fn placement_check_edges_and_its_count_of_problems() {
+        let host = MemKind::Host;
+        let mut c = PlacementCheck::default();
+        c.alloc(host, 64, 64, 64, Some(192));
+        c.alloc(host, 128, 64, 64, Some(192)); // touches 64..128, ends at the capacity
+        c.alloc(host, 0, 64, 64, Some(192)); // touches 64..128 from below
+        c.free(host, 64);
+        c.alloc(host, 64, 64, 64, Some(192)); // where a freed one was
+        assert!(c.problems.is_empty(), "{:?}", c.problems);
+        c.alloc(host, 192, 64, 64, Some(192));
+        assert_eq!(c.problems, ["host: 192..256 passes the capacity 192"]);
+        let hw = |h: u64| {
+            let mut ranges: [Option<Liar>; KIND_COUNT] = Default::default();
+            ranges[host.index()] = Some(Liar);
+            let mut c = PlacementCheck::default();
+            c.alloc(host, 0, h, 64, None);
+            c.finish(&ranges)
+        };
+        // The liar's high water is 1: enough for a segment that ends at 1, not at 2.
+        assert!(hw(1).is_empty());
+        assert_eq!(hw(2), ["host: high water 1 is below the highest end 2"]);
+        // Thirteen problems (twelve starts, then a range that never existed has a high
+        // water of 0): ten kept, the other three counted.
+        let mut c = PlacementCheck::default();
+        for i in 0..12 {
+            c.alloc(host, i * 64 + 1, 64, 64, None);
+        }
+        let ranges: [Option<Liar>; KIND_COUNT] = Default::default();
+        let problems = c.finish(&ranges);
+        assert_eq!(problems.len(), 11);
+        assert_eq!(problems[0], "host: offset 1 is not 64-aligned");
+        assert_eq!(problems[10], "... and 3 more placement problems");
+    }
+
+    /// A range that can hold nothing: every allocation runs out of memory.
+    struct Full;
+    impl RangeReplayer for Full {
+        type Token = ();
+        fn alloc(&mut self, _len: u64, _rule: CarveRule) -> Option<(u64, ())> {
+            None
+        }
+        fn free(&mut self, _token: ()) {}
+        fn high_water(&self) -> u64 {
+            0
+        }
+    }
+    struct FullFactory;
+    impl ReplayerFactory for FullFactory {
+        type Replayer = Full;
+        fn name(&self) -> &str {
+            "full"
+        }
+        fn new_range(&self, _kind: MemKind, _capacity: u64) -> Result<Full, String> {
+            Ok(Full)
+        }
+    }
+
+    /// A kind whose every allocation was refused still has its line in the report: it
+    /// reserved nothing, but the trace asked for it.
+    #[test]
+    fn a_kind_that_got_nothing_is_still_reported() {
+        let text = r#"{"op":"alloc","id":1,"size":1,"mem":"dvpp"}"#;
+        let r = replay(
+            text.as_bytes(),
+            TraceConfig::default(),
+            &FullFactory,
+            |_| {},
+        )
+        .unwrap();
+        assert_eq!(r.errors.get(RejectKind::OutOfMemory), 1);
+        assert_eq!(r.per_kind.len(), 1);
+        let k = r.per_kind[0];
+        assert_eq!((k.mem, k.allocs, k.peak_reserved_bytes), ("dvpp", 1, 0));
+    }
+
+    /// `progress` hears of the bytes read every 8,192 valid events, then once at the end.
+    #[test]
+    fn progress_is_reported_along_the_way() {
+        let line =
+            |i: u64| format!("{{\"op\":\"alloc\",\"id\":{i},\"size\":1,\"mem\":\"host\"}}\n");
+        let text: String = (0..2 * 8192 + 5).map(line).collect();
+        let mut seen = Vec::new();
+        replay(text.as_bytes(), TraceConfig::default(), &BumpFactory, |b| {
+            seen.push(b)
+        })
+        .unwrap();
+        let at = |ops: u64| (0..ops).map(|i| line(i).len() as u64).sum::<u64>();
+        assert_eq!(seen, [at(8192), at(2 * 8192), text.len() as u64]);
+    }
+
+    /// The trace's fullest moment is the first event that reaches the largest live total.
+    #[test]
+    fn the_fullest_moment_is_the_first_at_the_peak() {
+        let text = r#"{"op":"alloc","id":1,"size":1,"mem":"host"}
+{"op":"alloc","id":2,"size":1,"mem":"host"}
+{"op":"free","id":1}
+{"op":"alloc","id":3,"size":1,"mem":"host"}
+"#;
+        assert_eq!(
+            fullest_op(text.as_bytes(), TraceConfig::default()).unwrap(),
+            Some(2)
+        );
+        assert_eq!(
+            fullest_op(&b"\n"[..], TraceConfig::default()).unwrap(),
+            None
+        );
+    }
+
+    /// The engine replayer: named by its range tier, one engine per range rounded down to
+    /// whole 64-byte units, and a free the engine refuses reported by `validate`.
+    #[test]
+    fn engine_replayer_names_capacity_and_refused_frees() {
+        let buddy = EngineFactory {
+            config: crate::engine::EngineConfig {
+                range: crate::engine::RangeTier::Buddy,
+                ..Default::default()
+            },
+        };
+        assert_eq!(EngineFactory::default().name(), "ascend-pool");
+        assert_eq!(buddy.name(), "ascend-pool (buddy tier)");
+        let mut r = EngineFactory::default()
+            .new_range(MemKind::Host, 100_000)
+            .unwrap();
+        assert_eq!(r.engine().capacity(), 99_968);
+        let (_, a) = r.alloc(100, MemKind::Host.carve_rule()).unwrap();
+        r.free(a);
+        r.validate().unwrap();
+        r.free(a);
+        assert_eq!(r.validate(), Err("1 frees were refused".to_string()));
+    }
+
+    /// The locked engine frees into the engine it came from, and reports refused frees.
+    #[test]
+    fn locked_engine_replayer_reuses_what_it_frees() {
+        let f = LockedEngineFactory::default();
+        assert_eq!(f.name(), "ascend-pool (locked)");
+        let mut r = f.new_range(MemKind::Host, 1 << 20).unwrap();
+        let rule = MemKind::Host.carve_rule();
+        let (at, a) = r.alloc(1000, rule).unwrap();
+        r.free(a.clone());
+        let (again, b) = r.alloc(1000, rule).unwrap();
+        assert_eq!(again, at);
+        r.free(b);
+        r.validate().unwrap();
+        r.free(a);
+        assert_eq!(r.validate(), Err("1 frees were refused".to_string()));
+    }
+
+    /// The pool replays over either block source with every check passing: the pool's
+    /// own, its source calls against the simulator's, or its device bytes against the
+    /// virtual-memory source's. A free the pool refuses fails the check.
+    #[test]
+    fn pool_ranges_over_either_source_pass_their_checks() {
+        let text = r#"{"op":"alloc","id":1,"size":5000000,"mem":"device"}
+{"op":"alloc","id":2,"size":100,"mem":"dvpp"}
+{"op":"free","id":1}
+{"op":"alloc","id":3,"size":3000,"mem":"device"}
+"#;
+        let config = crate::pool::PoolConfig::default().with_thread_cache(0);
+        for (source, name) in [(ReplaySource::Sim, "sim"), (ReplaySource::Vmm, "vmm")] {
+            assert_eq!(source.name(), name);
+            let f = PoolFactory::new(config.clone(), 1 << 30)
+                .unwrap()
+                .with_source(source);
+            assert_eq!(f.source(), source);
+            assert_eq!(f.pool_config().thread_cache, 0);
+            let r = replay(text.as_bytes(), TraceConfig::default(), &f, |_| {}).unwrap();
+            assert!(
+                r.invariant_errors.is_empty(),
+                "{name}: {:?}",
+                r.invariant_errors
+            );
+            assert_eq!(r.errors.total(), 0);
+            // A segment freed twice: the pool refuses the second free, and says so.
+            f.start_replay();
+            let mut range = f.new_range(MemKind::Host, 1 << 30).unwrap();
+            let (_, seg) = range.alloc(64, MemKind::Host.carve_rule()).unwrap();
+            range.free(seg.clone());
+            range.validate().unwrap();
+            range.free(seg);
+            assert_eq!(range.validate(), Err("1 frees were refused".to_string()));
+        }
     }
 
     #[test]
