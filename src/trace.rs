@@ -1771,28 +1771,42 @@ not json
         }
     }
 
-    /// Hands every segment out at offset 0 and under-reports its high water.
-    struct Liar;
-    impl RangeReplayer for Liar {
+    /// A replayer that places every segment at `at` (none: out of memory) and reports a
+    /// fixed high water, whatever happens.
+    #[derive(Clone, Copy)]
+    struct Fixed {
+        at: Option<u64>,
+        high_water: u64,
+    }
+    impl RangeReplayer for Fixed {
         type Token = ();
         fn alloc(&mut self, _len: u64, _rule: CarveRule) -> Option<(u64, ())> {
-            Some((64, ()))
+            self.at.map(|at| (at, ()))
         }
         fn free(&mut self, _token: ()) {}
         fn high_water(&self) -> u64 {
-            1
+            self.high_water
         }
     }
-    struct LiarFactory;
-    impl ReplayerFactory for LiarFactory {
-        type Replayer = Liar;
+    impl ReplayerFactory for Fixed {
+        type Replayer = Fixed;
         fn name(&self) -> &str {
-            "liar"
+            "fixed"
         }
-        fn new_range(&self, _kind: MemKind, _capacity: u64) -> Result<Liar, String> {
-            Ok(Liar)
+        fn new_range(&self, _kind: MemKind, _capacity: u64) -> Result<Fixed, String> {
+            Ok(*self)
         }
     }
+    /// Hands every segment out at offset 64 and under-reports its high water.
+    const LIAR: Fixed = Fixed {
+        at: Some(64),
+        high_water: 1,
+    };
+    /// Holds nothing: every allocation runs out of memory.
+    const FULL: Fixed = Fixed {
+        at: None,
+        high_water: 0,
+    };
 
     #[test]
     fn placement_check_catches_overlap_alignment_and_high_water() {
@@ -1804,7 +1818,7 @@ not json
             check_placement: true,
             ..TraceConfig::default()
         };
-        let r = replay(text.as_bytes(), config, &LiarFactory, |_| {}).unwrap();
+        let r = replay(text.as_bytes(), config, &LIAR, |_| {}).unwrap();
         let all = r.invariant_errors.join("\n");
         assert!(all.contains("host: 64..128 overlaps live 64..128"), "{all}");
         assert!(all.contains("dvpp: offset 64 is not 128-aligned"), "{all}");
@@ -1829,8 +1843,8 @@ not json
         c.alloc(host, 192, 64, 64, Some(192));
         assert_eq!(c.problems, ["host: 192..256 passes the capacity 192"]);
         let hw = |h: u64| {
-            let mut ranges: [Option<Liar>; KIND_COUNT] = Default::default();
-            ranges[host.index()] = Some(Liar);
+            let mut ranges: [Option<Fixed>; KIND_COUNT] = Default::default();
+            ranges[host.index()] = Some(LIAR);
             let mut c = PlacementCheck::default();
             c.alloc(host, 0, h, 64, None);
             c.finish(&ranges)
@@ -1844,34 +1858,11 @@ not json
         for i in 0..12 {
             c.alloc(host, i * 64 + 1, 64, 64, None);
         }
-        let ranges: [Option<Liar>; KIND_COUNT] = Default::default();
+        let ranges: [Option<Fixed>; KIND_COUNT] = Default::default();
         let problems = c.finish(&ranges);
         assert_eq!(problems.len(), 11);
         assert_eq!(problems[0], "host: offset 1 is not 64-aligned");
         assert_eq!(problems[10], "... and 3 more placement problems");
-    }
-
-    /// A range that can hold nothing: every allocation runs out of memory.
-    struct Full;
-    impl RangeReplayer for Full {
-        type Token = ();
-        fn alloc(&mut self, _len: u64, _rule: CarveRule) -> Option<(u64, ())> {
-            None
-        }
-        fn free(&mut self, _token: ()) {}
-        fn high_water(&self) -> u64 {
-            0
-        }
-    }
-    struct FullFactory;
-    impl ReplayerFactory for FullFactory {
-        type Replayer = Full;
-        fn name(&self) -> &str {
-            "full"
-        }
-        fn new_range(&self, _kind: MemKind, _capacity: u64) -> Result<Full, String> {
-            Ok(Full)
-        }
     }
 
     /// A kind whose every allocation was refused still has its line in the report: it
@@ -1879,13 +1870,7 @@ not json
     #[test]
     fn a_kind_that_got_nothing_is_still_reported() {
         let text = r#"{"op":"alloc","id":1,"size":1,"mem":"dvpp"}"#;
-        let r = replay(
-            text.as_bytes(),
-            TraceConfig::default(),
-            &FullFactory,
-            |_| {},
-        )
-        .unwrap();
+        let r = replay(text.as_bytes(), TraceConfig::default(), &FULL, |_| {}).unwrap();
         assert_eq!(r.errors.get(RejectKind::OutOfMemory), 1);
         assert_eq!(r.per_kind.len(), 1);
         let k = r.per_kind[0];
@@ -1941,8 +1926,14 @@ not json
             .new_range(MemKind::Host, 100_000)
             .unwrap();
         assert_eq!(r.engine().capacity(), 99_968);
+        refuses_a_second_free(&mut r);
+    }
+
+    /// Frees one segment twice: `validate` passes after the first free and reports the
+    /// second, which the allocator refuses.
+    fn refuses_a_second_free<R: RangeReplayer>(r: &mut R) {
         let (_, a) = r.alloc(100, MemKind::Host.carve_rule()).unwrap();
-        r.free(a);
+        r.free(a.clone());
         r.validate().unwrap();
         r.free(a);
         assert_eq!(r.validate(), Err("1 frees were refused".to_string()));
@@ -1956,13 +1947,11 @@ not json
         let mut r = f.new_range(MemKind::Host, 1 << 20).unwrap();
         let rule = MemKind::Host.carve_rule();
         let (at, a) = r.alloc(1000, rule).unwrap();
-        r.free(a.clone());
+        r.free(a);
         let (again, b) = r.alloc(1000, rule).unwrap();
         assert_eq!(again, at);
         r.free(b);
-        r.validate().unwrap();
-        r.free(a);
-        assert_eq!(r.validate(), Err("1 frees were refused".to_string()));
+        refuses_a_second_free(&mut r);
     }
 
     /// The pool replays over either block source with every check passing: the pool's
@@ -1992,12 +1981,7 @@ not json
             assert_eq!(r.errors.total(), 0);
             // A segment freed twice: the pool refuses the second free, and says so.
             f.start_replay();
-            let mut range = f.new_range(MemKind::Host, 1 << 30).unwrap();
-            let (_, seg) = range.alloc(64, MemKind::Host.carve_rule()).unwrap();
-            range.free(seg.clone());
-            range.validate().unwrap();
-            range.free(seg);
-            assert_eq!(range.validate(), Err("1 frees were refused".to_string()));
+            refuses_a_second_free(&mut f.new_range(MemKind::Host, 1 << 30).unwrap());
         }
     }
 
