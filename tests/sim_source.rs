@@ -35,7 +35,7 @@ fn a_freed_block_gives_back_its_address_space() {
     let sim = SimSource::default();
     for kind in [MemKind::DEVICE, MemKind::Dvpp, MemKind::Host] {
         assert!(
-            address_space::in_some_try(|_| {
+            address_space::in_some_try(|| {
                 let before = address_space::mapped_bytes();
                 let b = sim.alloc_block(0, kind, GIB).unwrap();
                 let mapped = address_space::mapped_bytes() - before;

@@ -225,7 +225,7 @@ fn vmm_calls_follow_the_documented_rules() {
 fn a_reservation_takes_only_its_own_address_space() {
     let sim = sim(64 * MIB);
     let len = 8 * G;
-    assert!(address_space::in_some_try(|_| {
+    assert!(address_space::in_some_try(|| {
         let before = address_space::mapped_bytes();
         let va = sim.reserve_mem_address(len, 1 << 30, 0, 0).unwrap();
         let reserved = address_space::mapped_bytes() - before;
@@ -245,7 +245,7 @@ fn a_reservation_lands_where_asked_when_it_can() {
     // The bottom of a range just given back: free, and not where the kernel would place a
     // reservation of its own choice (the top of the free range). Another thread of this
     // binary may map something there meanwhile, so try a few times.
-    let landed = address_space::in_some_try(|_| {
+    let landed = address_space::in_some_try(|| {
         let room = sim.reserve_mem_address(64 * G, align, 0, 0).unwrap();
         sim.release_mem_address(room).unwrap();
         let va = sim.reserve_mem_address(4 * G, align, room, 0).unwrap();
