@@ -15,11 +15,13 @@
 //! handles, mbuf) is optional: a missing symbol answers [`Error::NotSupported`] when used.
 //!
 //! Every non-zero `aclError` becomes [`Error::Runtime`] with the function name and the raw code.
-//! Blocks, streams, events, physical handles and mbufs are tracked, so a handle this source did
-//! not hand out (or already released) is refused before it reaches the runtime, with the code
-//! the code the simulator gives for the same mistake: [`AclError::RT_MEMORY_FREE`] for an
-//! unknown or already freed block or the wrong free function, [`AclError::INVALID_PARAM`] for
-//! a known address described with another size or device, [`AclError::RT_INVALID_HANDLE`] for handles.
+//! Blocks, streams, events, reserved ranges, mappings, physical handles and mbufs are tracked,
+//! so a handle or address this source did not hand out (or already released) is refused before
+//! it reaches the runtime, with the code the simulator gives for the same mistake:
+//! [`AclError::RT_MEMORY_FREE`] for an unknown or already freed block or the wrong free
+//! function, [`AclError::INVALID_PARAM`] for a known address described with another size or
+//! device and for an address outside this source's ranges and mappings,
+//! [`AclError::RT_INVALID_HANDLE`] for handles.
 
 pub mod sys;
 
@@ -139,6 +141,9 @@ struct Live {
     events: HashMap<usize, EventState>,
     /// Reserved virtual ranges: start -> size.
     reserved: BTreeMap<usize, usize>,
+    /// Mappings made by `map`: start -> physical handle. Each start lies in a range of
+    /// `reserved`; unmapped before the physical memory is freed when the source drops.
+    mappings: BTreeMap<usize, PhysicalHandle>,
     /// Physical allocations (from `aclrtMallocPhysical` or an import).
     physical: HashSet<usize>,
     /// Shared buffers (mbuf).
@@ -261,10 +266,7 @@ impl AclSource {
             });
         }
 
-        let dvpp_path: PathBuf = match path.parent() {
-            Some(dir) if !dir.as_os_str().is_empty() => dir.join(DVPP_LIBRARY_NAME),
-            _ => PathBuf::from(DVPP_LIBRARY_NAME),
-        };
+        let dvpp_path = dvpp_path_beside(path);
         let dvpp = (dvpp_path.as_path() != path)
             .then(|| open_api(&dvpp_path).ok())
             .flatten()
@@ -487,6 +489,14 @@ impl AclSource {
         };
         check(func, code)
     }
+}
+
+/// Where the DVPP library would be beside the runtime at `path`: in the same directory, or a
+/// bare name for the loader to search when `path` is one (its parent is then "").
+fn dvpp_path_beside(path: &Path) -> PathBuf {
+    path.parent()
+        .unwrap_or(Path::new(""))
+        .join(DVPP_LIBRARY_NAME)
 }
 
 /// Opens `path` and resolves every symbol of `include/ascend_pool_acl.h` it has.
@@ -863,8 +873,8 @@ impl BlockSource for AclSource {
 }
 
 impl Drop for AclSource {
-    /// Frees what is still live (blocks, events, streams, physical memory, mbufs), best effort,
-    /// then undoes each `aclrtSetDevice` this source made. Never calls `aclFinalize`.
+    /// Frees what is still live (blocks, events, streams, mappings, physical memory, reserved
+    /// ranges, mbufs), best effort, then undoes each `aclrtSetDevice` this source made. Never calls `aclFinalize`.
     fn drop(&mut self) {
         let live = std::mem::take(&mut *self.lock());
         for (addr, (block, freer)) in live.blocks {
@@ -885,10 +895,23 @@ impl Drop for AclSource {
                 let _ = unsafe { f(stream as sys::aclrtStream) };
             }
         }
+        // Physical memory is freed only once unmapped, and a range released only once empty.
+        if let Ok(f) = &self.api.aclrtUnmapMem {
+            for va in live.mappings.into_keys() {
+                // SAFETY: a mapping this source made, dropped from tracking above.
+                let _ = unsafe { f(va as *mut c_void) };
+            }
+        }
         if let Ok(f) = &self.api.aclrtFreePhysical {
             for handle in live.physical {
                 // SAFETY: a live physical allocation of this runtime.
                 let _ = unsafe { f(handle as sys::aclrtDrvMemHandle) };
+            }
+        }
+        if let Ok(f) = &self.api.aclrtReleaseMemAddress {
+            for va in live.reserved.into_keys() {
+                // SAFETY: a range this runtime reserved, dropped from tracking above.
+                let _ = unsafe { f(va as *mut c_void) };
             }
         }
         if let Ok(f) = &self.api.acltdtFreeBuf {
@@ -918,3 +941,23 @@ impl Drop for AclSource {
 }
 
 mod optional;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_dvpp_library_is_looked_for_beside_the_runtime() {
+        for (runtime, dvpp) in [
+            (
+                "/opt/cann/lib64/libascendcl.so",
+                "/opt/cann/lib64/libacl_dvpp.so",
+            ),
+            ("lib64/libascendcl.so", "lib64/libacl_dvpp.so"),
+            ("libascendcl.so", "libacl_dvpp.so"),
+            ("/", "libacl_dvpp.so"),
+        ] {
+            assert_eq!(dvpp_path_beside(Path::new(runtime)), Path::new(dvpp));
+        }
+    }
+}

@@ -126,7 +126,7 @@ impl AclSource {
         let func = "aclrtMapMem";
         let f = sym!(self.api, aclrtMapMem);
         let (size, offset) = (to_usize(func, size)?, to_usize(func, offset)?);
-        self.check_mapping(func, va, size, Some(handle))?;
+        self.check_mapping(func, va, size, handle)?;
         // SAFETY: `va..va+size` lies in a range this runtime reserved; `handle` is live.
         check(func, unsafe {
             f(
@@ -136,16 +136,27 @@ impl AclSource {
                 handle.0 as sys::aclrtDrvMemHandle,
                 0,
             )
-        })
+        })?;
+        self.lock().mappings.insert(va, handle);
+        Ok(())
     }
 
-    /// Unmaps what [`AclSource::map`] mapped at `va` (`aclrtUnmapMem`).
+    /// Unmaps what [`AclSource::map`] mapped at `va` (`aclrtUnmapMem`). An address where no
+    /// mapping of this source starts is refused with `ACL_ERROR_INVALID_PARAM`.
     pub fn unmap(&self, va: usize) -> Result<()> {
         let func = "aclrtUnmapMem";
         let f = sym!(self.api, aclrtUnmapMem);
-        self.check_mapping(func, va, 1, None)?;
-        // SAFETY: `va` lies in a range this runtime reserved.
-        check(func, unsafe { f(va as *mut c_void) })
+        let handle = self
+            .lock()
+            .mappings
+            .remove(&va)
+            .ok_or(refused(func, AclError::INVALID_PARAM))?;
+        // SAFETY: a mapping this source made at `va`, no longer tracked.
+        let result = check(func, unsafe { f(va as *mut c_void) });
+        if result.is_err() {
+            self.lock().mappings.insert(va, handle);
+        }
+        result
     }
 
     /// Refuses a mapping outside every reserved range, or of a handle not held.
@@ -154,7 +165,7 @@ impl AclSource {
         func: &'static str,
         va: usize,
         size: usize,
-        handle: Option<PhysicalHandle>,
+        handle: PhysicalHandle,
     ) -> Result<()> {
         let live = self.lock();
         let inside = live
@@ -165,7 +176,7 @@ impl AclSource {
         if !inside {
             return Err(refused(func, AclError::INVALID_PARAM));
         }
-        if handle.is_some_and(|h| !live.physical.contains(&h.0)) {
+        if !live.physical.contains(&handle.0) {
             return Err(refused(func, AclError::RT_INVALID_HANDLE));
         }
         Ok(())
