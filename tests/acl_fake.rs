@@ -4,18 +4,28 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Mutex;
 
 use ascend_pool::source::acl::AclSource;
-use ascend_pool::source::{Block, BlockSource, EventHandle, MemcpyKind, StreamHandle};
+use ascend_pool::source::vmm::PhysicalHandle;
+use ascend_pool::source::{Block, BlockSource, EventHandle, MemcpyKind, StreamHandle, VmmRuntime};
 use ascend_pool::{AclError, Error, MallocPolicy, MemKind};
+
+/// Held by every test that changes the environment `AclSource::load` reads.
+static ENV_LOCK: Mutex<()> = Mutex::new(());
 
 /// Builds the fake library with `flags` into its own directory and returns its path.
 fn fake_lib(name: &str, flags: &[&str]) -> PathBuf {
+    fake_lib_file(name, "libascendcl.so", flags)
+}
+
+/// Builds the fake library with `flags` as `file` in directory `name` and returns its path.
+fn fake_lib_file(name: &str, file: &str, flags: &[&str]) -> PathBuf {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
         .join("fake_acl")
         .join(name);
     std::fs::create_dir_all(&dir).unwrap();
-    let out = dir.join("libascendcl.so");
+    let out = dir.join(file);
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fake_acl/fake_acl.c");
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let status = Command::new(cc)
@@ -47,6 +57,16 @@ impl Counters {
             **sym
         }
     }
+
+    /// Writes an `int` the fake library exports.
+    fn set(&self, name: &str, value: i32) {
+        // SAFETY: the symbol is a plain `int` of the still-loaded library, and only the
+        // calling test uses this copy of the library.
+        unsafe {
+            let sym: libloading::Symbol<'_, *mut i32> = self.0.get(name.as_bytes()).unwrap();
+            **sym = value;
+        }
+    }
 }
 
 fn runtime_err(e: Error) -> (&'static str, i32) {
@@ -72,6 +92,7 @@ fn wrong_path_is_a_load_error_naming_the_path() {
 
 #[test]
 fn env_var_points_load_at_the_library() {
+    let _env = ENV_LOCK.lock().unwrap_or_else(|p| p.into_inner());
     let lib = fake_lib("env", &[]);
     std::env::set_var(ascend_pool::source::acl::LIB_ENV, &lib);
     let loaded = AclSource::load();
@@ -338,4 +359,325 @@ fn drop_frees_leftovers_and_balances_set_device() {
         counters.get("fake_reset_device_calls"),
         counters.get("fake_set_device_calls")
     );
+}
+
+/// The variables `AclSource::load` reads, saved and cleared; restored on drop.
+struct SavedEnv(Vec<(&'static str, Option<std::ffi::OsString>)>);
+
+impl SavedEnv {
+    fn clear() -> Self {
+        let vars = [
+            ascend_pool::source::acl::LIB_ENV,
+            "ASCEND_HOME_PATH",
+            "ASCEND_TOOLKIT_HOME",
+        ];
+        let saved = vars.iter().map(|v| (*v, std::env::var_os(v))).collect();
+        for v in vars {
+            std::env::remove_var(v);
+        }
+        Self(saved)
+    }
+}
+
+impl Drop for SavedEnv {
+    fn drop(&mut self) {
+        for (var, value) in &self.0 {
+            match value {
+                Some(value) => std::env::set_var(var, value),
+                None => std::env::remove_var(var),
+            }
+        }
+    }
+}
+
+#[test]
+fn load_looks_in_the_cann_homes_and_names_them_when_nothing_loads() {
+    let _env = ENV_LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    let _saved = SavedEnv::clear();
+    let lib = fake_lib("home/lib64", &[]);
+    let home = lib.parent().unwrap().parent().unwrap();
+
+    std::env::set_var("ASCEND_TOOLKIT_HOME", home);
+    assert_eq!(
+        AclSource::load().unwrap().library(),
+        lib.display().to_string()
+    );
+    // A home without the library is passed over for the next one.
+    std::env::set_var("ASCEND_HOME_PATH", "/nonexistent/cann");
+    assert_eq!(
+        AclSource::load().unwrap().library(),
+        lib.display().to_string()
+    );
+
+    std::env::remove_var("ASCEND_TOOLKIT_HOME");
+    let with_home = AclSource::load();
+    std::env::remove_var("ASCEND_HOME_PATH");
+    let bare = AclSource::load();
+    if with_home.is_ok() || bare.is_ok() {
+        // This machine has CANN on the loader path: the failures below cannot be seen here.
+        return;
+    }
+    match with_home {
+        Err(Error::LibraryLoad { library, reason }) => {
+            assert_eq!(library, "libascendcl.so");
+            assert!(
+                reason.contains("also looked for /nonexistent/cann/lib64/libascendcl.so"),
+                "{reason}"
+            );
+        }
+        other => panic!("expected LibraryLoad, got {other:?}"),
+    }
+    match bare {
+        Err(Error::LibraryLoad { library, reason }) => {
+            assert_eq!(library, "libascendcl.so");
+            assert!(!reason.contains("also looked for"), "{reason}");
+        }
+        other => panic!("expected LibraryLoad, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_dvpp_library_beside_the_runtime_serves_dvpp_memory() {
+    let main = fake_lib_file("dvpp_beside", "libascendcl.so", &["-DOMIT_DVPP"]);
+    let dvpp = fake_lib_file("dvpp_beside", "libacl_dvpp.so", &[]);
+    let (main_counters, dvpp_counters) = (Counters::open(&main), Counters::open(&dvpp));
+    let acl = AclSource::open(&main).unwrap();
+    assert_eq!(
+        acl.dvpp_library(),
+        Some(dvpp.display().to_string().as_str())
+    );
+    assert!(acl.supports("acldvppMalloc") && acl.supports("acldvppFree"));
+    // Only the DVPP functions count from the DVPP library, and only the ones it has.
+    assert!(!acl.supports("aclrtMallocAlign32"));
+    assert!(!acl.supports("aclrtMapMem"));
+    assert!(!acl.supports("no_such_function"));
+
+    let block = acl.alloc_block(0, MemKind::Dvpp, 4096).unwrap();
+    assert_eq!(block.addr % 128, 0);
+    assert_eq!(dvpp_counters.get("fake_live_allocations"), 1);
+    assert_eq!(main_counters.get("fake_live_allocations"), 0);
+    acl.free_block(block).unwrap();
+    assert_eq!(dvpp_counters.get("fake_live_allocations"), 0);
+
+    // Without one, a runtime that lacks DVPP says so.
+    let alone = fake_lib("dvpp_missing", &["-DOMIT_DVPP"]);
+    let acl = AclSource::open(&alone).unwrap();
+    assert_eq!(acl.dvpp_library(), None);
+    assert!(!acl.supports("acldvppMalloc"));
+    match acl.alloc_block(0, MemKind::Dvpp, 4096) {
+        Err(Error::NotSupported { func }) => assert_eq!(func, "acldvppMalloc"),
+        other => panic!("expected NotSupported, got {other:?}"),
+    }
+}
+
+#[test]
+fn copies_and_fills_run_on_the_device_of_the_block_they_touch() {
+    let lib = fake_lib("copy_device", &[]);
+    let counters = Counters::open(&lib);
+    let acl = AclSource::open(&lib).unwrap();
+    acl.mem_info(0, MemKind::DEVICE).unwrap(); // device 0 is now the lowest one used
+    let b3 = acl.alloc_block(3, MemKind::DEVICE, 4096).unwrap();
+    let b2 = acl.alloc_block(2, MemKind::DEVICE, 4096).unwrap();
+    assert_eq!(counters.get("fake_current_device"), 2);
+
+    // SAFETY: 16 bytes inside the live block `b3`.
+    unsafe { acl.memset(b3.addr + 100, 16, 0, 16).unwrap() };
+    assert_eq!(counters.get("fake_copy_device"), 3);
+
+    acl.mem_info(2, MemKind::DEVICE).unwrap();
+    let mut out = [0u8; 16];
+    // SAFETY: `out` is a live 16-byte buffer; the source is the last 16 bytes of `b3`.
+    unsafe {
+        acl.memcpy(
+            out.as_mut_ptr() as usize,
+            16,
+            b3.addr + 4080,
+            16,
+            MemcpyKind::DeviceToHost,
+        )
+        .unwrap();
+    }
+    assert_eq!(counters.get("fake_copy_device"), 3, "the source's device");
+
+    // The first byte past `b3` is in no block: the lowest device used so far.
+    let end = b3.addr + 4096;
+    assert!(!(b2.addr..b2.addr + 4096).contains(&end));
+    acl.mem_info(2, MemKind::DEVICE).unwrap();
+    // SAFETY: a fill of 0 bytes touches no memory.
+    unsafe { acl.memset(end, 0, 0, 0).unwrap() };
+    assert_eq!(counters.get("fake_copy_device"), 0);
+}
+
+#[test]
+fn memory_info_asks_for_the_class_of_the_kind() {
+    let lib = fake_lib("mem_attr", &[]);
+    let counters = Counters::open(&lib);
+    let acl = AclSource::open(&lib).unwrap();
+    use MallocPolicy as P;
+    // aclrtMemAttr: ACL_HBM_MEM 1, _HUGE 4, _NORMAL 5, _P2P_HUGE 8, _P2P_NORMAL 9,
+    // _HUGE1G 10, _P2P_HUGE1G 11.
+    for (kind, attr) in [
+        (MemKind::Device(P::HugeFirst), 1),
+        (MemKind::Device(P::HugeFirstP2p), 1),
+        (MemKind::Device(P::HugeOnly), 4),
+        (MemKind::Cached(P::NormalOnly), 5),
+        (MemKind::DeviceAlign32(P::HugeOnlyP2p), 8),
+        (MemKind::Device(P::NormalOnlyP2p), 9),
+        (MemKind::Device(P::Huge1gOnly), 10),
+        (MemKind::Device(P::Huge1gOnlyP2p), 11),
+        (MemKind::Dvpp, 1),
+    ] {
+        acl.mem_info(0, kind).unwrap();
+        assert_eq!(counters.get("fake_mem_attr"), attr, "{kind:?}");
+    }
+
+    // Host memory is the machine's RAM, not a runtime query.
+    counters.set("fake_mem_attr", -1);
+    let (free, total) = acl.mem_info(0, MemKind::Host).unwrap();
+    assert_eq!(counters.get("fake_mem_attr"), -1);
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let kib: u64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    let ram = kib * 1024;
+    assert!(
+        total.abs_diff(ram) <= ram / 10,
+        "total {total} against MemTotal {ram}"
+    );
+    assert!(free <= total);
+}
+
+#[test]
+fn finalize_reaches_the_runtime() {
+    let lib = fake_lib("finalize", &[]);
+    let counters = Counters::open(&lib);
+    let acl = AclSource::open(&lib).unwrap();
+    acl.finalize().unwrap();
+    assert_eq!(counters.get("fake_finalize_calls"), 1);
+}
+
+#[test]
+fn both_event_queries_read_their_own_status_values() {
+    // aclrtQueryEventStatus answers COMPLETE as 1; the older aclrtQueryEvent as 0.
+    for (name, flags) in [("query_new", &[][..]), ("query_old", &["-DOLD_QUERY"][..])] {
+        let lib = fake_lib(name, flags);
+        let counters = Counters::open(&lib);
+        let acl = AclSource::open(&lib).unwrap();
+        assert_eq!(acl.supports("aclrtQueryEvent"), name == "query_old");
+        let s = acl.create_stream(0).unwrap();
+        let e = acl.create_event(0).unwrap();
+        acl.record_event(e, s).unwrap();
+        counters.set("fake_event_done", 0);
+        assert!(!acl.query_event(e).unwrap(), "{name}: not done yet");
+        counters.set("fake_event_done", 1);
+        assert!(acl.query_event(e).unwrap(), "{name}: done");
+    }
+}
+
+#[test]
+fn debug_output_shows_the_library_and_what_is_live() {
+    let lib = fake_lib("debug", &[]);
+    let acl = AclSource::open(&lib).unwrap();
+    let _block = acl.alloc_block(0, MemKind::DEVICE, 64).unwrap();
+    let _stream = acl.create_stream(0).unwrap();
+    let shown = format!("{acl:?}");
+    assert!(shown.starts_with("AclSource"), "{shown}");
+    assert!(shown.contains(&lib.display().to_string()), "{shown}");
+    for field in ["live_blocks: 1", "streams: 1", "events: 0"] {
+        assert!(shown.contains(field), "{field} in {shown}");
+    }
+}
+
+#[test]
+fn dropping_one_source_keeps_anothers_device_current() {
+    let lib = fake_lib("two_sources", &[]);
+    let counters = Counters::open(&lib);
+    let first = AclSource::open(&lib).unwrap();
+    let second = AclSource::open(&lib).unwrap();
+    let block = first.alloc_block(0, MemKind::DEVICE, 64).unwrap();
+    first.free_block(block).unwrap();
+    let kept = second.alloc_block(0, MemKind::DEVICE, 64).unwrap();
+    drop(first);
+    let set = counters.get("fake_set_device_calls");
+    let again = second.alloc_block(0, MemKind::DEVICE, 64).unwrap();
+    assert_eq!(
+        counters.get("fake_set_device_calls"),
+        set,
+        "the second source's device was still current on this thread"
+    );
+    second.free_block(kept).unwrap();
+    second.free_block(again).unwrap();
+}
+
+#[test]
+fn mappings_outside_the_sources_reservations_never_reach_the_runtime() {
+    let lib = fake_lib("vmm", &["-DWITH_VMM"]);
+    let counters = Counters::open(&lib);
+    let acl = AclSource::open(&lib).unwrap();
+    let g = acl.allocation_granularity(0, false).unwrap();
+    assert_eq!(g, 2 << 20);
+    let g_us = g as usize;
+    let va = acl.reserve_address(0, 2 * g, 0).unwrap();
+    let h = acl.malloc_physical(0, 2 * g).unwrap();
+    acl.map(va, 2 * g, 0, h).unwrap();
+    acl.unmap(va).unwrap();
+    acl.map(va + g_us, g, 0, h).unwrap();
+    acl.unmap(va + g_us).unwrap();
+    assert_eq!(counters.get("fake_map_calls"), 2);
+
+    let invalid = |r: Result<(), Error>, what: &str| {
+        assert_eq!(
+            runtime_err(r.unwrap_err()).1,
+            AclError::INVALID_PARAM.0,
+            "{what}"
+        );
+    };
+    invalid(acl.map(va + g_us, 2 * g, 0, h), "past the end");
+    invalid(acl.map(va + 2 * g_us, 0, 0, h), "empty, at the end");
+    invalid(acl.map(va + 3 * g_us, g, 0, h), "beyond the end");
+    invalid(acl.map(va - g_us, g, 0, h), "before the start");
+    invalid(acl.unmap(va + 2 * g_us), "unmap at the end");
+    invalid(acl.unmap(va), "unmap where nothing is mapped");
+    assert_eq!(
+        runtime_err(acl.map(va, g, 0, PhysicalHandle(h.0 + 1)).unwrap_err()),
+        ("aclrtMapMem", AclError::RT_INVALID_HANDLE.0)
+    );
+    // Another source over the same runtime holds neither the range nor the handle.
+    let other = AclSource::open(&lib).unwrap();
+    let h2 = other.malloc_physical(0, g).unwrap();
+    invalid(other.map(va, g, 0, h2), "another source's range");
+    assert_eq!(counters.get("fake_map_calls"), 2);
+    assert_eq!(counters.get("fake_unmap_calls"), 2);
+
+    // The trait the virtual-memory source uses reaches the runtime too.
+    VmmRuntime::release_address(&acl, va).unwrap();
+    assert_eq!(counters.get("fake_release_calls"), 1);
+    invalid(VmmRuntime::release_address(&acl, va), "released already");
+    assert_eq!(counters.get("fake_release_calls"), 1);
+    acl.free_physical(h).unwrap();
+    other.free_physical(h2).unwrap();
+    assert_eq!(counters.get("fake_free_physical_calls"), 2);
+}
+
+#[test]
+fn drop_unmaps_then_frees_physical_memory_then_releases_ranges() {
+    let lib = fake_lib("vmm_drop", &["-DWITH_VMM"]);
+    let counters = Counters::open(&lib);
+    let acl = AclSource::open(&lib).unwrap();
+    let g = 2u64 << 20;
+    let va = acl.reserve_address(0, 2 * g, 0).unwrap();
+    let h = acl.malloc_physical(0, 2 * g).unwrap();
+    acl.map(va, g, 0, h).unwrap();
+    acl.map(va + g as usize, g, g, h).unwrap();
+    let spare = acl.reserve_address(0, g, 0).unwrap();
+    assert_ne!(spare, va);
+    // While mapped, the fake runtime refuses both, as the real one does.
+    assert!(acl.free_physical(h).is_err());
+    assert!(acl.release_address(va).is_err());
+    drop(acl);
+    assert_eq!(counters.get("fake_unmap_calls"), 2);
+    assert_eq!(counters.get("fake_free_physical_calls"), 1);
+    assert_eq!(counters.get("fake_release_calls"), 2);
 }

@@ -6,8 +6,15 @@
  *   -DFAIL_CODE=<code>      every call but aclInit and aclrtSetDevice returns <code>;
  *   -DINIT_CODE=<code>      aclInit returns <code> (default 0);
  *   -DSETDEV_CODE=<code>    aclrtSetDevice returns <code> (default 0);
- *   -DOMIT_MALLOC           aclrtMalloc and aclrtFree are not exported.
- * Virtual memory, sharing and mbuf functions are never exported.
+ *   -DOMIT_MALLOC           aclrtMalloc and aclrtFree are not exported;
+ *   -DOMIT_DVPP             acldvppMalloc and acldvppFree are not exported;
+ *   -DOLD_QUERY             aclrtQueryEvent is exported instead of aclrtQueryEventStatus;
+ *   -DWITH_VMM              the virtual-memory functions are exported, and accept any
+ *                           argument: what reaches them was not refused by the caller.
+ * Sharing and mbuf functions are never exported.
+ *
+ * The fake_* globals let a test see what reached the runtime; fake_event_done is written
+ * by tests to choose what an event query answers.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -28,6 +35,19 @@
 int fake_set_device_calls = 0;
 int fake_reset_device_calls = 0;
 int fake_live_allocations = 0;
+int fake_finalize_calls = 0;
+/* The device of the last aclrtSetDevice (one thread at a time in the tests that read it). */
+int fake_current_device = -1;
+/* The current device when the last aclrtMemcpy or aclrtMemset ran. */
+int fake_copy_device = -1;
+/* The attribute class of the last aclrtGetMemInfo. */
+int fake_mem_attr = -1;
+/* Whether a queried event has completed. */
+int fake_event_done = 1;
+int fake_map_calls = 0;
+int fake_unmap_calls = 0;
+int fake_release_calls = 0;
+int fake_free_physical_calls = 0;
 
 static int alloc_aligned(void **p, size_t size, size_t align) {
     if (p == NULL || size == 0) return 100000;
@@ -43,8 +63,12 @@ static int release(void *p) {
 }
 
 int aclInit(const char *config) { (void)config; return INIT_CODE; }
-int aclFinalize(void) { return 0; }
-int aclrtSetDevice(int32_t dev) { (void)dev; fake_set_device_calls++; return SETDEV_CODE; }
+int aclFinalize(void) { fake_finalize_calls++; return 0; }
+int aclrtSetDevice(int32_t dev) {
+    fake_set_device_calls++;
+    if (SETDEV_CODE == 0) fake_current_device = dev;
+    return SETDEV_CODE;
+}
 int aclrtResetDevice(int32_t dev) { (void)dev; fake_reset_device_calls++; return 0; }
 
 #ifndef OMIT_MALLOC
@@ -79,6 +103,7 @@ int aclrtFreeHost(void *p) {
     return release(p);
 #endif
 }
+#ifndef OMIT_DVPP
 int acldvppMalloc(void **p, size_t size) {
 #ifdef FAIL_CODE
     (void)p; (void)size; return FAIL_CODE;
@@ -93,9 +118,11 @@ int acldvppFree(void *p) {
     return release(p);
 #endif
 }
+#endif
 
 int aclrtMemcpy(void *dst, size_t max, const void *src, size_t n, unsigned kind) {
     (void)kind;
+    fake_copy_device = fake_current_device;
     if (n > max) return 100000;
     RET(memmove(dst, src, n));
 }
@@ -105,6 +132,7 @@ int aclrtMemcpyAsync(void *dst, size_t max, const void *src, size_t n, unsigned 
     RET(memmove(dst, src, n));
 }
 int aclrtMemset(void *dst, size_t max, int32_t v, size_t n) {
+    fake_copy_device = fake_current_device;
     if (n > max) return 100000;
     RET(memset(dst, v, n));
 }
@@ -114,7 +142,7 @@ int aclrtMemsetAsync(void *dst, size_t max, int32_t v, size_t n, void *s) {
     RET(memset(dst, v, n));
 }
 int aclrtGetMemInfo(unsigned attr, size_t *free_, size_t *total) {
-    (void)attr;
+    fake_mem_attr = (int)attr;
     RET((*free_ = (size_t)1 << 30, *total = (size_t)2 << 30));
 }
 
@@ -129,6 +157,45 @@ int aclrtSynchronizeStream(void *s) { (void)s; RET((void)0); }
 int aclrtCreateEvent(void **e) { RET(new_token(e)); }
 int aclrtDestroyEvent(void *e) { RET(free(e)); }
 int aclrtRecordEvent(void *e, void *s) { (void)e; (void)s; RET((void)0); }
-int aclrtQueryEventStatus(void *e, unsigned *status) { (void)e; RET(*status = 1); }
+#ifdef OLD_QUERY
+/* ACL_EVENT_STATUS_COMPLETE is 0, NOT_READY 1. */
+int aclrtQueryEvent(void *e, unsigned *status) { (void)e; RET(*status = fake_event_done ? 0 : 1); }
+#else
+/* ACL_EVENT_RECORDED_STATUS_NOT_READY is 0, COMPLETE 1. */
+int aclrtQueryEventStatus(void *e, unsigned *status) { (void)e; RET(*status = fake_event_done ? 1 : 0); }
+#endif
 int aclrtStreamWaitEvent(void *s, void *e) { (void)s; (void)e; RET((void)0); }
 int aclrtSynchronizeEvent(void *e) { (void)e; RET((void)0); }
+
+#ifdef WITH_VMM
+/* Addresses handed out by aclrtReserveMemAddress: never touched, so any value will do. */
+static uintptr_t next_va = (uintptr_t)1 << 40;
+int aclrtMemGetAllocationGranularity(void *prop, unsigned option, size_t *g) {
+    (void)prop; (void)option;
+    RET(*g = (size_t)2 << 20);
+}
+int aclrtReserveMemAddress(void **va, size_t size, size_t align, void *hint, uint64_t flags) {
+    (void)align; (void)hint; (void)flags;
+    RET((*va = (void *)next_va, next_va += size + ((size_t)2 << 20)));
+}
+/* One count for all ranges: enough to see that mappings go before what they use. */
+static int live_mappings = 0;
+int aclrtReleaseMemAddress(void *va) {
+    (void)va;
+    if (live_mappings > 0) return 100000;
+    RET(fake_release_calls++);
+}
+int aclrtMallocPhysical(void **h, size_t size, const void *prop, uint64_t flags) {
+    (void)size; (void)prop; (void)flags;
+    RET(new_token(h));
+}
+int aclrtFreePhysical(void *h) {
+    if (live_mappings > 0) return 207002;
+    RET((free(h), fake_free_physical_calls++));
+}
+int aclrtMapMem(void *va, size_t size, size_t offset, void *h, uint64_t flags) {
+    (void)va; (void)size; (void)offset; (void)h; (void)flags;
+    RET((fake_map_calls++, live_mappings++));
+}
+int aclrtUnmapMem(void *va) { (void)va; RET((fake_unmap_calls++, live_mappings--)); }
+#endif
