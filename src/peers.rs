@@ -431,6 +431,50 @@ mod tests {
         conformance(c);
     }
 
+    /// A range of `capacity` bytes gives each freed third back: a free that kept its
+    /// segment would leave no room within a few rounds (a buddy range rounds a third up to
+    /// a half).
+    fn frees_make_room_again<R: RangeReplayer>(name: &str, mut r: R, capacity: u64) {
+        let rule = CarveRule::default();
+        for round in 0..8 {
+            let (_, token) = r.alloc(capacity / 3, rule).unwrap_or_else(|| {
+                panic!("{name}, round {round}: the last free gave nothing back")
+            });
+            r.free(token);
+        }
+    }
+
+    #[test]
+    fn every_peer_reuses_what_it_frees() {
+        let c = 1 << 20;
+        frees_make_room_again("offset-allocator", OffsetAllocatorRange::new(c, 64), c);
+        frees_make_room_again("rlsf", RlsfRange::new(c).unwrap(), c);
+        frees_make_room_again("buddy", BuddyRange::new(c), c);
+    }
+
+    #[test]
+    fn debug_shows_the_high_water() {
+        let rule = CarveRule::default();
+        let mut oa = OffsetAllocatorRange::new(1 << 20, 64);
+        oa.alloc(100, rule).unwrap();
+        let mut rlsf = RlsfRange::new(1 << 20).unwrap();
+        rlsf.alloc(100, rule).unwrap();
+        let mut buddy = BuddyRange::new(1 << 20);
+        buddy.alloc(100, rule).unwrap();
+        for (shown, name, high_water) in [
+            (format!("{oa:?}"), "OffsetAllocatorRange", oa.high_water()),
+            (format!("{rlsf:?}"), "RlsfRange", rlsf.high_water()),
+            (format!("{buddy:?}"), "BuddyRange", buddy.high_water()),
+        ] {
+            assert!(high_water >= rule.footprint(100).unwrap());
+            assert!(shown.starts_with(name), "{shown}");
+            assert!(
+                shown.contains(&format!("high_water: {high_water}")),
+                "{shown}"
+            );
+        }
+    }
+
     #[test]
     fn full_range_refuses() {
         let rule = CarveRule::default();

@@ -101,6 +101,41 @@ fn size_zero_names_the_function() {
 }
 
 #[test]
+fn call_counts_group_kinds_by_the_function_they_call() {
+    let sim = SimSource::default();
+    let mut blocks = Vec::new();
+    for kind in [
+        MemKind::Device(MallocPolicy::HugeFirst),
+        MemKind::Device(MallocPolicy::NormalOnly),
+        MemKind::Device(MallocPolicy::HugeOnlyP2p),
+        MemKind::Cached(MallocPolicy::HugeFirst),
+        MemKind::Host,
+        MemKind::Host,
+    ] {
+        blocks.push(sim.alloc_block(0, kind, 4096).unwrap());
+    }
+    let s = sim.stats();
+    assert_eq!(s.alloc_calls(MemKind::Device(MallocPolicy::HugeOnly)), 3);
+    assert_eq!(s.alloc_calls(MemKind::Cached(MallocPolicy::NormalOnly)), 1);
+    assert_eq!(s.alloc_calls(MemKind::Host), 2);
+    assert_eq!(
+        s.alloc_calls(MemKind::DeviceAlign32(MallocPolicy::HugeFirst)),
+        0
+    );
+    for b in blocks {
+        sim.free_block(b).unwrap();
+    }
+    let s = sim.stats();
+    // aclrtFree frees all three aclrtMalloc* kinds.
+    assert_eq!(
+        s.free_calls(MemKind::DeviceAlign32(MallocPolicy::HugeFirst)),
+        4
+    );
+    assert_eq!(s.free_calls(MemKind::Host), 2);
+    assert_eq!(s.free_calls(MemKind::Dvpp), 0);
+}
+
+#[test]
 fn bad_device_ids() {
     let sim = small();
     for d in [-1, 2, 100] {
