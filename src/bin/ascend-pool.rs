@@ -425,7 +425,11 @@ fn run_replay(args: &ReplayArgs) -> ExitCode {
     }
     let mut out = std::io::stdout().lock();
     let written = if args.json {
-        let objs: Vec<Value> = results.iter().map(|r| json_for(r, args.compare)).collect();
+        let source = ReplaySource::from(args.source).name();
+        let objs: Vec<Value> = results
+            .iter()
+            .map(|r| json_for(r, args.compare, source))
+            .collect();
         let doc = if objs.len() == 1 {
             objs.into_iter().next().unwrap_or(Value::Null)
         } else {
@@ -455,7 +459,8 @@ fn write_picture(file: &Path, svg: &str) -> bool {
     }
 }
 
-fn json_for(r: &TraceResult, compare: bool) -> Value {
+/// The JSON report of one trace; `pool_source` names the pool's block source (`--source`).
+fn json_for(r: &TraceResult, compare: bool, pool_source: &str) -> Value {
     let (lead, all) = match &r.outcome {
         Ok(x) => x,
         Err(e) => {
@@ -465,6 +470,10 @@ fn json_for(r: &TraceResult, compare: bool) -> Value {
     let mut v = serde_json::to_value(lead).unwrap_or(Value::Null);
     if let Value::Object(m) = &mut v {
         m.insert("trace".into(), json!(r.path.display().to_string()));
+        // Which simulator source the pool ran on: only a pool run has one.
+        if all.iter().any(|p| p.mode == "pool") {
+            m.insert("pool_source".into(), json!(pool_source));
+        }
         let lead_by_round = &r.p50_by_round[0];
         m.insert("rounds".into(), json!(lead_by_round.len()));
         m.insert("ns_per_op_p50_by_round".into(), json!(lead_by_round));
