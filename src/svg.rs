@@ -450,6 +450,139 @@ mod tests {
         assert!(timeline(&[], "empty").contains("</svg>"));
     }
 
+    /// The number in attribute `name` of element text `el`, if it has one.
+    fn attr(el: &str, name: &str) -> Option<f64> {
+        let at = el.find(&format!(" {name}=\""))? + name.len() + 3;
+        let end = at + el[at..].find('"')?;
+        el[at..end].parse().ok()
+    }
+
+    /// Checks that every shape and text of `svg` lies on its canvas, and returns the
+    /// canvas size and the `<rect>` elements (as their text) for further checks.
+    fn on_canvas(svg: &str) -> ((f64, f64), Vec<String>) {
+        let head = svg.lines().next().unwrap();
+        let (w, h) = (attr(head, "width").unwrap(), attr(head, "height").unwrap());
+        let inside = |x: f64, y: f64, what: &str| {
+            assert!(
+                (0.0..=w).contains(&x) && (0.0..=h).contains(&y),
+                "({x}, {y}) off the {w} x {h} canvas: {what}"
+            );
+        };
+        let mut rects = Vec::new();
+        for el in svg.split('<').skip(1).map(|e| format!("<{e}")) {
+            if el.starts_with("<rect") {
+                let (x, y) = (attr(&el, "x").unwrap_or(0.0), attr(&el, "y").unwrap_or(0.0));
+                let (rw, rh) = (attr(&el, "width").unwrap(), attr(&el, "height").unwrap());
+                inside(x, y, &el);
+                inside(x + rw, y + rh, &el);
+                rects.push(el);
+            } else if el.starts_with("<text") {
+                inside(attr(&el, "x").unwrap(), attr(&el, "y").unwrap(), &el);
+            } else if el.starts_with("<line") {
+                inside(attr(&el, "x1").unwrap(), attr(&el, "y1").unwrap(), &el);
+                inside(attr(&el, "x2").unwrap(), attr(&el, "y2").unwrap(), &el);
+            } else if el.starts_with("<polyline") {
+                let at = el.find("points=\"").unwrap() + 8;
+                let pts = &el[at..at + el[at..].find('"').unwrap()];
+                for xy in pts.split_whitespace() {
+                    let (x, y) = xy.split_once(',').unwrap();
+                    inside(x.parse().unwrap(), y.parse().unwrap(), &el);
+                }
+            }
+        }
+        ((w, h), rects)
+    }
+
+    /// Legend entries (swatch x, name) of `svg`: left to right, none overlapping the next
+    /// (a name takes at most 7 px per character at this font size).
+    fn legend_fits(svg: &str, names: &[&str], swatch_w: f64) {
+        let xs: Vec<f64> = names
+            .iter()
+            .map(|n| {
+                let text = svg.find(&format!(">{n}</text>")).unwrap();
+                let rect = svg[..text].rfind("<rect").unwrap();
+                attr(&svg[rect..text], "x").unwrap()
+            })
+            .collect();
+        for (i, pair) in xs.windows(2).enumerate() {
+            let needs = swatch_w + 4.0 + 7.0 * names[i].len() as f64;
+            assert!(
+                pair[1] - pair[0] >= needs,
+                "{:?} overlap: {xs:?}",
+                &names[i..=i + 1]
+            );
+        }
+    }
+
+    #[test]
+    fn sizes_read_in_mib_up_to_ten_gib() {
+        assert_eq!(human(3 << 20), "3.00 MiB");
+        assert_eq!(human(2 << 30), "2048.00 MiB");
+        assert_eq!(human((10 << 30) - 1), "10240.00 MiB");
+        assert_eq!(human(10 << 30), "10.00 GiB");
+        assert_eq!(human(48 << 30), "48.00 GiB");
+    }
+
+    #[test]
+    fn the_state_picture_fits_its_canvas_row_by_row() {
+        let pool = crate::Pool::new(
+            std::sync::Arc::new(crate::SimSource::default()),
+            crate::PoolConfig::default(),
+        )
+        .unwrap();
+        let mut held = Vec::new();
+        for i in 1..40u64 {
+            held.push(pool.alloc_host(i * 70_001).unwrap());
+        }
+        let frame = pool.alloc_dvpp(3_110_400).unwrap();
+        let snap = pool.snapshot();
+        let chunks: usize = snap.kinds.iter().map(|k| k.chunks.len()).sum();
+        assert!(chunks >= 3 && snap.kinds.len() >= 2, "{chunks} chunks");
+        let svg = pool_state(&snap, "rows");
+        let ((_, h), rects) = on_canvas(&svg);
+        legend_fits(&svg, &["allocated", "padding (carve rule)", "free"], 12.0);
+        // One outline per chunk, each row below the last, and no empty band at the bottom.
+        let outlines: Vec<f64> = rects
+            .iter()
+            .filter(|r| r.contains("stroke-width=\"0.5\""))
+            .map(|r| attr(r, "y").unwrap())
+            .collect();
+        assert_eq!(outlines.len(), chunks);
+        for pair in outlines.windows(2) {
+            assert!(pair[1] >= pair[0] + f64::from(ROW_H), "{outlines:?}");
+        }
+        let bottom = outlines.last().unwrap() + f64::from(BAR_H);
+        assert!(
+            h - bottom <= f64::from(ROW_H),
+            "{h} for a last bar ending at {bottom}"
+        );
+        drop((held, frame));
+    }
+
+    #[test]
+    fn the_timeline_fits_its_canvas() {
+        let mib = 1u64 << 20;
+        let pts: Vec<TimelinePoint> = (1..=500)
+            .map(|i| TimelinePoint {
+                op: i * 7,
+                requested: (i % 97) * mib,
+                required: (i % 97) * mib + 4096,
+                reserved: (64 + i / 5) * mib,
+            })
+            .collect();
+        let svg = timeline(&pts, "fits");
+        on_canvas(&svg);
+        legend_fits(
+            &svg,
+            &[
+                "live requested",
+                "live required (carve rule)",
+                "reserved from the source",
+            ],
+            14.0,
+        );
+    }
+
     #[test]
     fn ticks_are_round() {
         assert_eq!(tick_step(100.0, 5.0), 20.0);

@@ -584,3 +584,78 @@ fn rounds_take_turns_and_report_each_backends_median() {
     assert_eq!(out.status.code(), Some(2));
     assert!(out.stdout.is_empty());
 }
+
+#[test]
+fn the_report_names_the_pools_source_its_rounds_and_its_totals() {
+    let dir = temp_dir("report");
+    let p = write_trace(&dir, "hand.jsonl", HAND_TRACE);
+    let json = |extra: &[&str]| {
+        let mut args = vec![p.as_os_str(), "--json".as_ref()];
+        args.extend(extra.iter().map(|a| std::ffi::OsStr::new(*a)));
+        json_of(&run(&args))
+    };
+    assert_eq!(json(&[])["pool_source"], "vmm");
+    assert_eq!(json(&["--source", "sim"])["pool_source"], "sim");
+    assert_eq!(json(&["--source", "vmm"])["pool_source"], "vmm");
+    assert!(json(&["--ranges"]).get("pool_source").is_none());
+    let compared = json(&["--ranges", "--compare"]);
+    assert_eq!(compared["pool_source"], "vmm", "the pool ran as a peer");
+    // The buddy tier is its own configuration, not the default engine's again.
+    let peak_of = |name: &str| {
+        compared["peers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|q| q["name"] == name && q["mode"] == "ranges")
+            .map(|q| q["peak_reserved_bytes"].as_u64().unwrap())
+            .unwrap()
+    };
+    assert_ne!(peak_of("ascend-pool (buddy tier)"), peak_of("ascend-pool"));
+
+    let text = |extra: &[&str]| {
+        let mut args = vec![p.as_os_str()];
+        args.extend(extra.iter().map(|a| std::ffi::OsStr::new(*a)));
+        let out = run(&args);
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let two = text(&["--compare", "--rounds", "2"]);
+    assert!(
+        two.contains("medians of 2 interleaved rounds; p50 by round: "),
+        "{two}"
+    );
+    assert!(
+        two.contains("; ns: median of 2 rounds, backends taking turns"),
+        "{two}"
+    );
+    let one = text(&["--compare"]);
+    assert!(
+        !one.contains("interleaved") && !one.contains("median of"),
+        "{one}"
+    );
+    // The totals line carries the peaks in MiB, as the JSON has them in bytes.
+    let v = json(&[]);
+    let mib = |key: &str| format!("{:.2} MiB", v[key].as_u64().unwrap() as f64 / 1048576.0);
+    let total = one
+        .lines()
+        .find(|l| l.trim_start().starts_with("total"))
+        .unwrap();
+    for key in ["peak_requested_bytes", "peak_reserved_bytes"] {
+        assert!(total.contains(&mib(key)), "{key} in {total}");
+    }
+}
+
+#[test]
+fn a_picture_that_cannot_be_written_fails_the_run() {
+    let dir = temp_dir("svg-unwritable");
+    let p = write_trace(&dir, "hand.jsonl", HAND_TRACE);
+    let nowhere = dir.join("no-such-dir").join("picture.svg");
+    for flag in ["--svg-timeline", "--svg-state"] {
+        let out = run(&[p.as_os_str(), flag.as_ref(), nowhere.as_os_str()]);
+        assert_eq!(out.status.code(), Some(1), "{flag}: {out:?}");
+        let err = String::from_utf8(out.stderr).unwrap();
+        assert!(err.contains("cannot write"), "{flag}: {err}");
+        // The report itself is still written.
+        assert!(String::from_utf8(out.stdout).unwrap().contains("total"));
+    }
+}
