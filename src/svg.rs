@@ -515,6 +515,38 @@ mod tests {
     }
 
     #[test]
+    fn a_bar_stacks_allocated_under_padding_column_by_column() {
+        // Ten columns of 100 bytes: half allocated (then 20 bytes of padding), a segment
+        // with 1 byte of padding, which still shows as one pixel, and one with 46.
+        let c = chunk(1000, &[(0, 500, 520), (600, 50, 51), (800, 50, 96)]);
+        let mut out = String::new();
+        bar(&mut out, &c, 3, 5, 10);
+        let rects: Vec<(String, [u32; 4])> = out
+            .lines()
+            .map(|el| {
+                let at = el.find("fill=\"").unwrap() + 6;
+                let fill = el[at..at + el[at..].find('"').unwrap()].to_string();
+                let n = |a: &str| attr(el, a).unwrap() as u32;
+                (fill, [n("x"), n("y"), n("width"), n("height")])
+            })
+            .collect();
+        let r = |fill: &str, xywh: [u32; 4]| (fill.to_string(), xywh);
+        assert_eq!(
+            rects,
+            [
+                r(FREE, [3, 5, 10, 14]),
+                r(ALLOCATED, [3, 5, 5, 14]),
+                r(PADDING, [8, 16, 1, 3]),
+                r(ALLOCATED, [9, 12, 1, 7]),
+                r(PADDING, [9, 11, 1, 1]),
+                r(ALLOCATED, [11, 12, 1, 7]),
+                r(PADDING, [11, 6, 1, 6]),
+                r("none", [3, 5, 10, 14]),
+            ]
+        );
+    }
+
+    #[test]
     fn sizes_read_in_mib_up_to_ten_gib() {
         assert_eq!(human(3 << 20), "3.00 MiB");
         assert_eq!(human(2 << 30), "2048.00 MiB");
