@@ -598,6 +598,12 @@ fn the_report_names_the_pools_source_its_rounds_and_its_totals() {
     assert_eq!(json(&["--source", "sim"])["pool_source"], "sim");
     assert_eq!(json(&["--source", "vmm"])["pool_source"], "vmm");
     assert!(json(&["--ranges"]).get("pool_source").is_none());
+    // --device-size reaches the reader: the 3 MB frame no longer fits a 2 MiB device.
+    assert_eq!(json(&[])["errors"]["size_too_large"], 0);
+    assert_eq!(
+        json(&["--device-size", "2097152"])["errors"]["size_too_large"],
+        1
+    );
     let compared = json(&["--ranges", "--compare"]);
     assert_eq!(compared["pool_source"], "vmm", "the pool ran as a peer");
     // The buddy tier is its own configuration, not the default engine's again.
