@@ -391,7 +391,7 @@ impl Drop for SavedEnv {
 }
 
 #[test]
-fn load_looks_in_the_cann_homes_and_names_them_when_nothing_loads() {
+fn load_looks_in_the_cann_homes() {
     let _env = ENV_LOCK.lock().unwrap_or_else(|p| p.into_inner());
     let _saved = SavedEnv::clear();
     let lib = fake_lib("home/lib64", &[]);
@@ -408,13 +408,44 @@ fn load_looks_in_the_cann_homes_and_names_them_when_nothing_loads() {
         AclSource::load().unwrap().library(),
         lib.display().to_string()
     );
+}
 
-    std::env::remove_var("ASCEND_TOOLKIT_HOME");
+/// Set in the child process `a_failed_load_names_the_homes_it_looked_in` runs itself in.
+const FAILED_LOAD_CHILD: &str = "ACL_FAKE_FAILED_LOAD_CHILD";
+
+#[test]
+fn a_failed_load_names_the_homes_it_looked_in() {
+    if std::env::var_os(FAILED_LOAD_CHILD).is_none() {
+        // Cargo runs tests with its target directories on the loader path, where the drop-in
+        // simulator is built as libascendcl.so, and the loader reads that path only when a
+        // process starts: the loads by bare name run in a child started without it.
+        let out = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "a_failed_load_names_the_homes_it_looked_in",
+                "--test-threads=1",
+            ])
+            .env(FAILED_LOAD_CHILD, "1")
+            .env("ASCEND_HOME_PATH", "/nonexistent/cann")
+            .env_remove("ASCEND_TOOLKIT_HOME")
+            .env_remove(ascend_pool::source::acl::LIB_ENV)
+            .env_remove("LD_LIBRARY_PATH")
+            .output()
+            .unwrap();
+        let shown = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "{shown}");
+        assert!(shown.contains("1 passed"), "the child ran no test: {shown}");
+        return;
+    }
     let with_home = AclSource::load();
     std::env::remove_var("ASCEND_HOME_PATH");
     let bare = AclSource::load();
     if with_home.is_ok() || bare.is_ok() {
-        // This machine has CANN on the loader path: the failures below cannot be seen here.
+        // This machine has CANN on the loader's default path: the failures cannot be seen.
         return;
     }
     match with_home {
