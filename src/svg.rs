@@ -205,12 +205,14 @@ fn bar(out: &mut String, chunk: &ChunkInfo, x: u32, y: u32, w: u32) {
         .map(|c| {
             let total = (c[0] + c[1] + c[2]).max(1.0);
             let a = (c[0] / total * f64::from(BAR_H)).round() as u32;
-            // Any padding at all shows as at least one pixel, so the rule's cost is visible.
+            // Any padding at all shows as at least one pixel, so the rule's cost is visible,
+            // even in a column that allocation fills: the pixel comes off the allocated part.
             let mut p = (c[1] / total * f64::from(BAR_H)).round() as u32;
             if c[1] > 0.0 && p == 0 {
                 p = 1;
             }
-            (a.min(BAR_H), p.min(BAR_H - a.min(BAR_H)))
+            let p = p.min(BAR_H);
+            (a.min(BAR_H - p), p)
         })
         .collect();
     let _ = writeln!(
@@ -514,25 +516,47 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_bar_stacks_allocated_under_padding_column_by_column() {
-        // Ten columns of 100 bytes: half allocated (then 20 bytes of padding), a segment
-        // with 1 byte of padding, which still shows as one pixel, and one with 46.
-        let c = chunk(1000, &[(0, 500, 520), (600, 50, 51), (800, 50, 96)]);
+    /// The rects `bar` draws for `chunk` at (`x`, `y`), `w` columns wide: fill and x, y,
+    /// width, height.
+    fn bar_rects(chunk: &ChunkInfo, x: u32, y: u32, w: u32) -> Vec<(String, [u32; 4])> {
         let mut out = String::new();
-        bar(&mut out, &c, 3, 5, 10);
-        let rects: Vec<(String, [u32; 4])> = out
-            .lines()
+        bar(&mut out, chunk, x, y, w);
+        out.lines()
             .map(|el| {
                 let at = el.find("fill=\"").unwrap() + 6;
                 let fill = el[at..at + el[at..].find('"').unwrap()].to_string();
                 let n = |a: &str| attr(el, a).unwrap() as u32;
                 (fill, [n("x"), n("y"), n("width"), n("height")])
             })
-            .collect();
-        let r = |fill: &str, xywh: [u32; 4]| (fill.to_string(), xywh);
+            .collect()
+    }
+
+    fn r(fill: &str, xywh: [u32; 4]) -> (String, [u32; 4]) {
+        (fill.to_string(), xywh)
+    }
+
+    #[test]
+    fn a_full_column_keeps_its_padding_pixel_inside_the_bar() {
+        // 999 bytes allocated and 1 of padding: allocation alone would round to the full
+        // height; the padding pixel is taken from it, on top, within the bar.
         assert_eq!(
-            rects,
+            bar_rects(&chunk(1000, &[(0, 999, 1000)]), 2, 7, 1),
+            [
+                r(FREE, [2, 7, 1, 14]),
+                r(ALLOCATED, [2, 8, 1, 13]),
+                r(PADDING, [2, 7, 1, 1]),
+                r("none", [2, 7, 1, 14]),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_bar_stacks_allocated_under_padding_column_by_column() {
+        // Ten columns of 100 bytes: half allocated (then 20 bytes of padding), a segment
+        // with 1 byte of padding, which still shows as one pixel, and one with 46.
+        let c = chunk(1000, &[(0, 500, 520), (600, 50, 51), (800, 50, 96)]);
+        assert_eq!(
+            bar_rects(&c, 3, 5, 10),
             [
                 r(FREE, [3, 5, 10, 14]),
                 r(ALLOCATED, [3, 5, 5, 14]),
@@ -613,6 +637,56 @@ mod tests {
             ],
             14.0,
         );
+    }
+
+    #[test]
+    fn the_timeline_maps_events_and_bytes_onto_its_plot() {
+        let mib = 1u64 << 20;
+        let pts: Vec<TimelinePoint> = (0..=100)
+            .map(|i| TimelinePoint {
+                op: i,
+                requested: i * mib,
+                required: i * mib,
+                reserved: 100 * mib,
+            })
+            .collect();
+        let svg = timeline(&pts, "plot");
+        // The plot's frame: 80 px left for the byte labels, 20 right, 60 above, 50 below.
+        let frame = svg
+            .split('<')
+            .find(|e| e.starts_with("rect") && e.contains("stroke=\"#888\""))
+            .unwrap();
+        let at = |a: &str| attr(frame, a).unwrap();
+        assert_eq!(
+            [at("x"), at("y"), at("width"), at("height")],
+            [80.0, 60.0, f64::from(WIDTH) - 100.0, 310.0]
+        );
+        // Requested bytes grow from the plot's bottom left corner to its top right one.
+        let line = svg
+            .split('<')
+            .find(|e| e.starts_with(&format!("polyline fill=\"none\" stroke=\"{REQUESTED}\"")))
+            .unwrap();
+        let at = line.find("points=\"").unwrap() + 8;
+        let xy: Vec<&str> = line[at..at + line[at..].find('"').unwrap()]
+            .split(' ')
+            .collect();
+        assert_eq!(xy.len(), 101);
+        let right = f64::from(WIDTH) - 20.0;
+        assert_eq!(xy[0], "80.0,370.0");
+        assert_eq!(xy[50], format!("{:.1},215.0", 80.0 + (right - 80.0) / 2.0));
+        assert_eq!(xy[100], format!("{right:.1},60.0"));
+        // Events are labelled every 20 along the bottom, bytes every 20 MiB up the side.
+        for o in (0..=100).step_by(20) {
+            assert!(
+                svg.contains(&format!(" text-anchor=\"middle\">{o}</text>")),
+                "no tick at {o}"
+            );
+            assert!(
+                svg.contains(&format!(">{o} MiB</text>")),
+                "no tick at {o} MiB"
+            );
+        }
+        assert!(!svg.contains(">120 MiB<") && !svg.contains(">120</text>"));
     }
 
     #[test]
