@@ -798,6 +798,9 @@ pub struct ReplayReport {
     pub per_kind: Vec<KindReport>,
     /// Failures of [`RangeReplayer::validate`] at the end of the replay (empty when all hold).
     pub invariant_errors: Vec<String>,
+    /// Whether [`TraceConfig::check_placement`] was on: only then do `invariant_errors` also
+    /// cover each placement (alignment, overlap, high water).
+    pub placement_checked: bool,
     /// With [`TraceConfig::timeline`]: live requested / required and reserved bytes over the
     /// replay, at most [`TIMELINE_MAX_POINTS`] points. Not serialised.
     #[serde(skip)]
@@ -1042,6 +1045,7 @@ pub fn replay<R: BufRead, F: ReplayerFactory>(
         live_at_end: reader.live_count() as u64,
         per_kind,
         invariant_errors,
+        placement_checked: config.check_placement,
         timeline: timeline.map_or_else(Vec::new, |t| t.points),
         snapshot,
     })
@@ -1823,9 +1827,14 @@ not json
         assert!(all.contains("host: 64..128 overlaps live 64..128"), "{all}");
         assert!(all.contains("dvpp: offset 64 is not 128-aligned"), "{all}");
         assert!(all.contains("high water 1 is below"), "{all}");
+        assert!(r.placement_checked);
         // The honest bump replayer passes.
         let r = replay(text.as_bytes(), config, &BumpFactory, |_| {}).unwrap();
         assert!(r.invariant_errors.is_empty());
+        // Unchecked, the liar's placements go unseen, and the report says they were not looked at.
+        let r = replay(text.as_bytes(), TraceConfig::default(), &LIAR, |_| {}).unwrap();
+        assert!(!r.placement_checked);
+        assert!(!r.invariant_errors.join("\n").contains("overlaps"));
     }
 
     /// The placement check at its edges: a segment may end at the capacity and touch its

@@ -249,15 +249,24 @@ fn json_has_every_key() {
     for peer in v["peers"].as_array().unwrap() {
         assert_eq!(peer["invariant_errors"], serde_json::json!([]), "{peer}");
     }
+    assert_eq!(v["placement_checked"], true);
 
     // Without --compare there is no peers array; text mode is not JSON.
     let v = json_of(&run(&[p.as_os_str(), "--json".as_ref()]));
     assert!(v.get("peers").is_none());
+    assert_eq!(v["placement_checked"], false);
     let out = run(&[p.as_os_str(), "--compare".as_ref()]);
     assert!(out.status.success());
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(
         text.contains("peak reserved") && text.contains("rlsf"),
+        "{text}"
+    );
+    assert!(!text.contains("placement checked"), "{text}");
+    let out = run(&[p.as_os_str(), "--compare".as_ref(), "--check".as_ref()]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.contains("every placement checked (alignment, overlap, high water): all held"),
         "{text}"
     );
 }

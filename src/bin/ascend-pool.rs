@@ -583,6 +583,14 @@ fn write_text(out: &mut impl Write, r: &TraceResult, compare: bool) -> std::io::
             writeln!(out, "  INVARIANT BROKEN in {}: {e}", label(p))?;
         }
     }
+    if lead.placement_checked {
+        let held = all.iter().all(|p| p.invariant_errors.is_empty());
+        writeln!(
+            out,
+            "  every placement checked (alignment, overlap, high water){}",
+            if held { ": all held" } else { "" }
+        )?;
+    }
     if compare {
         let how = if rounds > 1 {
             format!("; ns: median of {rounds} rounds, backends taking turns")
@@ -660,6 +668,20 @@ mod tests {
         let (r, _) = combine_rounds(vec![run(20, 20), odd]).unwrap();
         assert_eq!(r.invariant_errors.len(), 1, "{:?}", r.invariant_errors);
         assert!(r.invariant_errors[0].contains("round 2"));
+
+        // Each broken check is said once, whichever rounds it broke in.
+        let failing = |errors: &[&str]| {
+            let mut r = run(20, 20);
+            r.invariant_errors = errors.iter().map(|e| e.to_string()).collect();
+            r
+        };
+        let (r, _) = combine_rounds(vec![
+            failing(&["overlap"]),
+            failing(&["overlap", "misaligned"]),
+            failing(&["misaligned", "high water"]),
+        ])
+        .unwrap();
+        assert_eq!(r.invariant_errors, ["overlap", "misaligned", "high water"]);
     }
 
     #[test]
