@@ -799,7 +799,7 @@ pub struct ReplayReport {
     /// Failures of [`RangeReplayer::validate`] at the end of the replay (empty when all hold).
     pub invariant_errors: Vec<String>,
     /// Whether [`TraceConfig::check_placement`] was on: only then do `invariant_errors` also
-    /// cover each placement (alignment, overlap, high water).
+    /// cover each placement (alignment, overlap, and in ranges mode bounds and high water).
     pub placement_checked: bool,
     /// With [`TraceConfig::timeline`]: live requested / required and reserved bytes over the
     /// replay, at most [`TIMELINE_MAX_POINTS`] points. Not serialised.

@@ -266,7 +266,7 @@ fn json_has_every_key() {
     let out = run(&[p.as_os_str(), "--compare".as_ref(), "--check".as_ref()]);
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(
-        text.contains("every placement checked (alignment, overlap, high water): all held"),
+        text.contains("every placement checked for alignment and overlap: all held"),
         "{text}"
     );
 }

@@ -587,7 +587,7 @@ fn write_text(out: &mut impl Write, r: &TraceResult, compare: bool) -> std::io::
         let held = all.iter().all(|p| p.invariant_errors.is_empty());
         writeln!(
             out,
-            "  every placement checked (alignment, overlap, high water){}",
+            "  every placement checked for alignment and overlap{}",
             if held { ": all held" } else { "" }
         )?;
     }
