@@ -2522,4 +2522,56 @@ mod chunk_tests {
         assert_eq!(pool.stats(MemKind::DEVICE).chunks, 0);
         assert_eq!(sim.stats().live_blocks, 0, "trim gave the kept block back");
     }
+
+    /// A chunk that refused a request remembers its footprint and alignment, and skips only
+    /// requests at least as big *and* as aligned: a less aligned one of the same footprint,
+    /// or a smaller one as aligned, is still asked of it, and fits there without a growth.
+    #[test]
+    fn a_refusal_skips_only_requests_as_big_and_as_aligned() {
+        const MIB: u64 = 1 << 20;
+        const PAGE: u64 = 4096;
+        // (length, alignment) asked after the refusal; each fits in the first chunk.
+        for (len, align) in [(MIB - 32, 64), (MIB - PAGE - 32, PAGE)] {
+            let config = PoolConfig::parse("thread_cache:off").unwrap();
+            let pool = Pool::new(Arc::new(SimSource::default()), config).unwrap();
+            let alloc = |len, align| pool.alloc_raw(MemKind::DEVICE, len, align).unwrap();
+            let chunk0 = || {
+                let k = pool.inner.kinds[MemKind::DEVICE.index()].lock();
+                let (id, c) = k.chunks.iter().next().unwrap();
+                assert_eq!(id, 0);
+                (c.base, c.engine.capacity() as usize, c.refused)
+            };
+            // The first chunk (page-aligned, as the source's blocks are): a, then a hole of
+            // 1 MiB + 2 KiB starting 3,968 bytes before a page, then d.
+            let a = alloc(2 * MIB + 64, 64);
+            let b = alloc(MIB + 2048 - 32, 64);
+            let d = alloc(MIB / 2, 64);
+            let (base, capacity, refused) = chunk0();
+            assert_eq!(base as u64 % PAGE, 0);
+            let hole = (base + 2 * MIB as usize + 128, MIB as usize + 2048);
+            assert_eq!(
+                (a.raw.addr, b.raw.addr, b.raw.footprint(), d.raw.addr),
+                (base, hole.0, hole.1 as u64, hole.0 + hole.1),
+                "the setup's layout"
+            );
+            assert_eq!(refused, NOTHING_REFUSED);
+            PoolInner::release(b.owner, &b.raw, &[]).unwrap();
+            let in_chunk0 = |addr: usize| (base..base + capacity).contains(&addr);
+            // 1 MiB at a page start does not fit in the hole: it grows a second chunk.
+            let x = alloc(MIB - 32, PAGE);
+            assert!(!in_chunk0(x.raw.addr));
+            assert_eq!(chunk0().2, (x.raw.footprint(), PAGE), "the refusal");
+            let chunks = pool.stats(MemKind::DEVICE).chunks;
+            let y = alloc(len, align);
+            assert!(
+                in_chunk0(y.raw.addr),
+                "{len} bytes at {align}: the first chunk was skipped"
+            );
+            assert_eq!(pool.stats(MemKind::DEVICE).chunks, chunks);
+            for s in [a, d, x, y] {
+                PoolInner::release(s.owner, &s.raw, &[]).unwrap();
+            }
+            pool.validate().unwrap();
+        }
+    }
 }
