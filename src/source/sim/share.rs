@@ -158,7 +158,7 @@ fn start_service() -> Result<u32, AclError> {
         })
         .ok_or(AclError::RT_FAILURE)?;
     std::thread::Builder::new()
-        .name("ascend-pool-share".into())
+        .name("acl-sim-share".into())
         .stack_size(128 << 10)
         .spawn(move || {
             for conn in listener.incoming().flatten() {
@@ -222,7 +222,7 @@ fn answer(mut conn: UnixStream) {
         importer_left(handle);
     };
     let spawned = std::thread::Builder::new()
-        .name("ascend-pool-share-link".into())
+        .name("acl-sim-link".into())
         .stack_size(64 << 10)
         .spawn(watch);
     if spawned.is_err() {
@@ -359,4 +359,134 @@ fn recv_reply(conn: &UnixStream) -> io::Result<(i32, u64, Option<OwnedFd>)> {
     let code = i32::from_le_bytes(payload[..4].try_into().expect("4 bytes"));
     let size = u64::from_le_bytes(payload[4..].try_into().expect("8 bytes"));
     Ok((code, size, fd))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicI32, AtomicUsize};
+    use std::time::Instant;
+
+    /// Threads the test's signal handler ran on, in order (a handler may only store).
+    static HANDLED_ON: [AtomicI32; 64] = [const { AtomicI32::new(0) }; 64];
+    static HANDLED: AtomicUsize = AtomicUsize::new(0);
+
+    extern "C" fn note_thread(_: libc::c_int) {
+        // SAFETY: gettid has no preconditions and is async-signal-safe.
+        let tid = unsafe { libc::syscall(libc::SYS_gettid) } as i32;
+        let i = HANDLED.fetch_add(1, Ordering::SeqCst);
+        if let Some(slot) = HANDLED_ON.get(i) {
+            slot.store(tid, Ordering::SeqCst);
+        }
+    }
+
+    /// This process's link watchers: thread id, and the system call each is blocked in
+    /// (`/proc/.../syscall`: number and first argument, or "running").
+    fn link_watchers() -> Vec<(i32, String)> {
+        let mut found = Vec::new();
+        for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+            let path = task.path();
+            let comm = std::fs::read_to_string(path.join("comm")).unwrap_or_default();
+            if comm.trim_end() == "acl-sim-link" {
+                let tid = task.file_name().to_str().unwrap().parse().unwrap();
+                found.push((tid, blocked_in(tid)));
+            }
+        }
+        found
+    }
+
+    /// "gone" once the thread has ended.
+    fn blocked_in(tid: i32) -> String {
+        let call = std::fs::read_to_string(format!("/proc/self/task/{tid}/syscall"));
+        let call = call.unwrap_or_else(|_| "gone".into());
+        call.split_whitespace()
+            .take(2)
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    fn importers(handle: u64) -> Option<u32> {
+        exports().get(&handle).map(|e| e.importers)
+    }
+
+    /// A read of the link interrupted by a signal is retried: the importer still holds the
+    /// memory, and only the link's end lets it go.
+    #[test]
+    #[cfg_attr(miri, ignore = "sockets, signals and /proc")]
+    fn an_interrupted_link_read_keeps_the_importer() {
+        let fd = OwnedFd::from(std::fs::File::open("/dev/null").unwrap());
+        let handle = export(fd, 4096, false).unwrap();
+        let before: Vec<i32> = link_watchers().into_iter().map(|(t, _)| t).collect();
+        let (_fd, size, link) = import(handle).unwrap();
+        assert_eq!((size, importers(handle)), (4096, Some(1)));
+        // The new watcher (with others of tests running beside this one): wait until each
+        // is blocked reading its link.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let watchers = loop {
+            let w: Vec<_> = link_watchers()
+                .into_iter()
+                .filter(|(t, _)| !before.contains(t))
+                .collect();
+            if !w.is_empty() && w.iter().all(|(_, call)| call != "running") {
+                break w;
+            }
+            assert!(Instant::now() < deadline, "no watcher blocked: {w:?}");
+            std::thread::yield_now();
+        };
+        // A handler without SA_RESTART, so the blocked read returns EINTR.
+        // SAFETY: a zeroed sigaction is valid; the handler only stores to atomics.
+        let old = unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = note_thread as extern "C" fn(libc::c_int) as usize;
+            libc::sigemptyset(&mut action.sa_mask);
+            let mut old: libc::sigaction = std::mem::zeroed();
+            assert_eq!(libc::sigaction(libc::SIGUSR1, &action, &mut old), 0);
+            old
+        };
+        let handled = |tid: i32| {
+            let n = HANDLED.load(Ordering::SeqCst).min(HANDLED_ON.len());
+            HANDLED_ON[..n]
+                .iter()
+                .any(|t| t.load(Ordering::SeqCst) == tid)
+        };
+        for &(tid, _) in &watchers {
+            // SAFETY: tgkill only sends the signal; the handler is installed.
+            unsafe { libc::syscall(libc::SYS_tgkill, std::process::id(), tid, libc::SIGUSR1) };
+        }
+        // Each watcher ran the handler and is blocked in its read again, or has ended (a
+        // link of another test that closed meanwhile, or this one given up).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for (tid, call) in &watchers {
+            loop {
+                let now = blocked_in(*tid);
+                if now == "gone" || (handled(*tid) && now == *call) {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "watcher {tid}: {now}, was {call}"
+                );
+                std::thread::yield_now();
+            }
+        }
+        // SAFETY: puts back the action read above.
+        unsafe { libc::sigaction(libc::SIGUSR1, &old, std::ptr::null_mut()) };
+        assert_eq!(
+            importers(handle),
+            Some(1),
+            "the interrupted read let the importer go"
+        );
+        // The link's end does.
+        drop(link);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while importers(handle) != Some(0) {
+            assert!(Instant::now() < deadline, "the link's end was not seen");
+            std::thread::yield_now();
+        }
+        assert!(
+            close_export(handle, Box::new(|| {})).is_err(),
+            "no importer left"
+        );
+        assert_eq!(importers(handle), None);
+    }
 }
