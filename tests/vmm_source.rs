@@ -926,6 +926,71 @@ fn copies_reach_across_mappings_only_while_every_byte_is_mapped() {
     sim.release_mem_address(va).unwrap();
 }
 
+/// A copy that runs off a reservation's last mapping is refused even where an ordinary
+/// block starts at that very address: only mappings continue a mapping.
+#[test]
+fn a_copy_does_not_run_from_a_mapping_into_the_block_after_it() {
+    let _g = serial();
+    let page = 4096;
+    let sim = Arc::new(
+        SimSource::new(
+            SimConfig::default()
+                .with_device_capacity(64 * MIB)
+                .with_vmm_granularity(page),
+        )
+        .unwrap(),
+    );
+    // An ordinary block, then a one-page reservation asked to end where the block starts.
+    // The kernel places new mappings below the last ones, so the page below a fresh block
+    // is usually free; a few blocks are tried in case it is not.
+    let mut blocks = Vec::new();
+    let (block, va) = loop {
+        let block = sim.alloc_block(0, MemKind::DEVICE, 64 << 10).unwrap();
+        let want = block.addr - page as usize;
+        let va = sim.reserve_mem_address(page, 0, want, 0).unwrap();
+        if va == want {
+            break (block, va);
+        }
+        sim.release_mem_address(va).unwrap();
+        blocks.push(block);
+        assert!(
+            blocks.len() < 16,
+            "no free page below any of 16 fresh blocks"
+        );
+    };
+    let h = sim.malloc_physical(0, page).unwrap();
+    sim.map_mem(va, page, 0, h, 0).unwrap();
+    let data = vec![9u8; 256];
+    write(&*sim, block.addr, &[1; 128]);
+    // SAFETY: `data` holds 256 bytes; the simulator checks the device side.
+    let r = unsafe {
+        sim.memcpy(
+            block.addr - 128,
+            256,
+            data.as_ptr() as usize,
+            256,
+            MemcpyKind::HostToDevice,
+        )
+    };
+    assert_eq!(
+        code(r),
+        ("aclrtMemcpy", AclError::INVALID_PARAM),
+        "from the mapping into the block"
+    );
+    assert_eq!(
+        read(&*sim, block.addr, 128),
+        vec![1; 128],
+        "the block kept its bytes"
+    );
+    write(&*sim, block.addr - 128, &data[..128]);
+    sim.unmap_mem(va).unwrap();
+    sim.free_physical(h).unwrap();
+    sim.release_mem_address(va).unwrap();
+    for b in blocks.into_iter().chain([block]) {
+        sim.free_block(b).unwrap();
+    }
+}
+
 /// A simulator dropped while it still holds a reservation with memory mapped in it unmaps
 /// and releases all of it: no memory object stays open or mapped.
 #[test]
