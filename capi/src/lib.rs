@@ -1,0 +1,1131 @@
+//! The C interface to ascend-pool: `libascend_pool_capi.so`, declared in `include/ascend_pool.h`.
+//!
+//! A C or C++ program (a video pipeline, an inference server) gets pools, regions and streams
+//! as 64-bit handles. Handles come from one process-wide counter, so none is 0 and none is
+//! ever reused: a freed region, a destroyed pool or stream, or a handle of another pool is
+//! refused with a status ([`Status::BadRegion`], [`Status::BadPool`], [`Status::BadStream`])
+//! instead of touching memory. Every function returns a [`Status`]; on failure
+//! [`ap_last_error`] gives the message, and the pool is left as it was. Panics are caught at
+//! the boundary ([`Status::Panic`]).
+//!
+//! The functions are the Rust ones behind a lookup: a region handle names a typed region in
+//! its pool's table, and a copy is [`Pool::copy_from_host`] and so on, with its bounds,
+//! alignment and stream checks. Regions of one pool are spread over [`SHARDS`] tables so that
+//! threads allocating and freeing through one pool rarely meet on a lock.
+//!
+//! ```
+//! use ascend_pool_capi::*;
+//! let mut pool = 0;
+//! assert_eq!(unsafe { ap_pool_create(SOURCE_SIM, std::ptr::null(), &mut pool) }, Status::Ok);
+//! let mut region = 0;
+//! assert_eq!(unsafe { ap_alloc(pool, KIND_DVPP, 1 << 20, &mut region) }, Status::Ok);
+//! let mut info = RegionInfo::default();
+//! assert_eq!(unsafe { ap_region_get_info(pool, region, &mut info) }, Status::Ok);
+//! assert_eq!(info.addr % 128, 0);
+//! assert_eq!(ap_free(pool, region), Status::Ok);
+//! assert_eq!(ap_free(pool, region), Status::BadRegion); // freed: refused, nothing touched
+//! assert_eq!(unsafe { ap_pool_destroy(pool, std::ptr::null_mut()) }, Status::Ok);
+//! ```
+#![warn(missing_docs, missing_debug_implementations, rust_2018_idioms)]
+
+use ascend_pool::error::Error;
+use ascend_pool::region::{Align128, DeviceRegion, DvppRegion, HostRegion, Region, Stream};
+use ascend_pool::source::acl::AclSource;
+use ascend_pool::source::BlockSource;
+use ascend_pool::{MemKind, Pool, PoolConfig, SimSource};
+use static_assertions::const_assert_eq;
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard, RwLock, Weak};
+
+/// What every function returns; `ap_status` in the header, with the same values.
+#[repr(i32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Status {
+    /// Done; also the zero a C program's status variable starts at.
+    #[default]
+    Ok = 0,
+    /// A pointer the call writes or reads is NULL.
+    NullArgument = 1,
+    /// An unknown kind or source, or the same region as both ends of a copy.
+    InvalidArgument = 2,
+    /// Not a live pool: destroyed, or never created.
+    BadPool = 3,
+    /// Not a live region of this pool: freed, another pool's, or never handed out.
+    BadRegion = 4,
+    /// Not a live stream of this pool.
+    BadStream = 5,
+    /// Size 0, a size that overflows, an alignment the carve rule refuses.
+    InvalidSize = 6,
+    /// The pool and its source could not serve the request.
+    OutOfMemory = 7,
+    /// Serving it would pass the configured limit.
+    LimitExceeded = 8,
+    /// A copy or fill past the end of a region, or of length 0.
+    OutOfBounds = 9,
+    /// An async copy whose ends are not 64-byte aligned.
+    Misaligned = 10,
+    /// A kind the call does not take.
+    WrongKind = 11,
+    /// A configuration string the pool refuses.
+    Config = 12,
+    /// An AscendCL call failed.
+    Runtime = 13,
+    /// The runtime lacks a function.
+    NotSupported = 14,
+    /// `libascendcl.so` could not be loaded.
+    LibraryLoad = 15,
+    /// A segment's padding was overwritten (debug mode).
+    Corruption = 16,
+    /// `ap_pool_validate` found a broken invariant.
+    InvalidState = 17,
+    /// A bug inside the library.
+    Panic = 18,
+    /// Anything else.
+    Other = 19,
+}
+
+impl Status {
+    /// Every status, in value order (`ap_status_name` indexes it).
+    pub const ALL: [Status; 20] = [
+        Status::Ok,
+        Status::NullArgument,
+        Status::InvalidArgument,
+        Status::BadPool,
+        Status::BadRegion,
+        Status::BadStream,
+        Status::InvalidSize,
+        Status::OutOfMemory,
+        Status::LimitExceeded,
+        Status::OutOfBounds,
+        Status::Misaligned,
+        Status::WrongKind,
+        Status::Config,
+        Status::Runtime,
+        Status::NotSupported,
+        Status::LibraryLoad,
+        Status::Corruption,
+        Status::InvalidState,
+        Status::Panic,
+        Status::Other,
+    ];
+
+    fn name(self) -> &'static CStr {
+        match self {
+            Status::Ok => c"AP_OK",
+            Status::NullArgument => c"AP_ERR_NULL_ARGUMENT",
+            Status::InvalidArgument => c"AP_ERR_INVALID_ARGUMENT",
+            Status::BadPool => c"AP_ERR_BAD_POOL",
+            Status::BadRegion => c"AP_ERR_BAD_REGION",
+            Status::BadStream => c"AP_ERR_BAD_STREAM",
+            Status::InvalidSize => c"AP_ERR_INVALID_SIZE",
+            Status::OutOfMemory => c"AP_ERR_OUT_OF_MEMORY",
+            Status::LimitExceeded => c"AP_ERR_LIMIT_EXCEEDED",
+            Status::OutOfBounds => c"AP_ERR_OUT_OF_BOUNDS",
+            Status::Misaligned => c"AP_ERR_MISALIGNED",
+            Status::WrongKind => c"AP_ERR_WRONG_KIND",
+            Status::Config => c"AP_ERR_CONFIG",
+            Status::Runtime => c"AP_ERR_RUNTIME",
+            Status::NotSupported => c"AP_ERR_NOT_SUPPORTED",
+            Status::LibraryLoad => c"AP_ERR_LIBRARY_LOAD",
+            Status::Corruption => c"AP_ERR_CORRUPTION",
+            Status::InvalidState => c"AP_ERR_INVALID_STATE",
+            Status::Panic => c"AP_ERR_PANIC",
+            Status::Other => c"AP_ERR_OTHER",
+        }
+    }
+
+    /// The status a library error maps to.
+    pub fn of(e: &Error) -> Status {
+        match e {
+            Error::Carve(_) => Status::InvalidSize,
+            Error::Runtime { .. } => Status::Runtime,
+            Error::OutOfMemory { .. } => Status::OutOfMemory,
+            Error::LimitExceeded { .. } => Status::LimitExceeded,
+            // The table lookups refuse other pools' handles before the pool sees them.
+            Error::ForeignHandle | Error::AlreadyFreed => Status::BadRegion,
+            Error::OutOfBounds { .. } => Status::OutOfBounds,
+            Error::Misaligned { .. } => Status::Misaligned,
+            Error::WrongKind { .. } => Status::WrongKind,
+            Error::NotSupported { .. } => Status::NotSupported,
+            Error::LibraryLoad { .. } => Status::LibraryLoad,
+            Error::Config(_) => Status::Config,
+            Error::Corruption { .. } => Status::Corruption,
+            Error::Invalid(_) => Status::InvalidState,
+            _ => Status::Other,
+        }
+    }
+}
+
+/// `ap_kind`: blocks from `aclrtMalloc` with the pool's policy.
+pub const KIND_DEVICE: c_int = 0;
+/// `ap_kind`: `aclrtMallocAlign32`.
+pub const KIND_DEVICE_ALIGN32: c_int = 1;
+/// `ap_kind`: `aclrtMallocCached`.
+pub const KIND_CACHED: c_int = 2;
+/// `ap_kind`: `acldvppMalloc`, 128-byte starts.
+pub const KIND_DVPP: c_int = 3;
+/// `ap_kind`: `aclrtMallocHost`.
+pub const KIND_HOST: c_int = 4;
+/// `ap_source`: the simulator.
+pub const SOURCE_SIM: c_int = 0;
+/// `ap_source`: `libascendcl.so`, found as [`AclSource::load`] looks for it.
+pub const SOURCE_ACL: c_int = 1;
+
+/// `ap_region_info`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RegionInfo {
+    /// Start; a device address for device kinds.
+    pub addr: u64,
+    /// Usable bytes: the length asked for.
+    pub len: u64,
+    /// Guaranteed start alignment.
+    pub align: u64,
+    /// An `ap_kind`.
+    pub kind: u32,
+    /// Zero.
+    pub reserved: u32,
+}
+
+/// `ap_stats`: the fields of [`ascend_pool::pool::KindStats`], in its order.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[allow(missing_docs)] // documented on KindStats
+pub struct Stats {
+    pub allocated_bytes: u64,
+    pub requested_bytes: u64,
+    pub reserved_bytes: u64,
+    pub peak_allocated_bytes: u64,
+    pub peak_requested_bytes: u64,
+    pub peak_reserved_bytes: u64,
+    pub live_regions: u64,
+    pub allocations: u64,
+    pub frees: u64,
+    pub pending_frees: u64,
+    pub chunks: u64,
+    pub source_alloc_calls: u64,
+    pub source_free_calls: u64,
+    pub ooms: u64,
+    pub cached_bytes: u64,
+    pub cached_regions: u64,
+}
+
+// The header's layouts (`include/ascend_pool.h` at the repository root) must follow any change.
+const_assert_eq!(std::mem::size_of::<RegionInfo>(), 32);
+const_assert_eq!(std::mem::size_of::<Stats>(), 16 * 8);
+const_assert_eq!(std::mem::size_of::<Status>(), std::mem::size_of::<c_int>());
+
+/// Region tables per pool: a handle's table is `handle % SHARDS`.
+pub const SHARDS: usize = 16;
+
+/// A region as the pool handed it out; the handle table keeps its type.
+#[derive(Debug)]
+enum AnyRegion {
+    Device(DeviceRegion),
+    Model(DeviceRegion<Align128>),
+    Dvpp(DvppRegion),
+    Host(HostRegion),
+}
+
+/// Runs `$body` with `$x` bound to the typed region inside `$r`.
+macro_rules! with_region {
+    ($r:expr, $x:ident => $body:expr) => {
+        match $r {
+            AnyRegion::Device($x) => $body,
+            AnyRegion::Model($x) => $body,
+            AnyRegion::Dvpp($x) => $body,
+            AnyRegion::Host($x) => $body,
+        }
+    };
+}
+
+type Shared<T> = Arc<Mutex<T>>;
+
+/// Hashes handles, which the process hands out itself: no adversary picks them, so SipHash's
+/// cost buys nothing. One multiply spreads consecutive handles; folding the high half down
+/// keeps the low bits (the map's bucket index) varied though a shard's handles share
+/// their residue mod [`SHARDS`].
+#[derive(Debug, Default, Clone, Copy)]
+struct HandleHasher(u64);
+
+impl std::hash::Hasher for HandleHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `u64` keys use this hasher; any other write still hashes, just slowly.
+        for &b in bytes {
+            self.write_u64(self.0 ^ u64::from(b));
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        let h = n.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        self.0 = h ^ (h >> 32);
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// A map keyed by handle.
+type Handles<T> = HashMap<u64, T, std::hash::BuildHasherDefault<HandleHasher>>;
+
+/// One pool and what its handles name.
+#[derive(Debug)]
+struct Entry {
+    /// Live regions by handle. A region is locked while a call uses it, so a free racing with
+    /// a copy waits for the copy (the handle is gone at once; the memory goes after).
+    regions: [Mutex<Handles<Shared<AnyRegion>>>; SHARDS],
+    /// Live streams by handle.
+    streams: Mutex<Handles<Arc<Stream>>>,
+    pool: Pool,
+    /// Cleared by `ap_pool_destroy` before it empties the tables: a call that got hold of the
+    /// entry a moment earlier (from another thread) answers [`Status::BadPool`] from then on.
+    alive: AtomicBool,
+}
+
+/// Live pools. Read-locked when a thread calls with a pool other than its last one, written
+/// only to create and destroy.
+static POOLS: LazyLock<RwLock<Handles<Arc<Entry>>>> = LazyLock::new(Default::default);
+/// The next handle of any kind: never 0, never reused.
+static NEXT_HANDLE: AtomicU64 = AtomicU64::new(1);
+
+fn next_handle() -> u64 {
+    NEXT_HANDLE.fetch_add(1, Ordering::Relaxed)
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Calls run under catch_unwind; a panic never leaves a table half-changed.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Why a call failed.
+#[derive(Debug)]
+enum Failure {
+    Null(&'static str),
+    Invalid(String),
+    BadPool(u64),
+    BadRegion(u64),
+    BadStream(u64),
+    Lib(Error),
+}
+
+impl From<Error> for Failure {
+    fn from(e: Error) -> Self {
+        Failure::Lib(e)
+    }
+}
+
+impl Failure {
+    fn status(&self) -> Status {
+        match self {
+            Failure::Null(_) => Status::NullArgument,
+            Failure::Invalid(_) => Status::InvalidArgument,
+            Failure::BadPool(_) => Status::BadPool,
+            Failure::BadRegion(_) => Status::BadRegion,
+            Failure::BadStream(_) => Status::BadStream,
+            Failure::Lib(e) => Status::of(e),
+        }
+    }
+
+    fn message(&self) -> String {
+        match self {
+            Failure::Null(what) => format!("`{what}` is NULL"),
+            Failure::Invalid(why) => why.clone(),
+            Failure::BadPool(h) => format!("pool {h} is not a live pool"),
+            Failure::BadRegion(h) => format!("region {h} is not a live region of this pool"),
+            Failure::BadStream(h) => format!("stream {h} is not a live stream of this pool"),
+            Failure::Lib(e) => e.to_string(),
+        }
+    }
+}
+
+thread_local! {
+    /// The message of this thread's last failed call; empty after a success.
+    static LAST_ERROR: RefCell<String> = const { RefCell::new(String::new()) };
+}
+
+/// Runs one call at the boundary: its failure or panic becomes a status and a message.
+fn run(f: impl FnOnce() -> Result<(), Failure>) -> Status {
+    let (status, message) = match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(())) => (Status::Ok, String::new()),
+        Ok(Err(fail)) => (fail.status(), fail.message()),
+        Err(payload) => {
+            let what = payload
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic".into());
+            (Status::Panic, format!("internal error: {what}"))
+        }
+    };
+    LAST_ERROR.with(|m| {
+        let mut m = m.borrow_mut();
+        // A success after a success writes nothing.
+        if !(message.is_empty() && m.is_empty()) {
+            *m = message;
+        }
+    });
+    status
+}
+
+thread_local! {
+    /// The pool this thread last called with. Upgrading its weak handle is one atomic
+    /// operation, where the shared table costs a lock, a clone and an unlock; it holds no
+    /// memory of a destroyed pool (the entry goes when its last call ends).
+    static LAST_POOL: Cell<Option<(u64, Weak<Entry>)>> = const { Cell::new(None) };
+}
+
+fn entry(pool: u64) -> Result<Arc<Entry>, Failure> {
+    let last = LAST_POOL.take();
+    let cached = match &last {
+        Some((id, weak)) if *id == pool => weak.upgrade(),
+        _ => None,
+    };
+    let e = match cached {
+        Some(e) => {
+            LAST_POOL.set(last);
+            e
+        }
+        None => {
+            let found = POOLS
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&pool)
+                .cloned();
+            let Some(e) = found else {
+                LAST_POOL.set(last);
+                return Err(Failure::BadPool(pool));
+            };
+            LAST_POOL.set(Some((pool, Arc::downgrade(&e))));
+            e
+        }
+    };
+    if !e.alive.load(Ordering::Acquire) {
+        return Err(Failure::BadPool(pool));
+    }
+    Ok(e)
+}
+
+fn non_null<T>(p: *mut T, what: &'static str) -> Result<NonNull<T>, Failure> {
+    NonNull::new(p).ok_or(Failure::Null(what))
+}
+
+fn mem_kind(pool: &Pool, kind: c_int) -> Result<MemKind, Failure> {
+    let policy = pool.config().policy;
+    Ok(match kind {
+        KIND_DEVICE => MemKind::Device(policy),
+        KIND_DEVICE_ALIGN32 => MemKind::DeviceAlign32(policy),
+        KIND_CACHED => MemKind::Cached(policy),
+        KIND_DVPP => MemKind::Dvpp,
+        KIND_HOST => MemKind::Host,
+        other => return Err(Failure::Invalid(format!("{other} is not an ap_kind"))),
+    })
+}
+
+impl Entry {
+    fn table(&self, handle: u64) -> &Mutex<Handles<Shared<AnyRegion>>> {
+        &self.regions[(handle % SHARDS as u64) as usize]
+    }
+
+    fn insert(&self, region: AnyRegion) -> u64 {
+        let handle = next_handle();
+        lock(self.table(handle)).insert(handle, Arc::new(Mutex::new(region)));
+        handle
+    }
+
+    fn region(&self, handle: u64) -> Result<Shared<AnyRegion>, Failure> {
+        lock(self.table(handle))
+            .get(&handle)
+            .cloned()
+            .ok_or(Failure::BadRegion(handle))
+    }
+
+    fn stream(&self, handle: u64) -> Result<Arc<Stream>, Failure> {
+        lock(&self.streams)
+            .get(&handle)
+            .cloned()
+            .ok_or(Failure::BadStream(handle))
+    }
+
+    /// Locks two distinct regions, in handle order so that two calls never wait on each other.
+    fn pair(
+        &self,
+        dst: u64,
+        src: u64,
+        f: impl FnOnce(&mut AnyRegion, &AnyRegion) -> Result<(), Failure>,
+    ) -> Result<(), Failure> {
+        if dst == src {
+            return Err(Failure::Invalid(format!(
+                "region {dst} is both ends of the copy"
+            )));
+        }
+        let (d, s) = (self.region(dst)?, self.region(src)?);
+        let (mut dg, sg);
+        if dst < src {
+            dg = lock(&d);
+            sg = lock(&s);
+        } else {
+            sg = lock(&s);
+            dg = lock(&d);
+        }
+        f(&mut dg, &sg)
+    }
+}
+
+/// The name of status value `status` (`"AP_ERR_BAD_REGION"`), or `"AP_ERR_UNKNOWN"`; a static
+/// NUL-terminated string.
+#[no_mangle]
+pub extern "C" fn ap_status_name(status: c_int) -> *const c_char {
+    usize::try_from(status)
+        .ok()
+        .and_then(|i| Status::ALL.get(i))
+        .map_or(c"AP_ERR_UNKNOWN", |s| s.name())
+        .as_ptr()
+}
+
+/// Copies this thread's last failure message into `buf` (cut to `cap - 1` bytes and
+/// NUL-terminated) and returns its full length in bytes; 0 when the last call succeeded.
+///
+/// # Safety
+/// `buf` is NULL or valid for writes of `cap` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn ap_last_error(buf: *mut c_char, cap: usize) -> usize {
+    LAST_ERROR.with(|m| {
+        let m = m.borrow();
+        if !buf.is_null() && cap > 0 {
+            let n = m.len().min(cap - 1);
+            // SAFETY: the caller gives `cap` writable bytes at `buf`; n + 1 <= cap, and the
+            // message is a separate allocation.
+            unsafe {
+                std::ptr::copy_nonoverlapping(m.as_ptr(), buf.cast::<u8>(), n);
+                buf.add(n).write(0);
+            }
+        }
+        m.len()
+    })
+}
+
+/// Creates a pool over `source` ([`SOURCE_SIM`] or [`SOURCE_ACL`]) with the configuration
+/// `conf` in `ASCEND_POOL_CONF` syntax, or from `$ASCEND_POOL_CONF` when `conf` is NULL.
+///
+/// # Safety
+/// `conf` is NULL or a NUL-terminated string; `out` is NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn ap_pool_create(
+    source: c_int,
+    conf: *const c_char,
+    out: *mut u64,
+) -> Status {
+    run(|| {
+        let out = non_null(out, "out")?;
+        let config = if conf.is_null() {
+            PoolConfig::from_env()?
+        } else {
+            // SAFETY: the caller passes a NUL-terminated string.
+            let text = unsafe { CStr::from_ptr(conf) };
+            let text = text
+                .to_str()
+                .map_err(|_| Error::Config("the configuration is not UTF-8".into()))?;
+            PoolConfig::parse(text)?
+        };
+        let source: Arc<dyn BlockSource> = match source {
+            SOURCE_SIM => Arc::new(SimSource::default()),
+            SOURCE_ACL => Arc::new(AclSource::load()?),
+            other => return Err(Failure::Invalid(format!("{other} is not an ap_source"))),
+        };
+        let entry = Entry {
+            regions: Default::default(),
+            streams: Mutex::default(),
+            pool: Pool::new(source, config)?,
+            alive: AtomicBool::new(true),
+        };
+        let handle = next_handle();
+        POOLS
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(handle, Arc::new(entry));
+        // SAFETY: non-null, and the caller gives a writable u64.
+        unsafe { out.as_ptr().write(handle) };
+        Ok(())
+    })
+}
+
+/// Destroys a pool: waits for its streams, frees its live regions (their number in
+/// `*freed_regions` when it is not NULL), destroys its streams and returns its blocks.
+///
+/// A call on the pool still running in another thread finishes first; the blocks go back
+/// when it has.
+///
+/// # Safety
+/// `freed_regions` is NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn ap_pool_destroy(pool: u64, freed_regions: *mut u64) -> Status {
+    run(|| {
+        let entry = POOLS
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&pool)
+            .ok_or(Failure::BadPool(pool))?;
+        entry.alive.store(false, Ordering::Release);
+        // Work still queued on a region runs first, so its free completes at once.
+        let streams: Vec<_> = lock(&entry.streams).drain().map(|(_, s)| s).collect();
+        let waited = streams.iter().try_for_each(|s| s.synchronize());
+        let mut freed = 0;
+        for table in &entry.regions {
+            let regions: Vec<_> = lock(table).drain().collect();
+            freed += regions.len() as u64;
+        }
+        // Frees that waited on the streams complete now, not in the pool's drop, which
+        // would report them as still live.
+        let settled = entry.pool.synchronize();
+        drop(streams);
+        if let Some(out) = NonNull::new(freed_regions) {
+            // SAFETY: non-null, and the caller gives a writable u64.
+            unsafe { out.as_ptr().write(freed) };
+        }
+        drop(entry);
+        waited.and(settled).map_err(Failure::from)
+    })
+}
+
+/// Counters of one kind of the pool.
+///
+/// # Safety
+/// `out` is NULL or valid for a write of an [`Stats`].
+#[no_mangle]
+pub unsafe extern "C" fn ap_pool_stats(pool: u64, kind: c_int, out: *mut Stats) -> Status {
+    run(|| {
+        let out = non_null(out, "out")?;
+        let e = entry(pool)?;
+        let s = e.pool.stats(mem_kind(&e.pool, kind)?);
+        let stats = Stats {
+            allocated_bytes: s.allocated_bytes,
+            requested_bytes: s.requested_bytes,
+            reserved_bytes: s.reserved_bytes,
+            peak_allocated_bytes: s.peak_allocated_bytes,
+            peak_requested_bytes: s.peak_requested_bytes,
+            peak_reserved_bytes: s.peak_reserved_bytes,
+            live_regions: s.live_regions,
+            allocations: s.allocations,
+            frees: s.frees,
+            pending_frees: s.pending_frees,
+            chunks: s.chunks,
+            source_alloc_calls: s.source_alloc_calls,
+            source_free_calls: s.source_free_calls,
+            ooms: s.ooms,
+            cached_bytes: s.cached_bytes,
+            cached_regions: s.cached_regions,
+        };
+        // SAFETY: non-null, and the caller gives a writable ap_stats.
+        unsafe { out.as_ptr().write(stats) };
+        Ok(())
+    })
+}
+
+/// Checks every invariant of the pool ([`Pool::validate`]): its chunks, engines, caches and
+/// counters.
+#[no_mangle]
+pub extern "C" fn ap_pool_validate(pool: u64) -> Status {
+    run(|| Ok(entry(pool)?.pool.validate()?))
+}
+
+/// Gives empty chunks back to the source; the bytes released in `*released` when it is not
+/// NULL.
+///
+/// # Safety
+/// `released` is NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn ap_pool_trim(pool: u64, released: *mut u64) -> Status {
+    run(|| {
+        let bytes = entry(pool)?.pool.trim();
+        if let Some(out) = NonNull::new(released) {
+            // SAFETY: non-null, and the caller gives a writable u64.
+            unsafe { out.as_ptr().write(bytes) };
+        }
+        Ok(())
+    })
+}
+
+/// Waits until every free waiting on a stream has completed ([`Pool::synchronize`]).
+#[no_mangle]
+pub extern "C" fn ap_pool_synchronize(pool: u64) -> Status {
+    run(|| Ok(entry(pool)?.pool.synchronize()?))
+}
+
+/// Allocates, then publishes the handle; nothing is handed out when `out` is NULL.
+fn alloc_with(
+    pool: u64,
+    out: *mut u64,
+    f: impl FnOnce(&Entry) -> Result<AnyRegion, Failure>,
+) -> Result<(), Failure> {
+    let out = non_null(out, "out")?;
+    let e = entry(pool)?;
+    let handle = e.insert(f(&e)?);
+    // SAFETY: non-null, and the caller gives a writable u64.
+    unsafe { out.as_ptr().write(handle) };
+    Ok(())
+}
+
+/// Allocates `len` bytes of `kind` (an `ap_kind`): 64-byte starts, 128 for DVPP.
+///
+/// # Safety
+/// `out` is NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn ap_alloc(pool: u64, kind: c_int, len: u64, out: *mut u64) -> Status {
+    run(|| {
+        alloc_with(pool, out, |e| {
+            let p = &e.pool;
+            Ok(match mem_kind(p, kind)? {
+                MemKind::Dvpp => AnyRegion::Dvpp(p.alloc_dvpp(len)?),
+                MemKind::Host => AnyRegion::Host(p.alloc_host(len)?),
+                k => AnyRegion::Device(p.alloc_device_kind(k, len)?),
+            })
+        })
+    })
+}
+
+/// Device memory (the pool's policy) starting at a multiple of `align`, a power of two from
+/// 64 up ([`Pool::alloc_device_aligned`]).
+///
+/// # Safety
+/// `out` is NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn ap_alloc_aligned(
+    pool: u64,
+    len: u64,
+    align: u64,
+    out: *mut u64,
+) -> Status {
+    run(|| {
+        alloc_with(pool, out, |e| {
+            Ok(AnyRegion::Device(e.pool.alloc_device_aligned(len, align)?))
+        })
+    })
+}
+
+/// Device memory with 128-byte starts, fit for model input.
+///
+/// # Safety
+/// `out` is NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn ap_alloc_model_input(pool: u64, len: u64, out: *mut u64) -> Status {
+    run(|| {
+        alloc_with(pool, out, |e| {
+            Ok(AnyRegion::Model(e.pool.alloc_model_input(len)?))
+        })
+    })
+}
+
+/// Device or DVPP memory for work ordered on `stream` ([`Pool::alloc_device_on`]); other
+/// kinds are refused with [`Status::WrongKind`].
+///
+/// # Safety
+/// `out` is NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn ap_alloc_on(
+    pool: u64,
+    kind: c_int,
+    len: u64,
+    stream: u64,
+    out: *mut u64,
+) -> Status {
+    run(|| {
+        alloc_with(pool, out, |e| {
+            let p = &e.pool;
+            let kind = mem_kind(p, kind)?;
+            let s = e.stream(stream)?;
+            Ok(match kind {
+                MemKind::Device(_) => AnyRegion::Device(p.alloc_device_on(len, &s)?),
+                MemKind::Dvpp => AnyRegion::Dvpp(p.alloc_dvpp_on(len, &s)?),
+                got => {
+                    return Err(Error::WrongKind {
+                        expected: "device or dvpp",
+                        got,
+                    }
+                    .into())
+                }
+            })
+        })
+    })
+}
+
+/// Frees a region. Streams with work queued on it delay the reuse of its memory, not the
+/// call. In debug mode, an overwritten padding is reported as [`Status::Corruption`] (the
+/// region is freed all the same).
+#[no_mangle]
+pub extern "C" fn ap_free(pool: u64, region: u64) -> Status {
+    run(|| {
+        let e = entry(pool)?;
+        let r = lock(e.table(region))
+            .remove(&region)
+            .ok_or(Failure::BadRegion(region))?;
+        // Another thread's call still holding it frees it when done (its drop reports an
+        // overrun to the pool's corruption list instead).
+        if let Ok(r) = Arc::try_unwrap(r) {
+            let r = r.into_inner().unwrap_or_else(|p| p.into_inner());
+            with_region!(r, x => x.free())?;
+        }
+        Ok(())
+    })
+}
+
+/// Where a region lies, how long it is, its start alignment and kind.
+///
+/// # Safety
+/// `out` is NULL or valid for a write of a [`RegionInfo`].
+#[no_mangle]
+pub unsafe extern "C" fn ap_region_get_info(
+    pool: u64,
+    region: u64,
+    out: *mut RegionInfo,
+) -> Status {
+    run(|| {
+        let out = non_null(out, "out")?;
+        let r = entry(pool)?.region(region)?;
+        let r = lock(&r);
+        let info = with_region!(&*r, x => RegionInfo {
+            addr: x.addr() as u64,
+            len: x.len(),
+            align: x.align(),
+            kind: x.kind().index() as u32,
+            reserved: 0,
+        });
+        // SAFETY: non-null, and the caller gives a writable ap_region_info.
+        unsafe { out.as_ptr().write(info) };
+        Ok(())
+    })
+}
+
+/// The bytes of a host region, after every stream with work queued on it has run that work
+/// ([`HostRegion::try_as_mut_slice`]); other kinds are refused with [`Status::WrongKind`].
+///
+/// # Safety
+/// `out` is NULL or valid for a write. The bytes stay valid until the region is freed; the
+/// caller must not touch them while it has work of its own queued on them.
+#[no_mangle]
+pub unsafe extern "C" fn ap_host_ptr(pool: u64, region: u64, out: *mut *mut c_void) -> Status {
+    run(|| {
+        let out = non_null(out, "out")?;
+        let r = entry(pool)?.region(region)?;
+        let mut r = lock(&r);
+        let AnyRegion::Host(h) = &mut *r else {
+            let got = with_region!(&*r, x => x.kind());
+            return Err(Error::WrongKind {
+                expected: "host",
+                got,
+            }
+            .into());
+        };
+        let ptr = h.try_as_mut_slice()?.as_mut_ptr();
+        // SAFETY: non-null, and the caller gives a writable pointer.
+        unsafe { out.as_ptr().write(ptr.cast()) };
+        Ok(())
+    })
+}
+
+/// Marks a region as used by work the caller queued on `stream`: its memory is reused only
+/// after that work has run.
+#[no_mangle]
+pub extern "C" fn ap_record_stream(pool: u64, region: u64, stream: u64) -> Status {
+    run(|| {
+        let e = entry(pool)?;
+        let r = e.region(region)?;
+        let s = e.stream(stream)?;
+        let r = lock(&r);
+        Ok(with_region!(&*r, x => x.record_stream(&s))?)
+    })
+}
+
+/// Checks a caller's host buffer of `len` bytes: non-null unless empty, and short enough to
+/// be a slice (a longer one fits no region: [`Status::OutOfBounds`]).
+fn host_buffer(p: *mut c_void, offset: u64, len: u64) -> Result<(*mut u8, usize), Failure> {
+    if len == 0 {
+        // The pool refuses empty copies itself; no pointer is needed to say so.
+        return Ok((NonNull::dangling().as_ptr(), 0));
+    }
+    let p = non_null(p, "host buffer")?;
+    let n = usize::try_from(len)
+        .ok()
+        .filter(|&n| n <= isize::MAX as usize)
+        .ok_or(Error::OutOfBounds {
+            offset,
+            len,
+            capacity: isize::MAX as u64,
+        })?;
+    Ok((p.as_ptr().cast(), n))
+}
+
+/// Copies `len` bytes from host memory at `src` into `dst` at `offset`, and waits.
+///
+/// # Safety
+/// `src` is valid for reads of `len` bytes (NULL only if `len` is 0).
+#[no_mangle]
+pub unsafe extern "C" fn ap_copy_from_host(
+    pool: u64,
+    dst: u64,
+    offset: u64,
+    src: *const c_void,
+    len: u64,
+) -> Status {
+    run(|| {
+        let e = entry(pool)?;
+        let r = e.region(dst)?;
+        let (p, n) = host_buffer(src.cast_mut(), offset, len)?;
+        // SAFETY: the caller gives `len` readable bytes at `src` (checked non-null unless
+        // empty, `p` dangling and aligned then); the pool only reads them.
+        let bytes = unsafe { std::slice::from_raw_parts(p.cast_const(), n) };
+        let mut r = lock(&r);
+        Ok(with_region!(&mut *r, x => e.pool.copy_from_host(x, offset, bytes))?)
+    })
+}
+
+/// Copies `len` bytes of `src` from `offset` into host memory at `dst`, and waits.
+///
+/// # Safety
+/// `dst` is valid for writes of `len` bytes (NULL only if `len` is 0) and overlaps no region
+/// of the pool.
+#[no_mangle]
+pub unsafe extern "C" fn ap_copy_to_host(
+    pool: u64,
+    src: u64,
+    offset: u64,
+    dst: *mut c_void,
+    len: u64,
+) -> Status {
+    run(|| {
+        let e = entry(pool)?;
+        let r = e.region(src)?;
+        let (p, n) = host_buffer(dst, offset, len)?;
+        // SAFETY: the caller gives `len` writable bytes at `dst` that nothing else uses
+        // meanwhile (checked non-null unless empty, `p` dangling and aligned then).
+        let out = unsafe { std::slice::from_raw_parts_mut(p, n) };
+        let r = lock(&r);
+        Ok(with_region!(&*r, x => e.pool.copy_to_host(x, offset, out))?)
+    })
+}
+
+/// Copies `len` bytes between two regions of the pool, and waits.
+#[no_mangle]
+pub extern "C" fn ap_copy(
+    pool: u64,
+    dst: u64,
+    dst_offset: u64,
+    src: u64,
+    src_offset: u64,
+    len: u64,
+) -> Status {
+    run(|| {
+        let e = entry(pool)?;
+        e.pair(dst, src, |d, s| {
+            Ok(with_region!(d, d => with_region!(s, s =>
+                e.pool.copy(d, dst_offset, s, src_offset, len)))?)
+        })
+    })
+}
+
+/// Fills `len` bytes of `dst` from `offset` with `value`, and waits.
+#[no_mangle]
+pub extern "C" fn ap_memset(pool: u64, dst: u64, offset: u64, value: u8, len: u64) -> Status {
+    run(|| {
+        let e = entry(pool)?;
+        let r = e.region(dst)?;
+        let mut r = lock(&r);
+        Ok(with_region!(&mut *r, x => e.pool.memset(x, offset, value, len))?)
+    })
+}
+
+/// Creates a stream on the pool's device.
+///
+/// # Safety
+/// `out` is NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn ap_stream_create(pool: u64, out: *mut u64) -> Status {
+    run(|| {
+        let out = non_null(out, "out")?;
+        let e = entry(pool)?;
+        let stream = e.pool.create_stream()?;
+        let handle = next_handle();
+        lock(&e.streams).insert(handle, Arc::new(stream));
+        // SAFETY: non-null, and the caller gives a writable u64.
+        unsafe { out.as_ptr().write(handle) };
+        Ok(())
+    })
+}
+
+/// Waits for the work queued on `stream` so far.
+#[no_mangle]
+pub extern "C" fn ap_stream_synchronize(pool: u64, stream: u64) -> Status {
+    run(|| Ok(entry(pool)?.stream(stream)?.synchronize()?))
+}
+
+/// Waits for the stream's work, then destroys it (at once, or when a call using it in
+/// another thread ends).
+#[no_mangle]
+pub extern "C" fn ap_stream_destroy(pool: u64, stream: u64) -> Status {
+    run(|| {
+        let e = entry(pool)?;
+        let s = lock(&e.streams)
+            .remove(&stream)
+            .ok_or(Failure::BadStream(stream))?;
+        Ok(s.synchronize()?)
+    })
+}
+
+/// Queues a copy of `len` bytes between two regions on `stream`; both ends must be 64-byte
+/// aligned, and both regions are recorded on the stream ([`Pool::copy_async`]).
+#[no_mangle]
+pub extern "C" fn ap_copy_async(
+    pool: u64,
+    dst: u64,
+    dst_offset: u64,
+    src: u64,
+    src_offset: u64,
+    len: u64,
+    stream: u64,
+) -> Status {
+    run(|| {
+        let e = entry(pool)?;
+        let s = e.stream(stream)?;
+        e.pair(dst, src, |d, src| {
+            Ok(with_region!(d, d => with_region!(src, src =>
+                e.pool.copy_async(d, dst_offset, src, src_offset, len, &s)))?)
+        })
+    })
+}
+
+/// Queues a fill of `len` bytes of `dst` from `offset` on `stream`; the region is recorded
+/// on the stream.
+#[no_mangle]
+pub extern "C" fn ap_memset_async(
+    pool: u64,
+    dst: u64,
+    offset: u64,
+    value: u8,
+    len: u64,
+    stream: u64,
+) -> Status {
+    run(|| {
+        let e = entry(pool)?;
+        let s = e.stream(stream)?;
+        let r = e.region(dst)?;
+        let mut r = lock(&r);
+        Ok(with_region!(&mut *r, x => e.pool.memset_async(x, offset, value, len, &s))?)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ascend_pool::align::CarveRuleError;
+    use ascend_pool::AclError;
+
+    /// The status of every library error, including those the handle tables keep the pool
+    /// from ever returning through this interface (another pool's handle, a freed one).
+    #[test]
+    fn every_error_has_its_status() {
+        let kind = MemKind::Dvpp;
+        let code = AclError(207001);
+        let cases = [
+            (
+                Error::Carve(CarveRuleError::ZeroLength),
+                Status::InvalidSize,
+            ),
+            (
+                Error::Runtime {
+                    func: "aclrtMalloc",
+                    code,
+                },
+                Status::Runtime,
+            ),
+            (
+                Error::OutOfMemory {
+                    kind,
+                    requested: 1,
+                    reserved: 0,
+                    in_use: 0,
+                    largest_free: 0,
+                    source: Some(code),
+                },
+                Status::OutOfMemory,
+            ),
+            (
+                Error::LimitExceeded {
+                    kind,
+                    requested: 1,
+                    limit: 0,
+                    reserved: 0,
+                },
+                Status::LimitExceeded,
+            ),
+            (Error::ForeignHandle, Status::BadRegion),
+            (Error::AlreadyFreed, Status::BadRegion),
+            (
+                Error::OutOfBounds {
+                    offset: 1,
+                    len: 1,
+                    capacity: 1,
+                },
+                Status::OutOfBounds,
+            ),
+            (
+                Error::Misaligned {
+                    addr: 32,
+                    required: 64,
+                },
+                Status::Misaligned,
+            ),
+            (
+                Error::WrongKind {
+                    expected: "host",
+                    got: kind,
+                },
+                Status::WrongKind,
+            ),
+            (
+                Error::NotSupported {
+                    func: "aclrtMapMem",
+                },
+                Status::NotSupported,
+            ),
+            (
+                Error::LibraryLoad {
+                    library: "x".into(),
+                    reason: "y".into(),
+                },
+                Status::LibraryLoad,
+            ),
+            (Error::Config("z".into()), Status::Config),
+            (
+                Error::Corruption {
+                    kind,
+                    offset: 0,
+                    len: 1,
+                    first_bad: 40,
+                },
+                Status::Corruption,
+            ),
+            (Error::Invalid("w".into()), Status::InvalidState),
+            (Error::ShareGone { handle: 5 }, Status::Other),
+        ];
+        for (e, want) in cases {
+            assert_eq!(Status::of(&e), want, "{e}");
+            let f = Failure::Lib(e.clone());
+            assert_eq!((f.status(), f.message()), (want, e.to_string()));
+        }
+    }
+
+    #[test]
+    fn a_panic_is_a_status_with_its_message() {
+        let s = run(|| panic!("no such thing"));
+        assert_eq!(s, Status::Panic);
+        LAST_ERROR.with(|m| assert_eq!(*m.borrow(), "internal error: no such thing"));
+        let s = run(|| std::panic::panic_any(format!("code {}", 7)));
+        assert_eq!(s, Status::Panic);
+        LAST_ERROR.with(|m| assert_eq!(*m.borrow(), "internal error: code 7"));
+        assert_eq!(run(|| Ok(())), Status::Ok);
+        LAST_ERROR.with(|m| assert!(m.borrow().is_empty()));
+    }
+}

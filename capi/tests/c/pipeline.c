@@ -1,0 +1,168 @@
+/*
+ * A decode-then-infer loop written against ascend_pool.h only, as a C application would:
+ * per frame, a host buffer is filled, copied on a stream into DVPP memory (the decoder's
+ * input), the "decoder" copies it into 128-aligned model input, and the result is read back
+ * and checked. Frees are stream-ordered, so a frame's memory is reused while its copies may
+ * still be queued. Then bad input of every sort, each refused with its status and the pool
+ * left intact.
+ *
+ * usage: pipeline sim|acl FRAMES      prints "ok" and the counters; exits 1 on any failure.
+ */
+#include "ascend_pool.h"
+
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int failures;
+
+#define EXPECT(call, want)                                                                    \
+    do {                                                                                      \
+        ap_status got_ = (call);                                                              \
+        if (got_ != (want)) {                                                                 \
+            char msg_[256];                                                                   \
+            ap_last_error(msg_, sizeof msg_);                                                 \
+            fprintf(stderr, "%s:%d: %s gave %s, want %s (%s)\n", __FILE__, __LINE__, #call,   \
+                    ap_status_name(got_), ap_status_name(want), msg_);                        \
+            failures++;                                                                       \
+        }                                                                                     \
+    } while (0)
+
+#define CHECK(cond)                                                                           \
+    do {                                                                                      \
+        if (!(cond)) {                                                                        \
+            fprintf(stderr, "%s:%d: %s does not hold\n", __FILE__, __LINE__, #cond);          \
+            failures++;                                                                       \
+        }                                                                                     \
+    } while (0)
+
+enum { FRAME = 1920 * 1080 * 3 / 2 };
+
+static uint64_t live(ap_pool pool) {
+    uint64_t n = 0;
+    for (int k = AP_KIND_DEVICE; k <= AP_KIND_HOST; k++) {
+        ap_stats s;
+        EXPECT(ap_pool_stats(pool, (ap_kind)k, &s), AP_OK);
+        n += s.live_regions;
+    }
+    return n;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 3 || (strcmp(argv[1], "sim") && strcmp(argv[1], "acl"))) {
+        fprintf(stderr, "usage: %s sim|acl FRAMES\n", argv[0]);
+        return 2;
+    }
+    ap_source source = strcmp(argv[1], "sim") ? AP_SOURCE_ACL : AP_SOURCE_SIM;
+    int frames = atoi(argv[2]);
+
+    /* The header's layouts are the library's (it asserts 32 and 128 bytes on its side). */
+    CHECK(sizeof(ap_region_info) == 32 && offsetof(ap_region_info, kind) == 24);
+    CHECK(sizeof(ap_stats) == 128 && offsetof(ap_stats, cached_regions) == 120);
+
+    ap_pool pool = 0;
+    EXPECT(ap_pool_create(source, "chunk_size:32m", &pool), AP_OK);
+    if (failures) return 1;
+    ap_stream stream;
+    EXPECT(ap_stream_create(pool, &stream), AP_OK);
+
+    ap_region host;
+    EXPECT(ap_alloc(pool, AP_KIND_HOST, FRAME, &host), AP_OK);
+    unsigned char *bytes = NULL;
+    unsigned char *back = malloc(FRAME);
+    uint64_t dvpp_addr_first = 0, reused = 0;
+    for (int f = 0; f < frames && !failures; f++) {
+        EXPECT(ap_host_ptr(pool, host, (void **)&bytes), AP_OK);
+        for (size_t i = 0; i < FRAME; i++) bytes[i] = (unsigned char)(i * 7 + f);
+
+        ap_region input, tensor;
+        EXPECT(ap_alloc_on(pool, AP_KIND_DVPP, FRAME, stream, &input), AP_OK);
+        EXPECT(ap_alloc_model_input(pool, FRAME, &tensor), AP_OK);
+        ap_region_info ii, ti;
+        EXPECT(ap_region_get_info(pool, input, &ii), AP_OK);
+        EXPECT(ap_region_get_info(pool, tensor, &ti), AP_OK);
+        CHECK(ii.addr % 128 == 0 && ii.len == FRAME && ii.kind == AP_KIND_DVPP);
+        CHECK(ti.addr % 128 == 0 && ti.align >= 128 && ti.kind == AP_KIND_DEVICE);
+        if (f == 0) dvpp_addr_first = ii.addr;
+        reused += ii.addr == dvpp_addr_first;
+
+        EXPECT(ap_copy_async(pool, input, 0, host, 0, FRAME, stream), AP_OK);
+        EXPECT(ap_copy_async(pool, tensor, 0, input, 0, FRAME, stream), AP_OK);
+        /* Freed with the copies maybe still queued: the next frame's input may take it. */
+        EXPECT(ap_free(pool, input), AP_OK);
+        /* Waits for the stream's copies into the tensor before reading it. */
+        EXPECT(ap_copy_to_host(pool, tensor, 0, back, FRAME), AP_OK);
+        for (size_t i = 0; i < FRAME; i++) {
+            if (back[i] != (unsigned char)(i * 7 + f)) {
+                fprintf(stderr, "frame %d byte %zu: %u\n", f, i, back[i]);
+                failures++;
+                break;
+            }
+        }
+        EXPECT(ap_free(pool, tensor), AP_OK);
+    }
+    EXPECT(ap_stream_synchronize(pool, stream), AP_OK);
+    EXPECT(ap_pool_validate(pool), AP_OK);
+    uint64_t before = live(pool);
+
+    /* Bad input: each refused with its status, nothing allocated, the pool intact. */
+    ap_region r = 0, dead;
+    EXPECT(ap_alloc(pool, AP_KIND_DEVICE, 0, &r), AP_ERR_INVALID_SIZE);
+    EXPECT(ap_alloc(pool, AP_KIND_DEVICE, UINT64_MAX, &r), AP_ERR_INVALID_SIZE);
+    EXPECT(ap_alloc(pool, (ap_kind)9, 64, &r), AP_ERR_INVALID_ARGUMENT);
+    EXPECT(ap_alloc(pool, AP_KIND_DEVICE, 64, NULL), AP_ERR_NULL_ARGUMENT);
+    EXPECT(ap_alloc_aligned(pool, 4096, 96, &r), AP_ERR_INVALID_SIZE);
+    EXPECT(ap_alloc_on(pool, AP_KIND_HOST, 64, stream, &r), AP_ERR_WRONG_KIND);
+    EXPECT(ap_alloc(pool, AP_KIND_DEVICE, 256, &dead), AP_OK);
+    EXPECT(ap_free(pool, dead), AP_OK);
+    EXPECT(ap_free(pool, dead), AP_ERR_BAD_REGION);
+    EXPECT(ap_free(pool, 0), AP_ERR_BAD_REGION);
+    EXPECT(ap_memset(pool, dead, 0, 1, 1), AP_ERR_BAD_REGION);
+    EXPECT(ap_copy_from_host(pool, host, FRAME - 8, back, 16), AP_ERR_OUT_OF_BOUNDS);
+    EXPECT(ap_copy_from_host(pool, host, UINT64_MAX, back, 16), AP_ERR_OUT_OF_BOUNDS);
+    EXPECT(ap_copy_to_host(pool, host, 0, back, 0), AP_ERR_OUT_OF_BOUNDS);
+    EXPECT(ap_copy_to_host(pool, host, 0, NULL, 16), AP_ERR_NULL_ARGUMENT);
+    EXPECT(ap_copy(pool, host, 0, host, 64, 64), AP_ERR_INVALID_ARGUMENT);
+    ap_region dev;
+    EXPECT(ap_alloc(pool, AP_KIND_DEVICE, 4096, &dev), AP_OK);
+    EXPECT(ap_copy_async(pool, dev, 32, host, 0, 64, stream), AP_ERR_MISALIGNED);
+    EXPECT(ap_host_ptr(pool, dev, (void **)&bytes), AP_ERR_WRONG_KIND);
+    EXPECT(ap_memset_async(pool, dev, 0, 0, 4096, stream + 1000), AP_ERR_BAD_STREAM);
+
+    ap_pool other;
+    EXPECT(ap_pool_create(AP_SOURCE_SIM, NULL, &other), AP_OK);
+    EXPECT(ap_free(other, dev), AP_ERR_BAD_REGION); /* a region of another pool */
+    EXPECT(ap_record_stream(other, dev, stream), AP_ERR_BAD_REGION);
+    EXPECT(ap_pool_create(AP_SOURCE_SIM, "chunk_size:lots", &r), AP_ERR_CONFIG);
+    EXPECT(ap_pool_create((ap_source)7, NULL, &r), AP_ERR_INVALID_ARGUMENT);
+    EXPECT(ap_pool_destroy(other, NULL), AP_OK);
+    EXPECT(ap_pool_validate(other), AP_ERR_BAD_POOL);
+
+    CHECK(live(pool) == before + 1);
+    EXPECT(ap_pool_validate(pool), AP_OK);
+    char msg[8];
+    EXPECT(ap_free(pool, dead), AP_ERR_BAD_REGION);
+    CHECK(ap_last_error(msg, sizeof msg) > sizeof msg && msg[sizeof msg - 1] == 0);
+    EXPECT(ap_free(pool, dev), AP_OK);
+    CHECK(ap_last_error(msg, sizeof msg) == 0 && msg[0] == 0);
+
+    ap_stats device, dvpp;
+    EXPECT(ap_pool_stats(pool, AP_KIND_DEVICE, &device), AP_OK);
+    EXPECT(ap_pool_stats(pool, AP_KIND_DVPP, &dvpp), AP_OK);
+    EXPECT(ap_stream_destroy(pool, stream), AP_OK);
+    EXPECT(ap_stream_destroy(pool, stream), AP_ERR_BAD_STREAM);
+    uint64_t freed = 0;
+    EXPECT(ap_pool_destroy(pool, &freed), AP_OK);
+    EXPECT(ap_pool_destroy(pool, &freed), AP_ERR_BAD_POOL);
+    free(back);
+    if (failures) {
+        fprintf(stderr, "%d failure(s)\n", failures);
+        return 1;
+    }
+    printf("ok frames=%d dvpp_reused=%llu dvpp_source_allocs=%llu device_source_allocs=%llu "
+           "freed_at_destroy=%llu\n",
+           frames, (unsigned long long)reused, (unsigned long long)dvpp.source_alloc_calls,
+           (unsigned long long)device.source_alloc_calls, (unsigned long long)freed);
+    return 0;
+}

@@ -1,0 +1,196 @@
+//! Builds `tests/c/pipeline.c` against `include/ascend_pool.h` and the crate's
+//! `libascend_pool_capi.so` with the system C compiler, then runs it on the simulator and, as
+//! an AscendCL program would run on a device, over the drop-in `libascendcl.so`. The header
+//! is also compiled as C++.
+
+#[path = "../../tests/common/dropin.rs"]
+mod common_dropin;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+/// The directory cargo put this test in: the crate's cdylib is built beside it.
+fn deps_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test's own path");
+    exe.parent().expect("a deps directory").to_path_buf()
+}
+
+fn include_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../include")
+}
+
+/// The pipeline program, compiled once per test binary with every warning an error.
+fn program() -> &'static Path {
+    static EXE: OnceLock<PathBuf> = OnceLock::new();
+    EXE.get_or_init(|| {
+        let deps = deps_dir();
+        assert!(
+            deps.join("libascend_pool_capi.so").is_file(),
+            "libascend_pool_capi.so is not in {}",
+            deps.display()
+        );
+        let exe = Path::new(env!("CARGO_TARGET_TMPDIR")).join("capi-pipeline");
+        let out = Command::new("cc")
+            .args(["-std=c11", "-O1", "-Wall", "-Wextra", "-Werror", "-I"])
+            .arg(include_dir())
+            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/pipeline.c"))
+            .arg("-L")
+            .arg(&deps)
+            .arg("-lascend_pool_capi")
+            .arg(format!("-Wl,-rpath,{}", deps.display()))
+            .arg("-o")
+            .arg(&exe)
+            .output()
+            .expect("run the C compiler (cc)");
+        assert!(
+            out.status.success(),
+            "pipeline.c does not compile:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        exe
+    })
+}
+
+/// The program, finding the library cargo just built: `cargo test` puts `target/debug` on
+/// the loader path, where `cargo build` may have left an older copy that would win over the
+/// program's run path.
+fn command() -> Command {
+    let mut cmd = Command::new(program());
+    cmd.env("LD_LIBRARY_PATH", deps_dir())
+        .env_remove("ASCEND_POOL_CONF");
+    cmd
+}
+
+fn run(args: &[&str], env: &[(&str, &Path)]) -> String {
+    let mut cmd = command();
+    cmd.args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("run the pipeline");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "pipeline {args:?} failed ({}):\n{stdout}\n{stderr}",
+        out.status,
+    );
+    // Nothing to say: no leak report when the pools are destroyed.
+    assert!(stderr.is_empty(), "pipeline {args:?}:\n{stderr}");
+    stdout
+}
+
+/// `key=value` from the program's report line.
+fn field(report: &str, key: &str) -> u64 {
+    report
+        .split_whitespace()
+        .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
+        .unwrap_or_else(|| panic!("no {key} in {report:?}"))
+        .parse()
+        .unwrap()
+}
+
+fn check(report: &str) {
+    assert!(report.starts_with("ok "), "{report}");
+    assert_eq!(field(report, "frames"), 48);
+    // Stream-ordered frees: every frame's decoder input lands where the first one did, and
+    // one DVPP chunk serves them all.
+    assert_eq!(field(report, "dvpp_reused"), 48, "{report}");
+    assert_eq!(field(report, "dvpp_source_allocs"), 1, "{report}");
+    // The host staging buffer is the one region left when the pool is destroyed.
+    assert_eq!(field(report, "freed_at_destroy"), 1, "{report}");
+}
+
+#[test]
+fn a_c_pipeline_runs_on_the_simulator() {
+    check(&run(&["sim", "48"], &[]));
+}
+
+#[test]
+fn a_c_pipeline_runs_over_the_dropin_libascendcl() {
+    let lib = common_dropin::dropin();
+    check(&run(&["acl", "48"], &[("ASCEND_POOL_ACL_LIB", lib)]));
+}
+
+#[test]
+fn a_missing_libascendcl_is_a_status_not_a_crash() {
+    let out = command()
+        .args(["acl", "1"])
+        .env("ASCEND_POOL_ACL_LIB", "/nonexistent/libascendcl.so")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("want AP_OK") && err.contains("AP_ERR_LIBRARY_LOAD"),
+        "{err}"
+    );
+    assert!(err.contains("/nonexistent/libascendcl.so"), "{err}");
+}
+
+#[test]
+fn the_header_compiles_as_cpp() {
+    let out = Command::new("c++")
+        .args([
+            "-std=c++17",
+            "-fsyntax-only",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-x",
+            "c++",
+        ])
+        .arg(include_dir().join("ascend_pool.h"))
+        .output()
+        .expect("run the C++ compiler (c++)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The README's C example, inside a `main`, compiles against the header and runs.
+#[test]
+fn the_readme_example_compiles_and_runs() {
+    let readme = include_str!("../../README.md");
+    let start = readme.find("```c\n").expect("a C example in the README") + 5;
+    let body = &readme[start..start + readme[start..].find("```").unwrap()];
+    let source = Path::new(env!("CARGO_TARGET_TMPDIR")).join("readme-example.c");
+    std::fs::write(
+        &source,
+        format!(
+            "#include \"ascend_pool.h\"\nint main(void) {{\n    uint64_t frame_len = 3110400;\n\
+             {body}    return ap_pool_destroy(pool, 0) == AP_OK ? 0 : 1;\n}}\n"
+        ),
+    )
+    .unwrap();
+    let exe = source.with_extension("");
+    let deps = deps_dir();
+    let out = Command::new("cc")
+        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-I"])
+        .arg(include_dir())
+        .arg(&source)
+        .arg("-L")
+        .arg(&deps)
+        .arg("-lascend_pool_capi")
+        .arg("-o")
+        .arg(&exe)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let run = Command::new(&exe)
+        .env("LD_LIBRARY_PATH", &deps)
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success() && run.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+}

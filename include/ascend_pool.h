@@ -1,0 +1,148 @@
+/*
+ * ascend_pool.h: the C interface to ascend-pool (libascend_pool_capi.so).
+ *
+ * Pools, regions and streams are 64-bit handles, never 0 and never reused within a process,
+ * so a freed, destroyed or foreign handle is refused with a status instead of touching memory.
+ * Every function returns an ap_status; on failure ap_last_error() tells what happened, and the
+ * pool is left as it was. All functions may be called from any thread.
+ */
+#ifndef ASCEND_POOL_H
+#define ASCEND_POOL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum ap_status {
+    AP_OK = 0,
+    AP_ERR_NULL_ARGUMENT = 1,    /* a pointer the call writes or reads is NULL */
+    AP_ERR_INVALID_ARGUMENT = 2, /* an unknown kind or source, the same region twice */
+    AP_ERR_BAD_POOL = 3,         /* not a live pool: destroyed, or never created */
+    AP_ERR_BAD_REGION = 4,       /* not a live region of this pool: freed, foreign, or 0 */
+    AP_ERR_BAD_STREAM = 5,       /* not a live stream of this pool */
+    AP_ERR_INVALID_SIZE = 6,     /* size 0, a size that overflows, an alignment refused */
+    AP_ERR_OUT_OF_MEMORY = 7,    /* the pool and its source could not serve the request */
+    AP_ERR_LIMIT_EXCEEDED = 8,   /* serving it would pass the configured limit */
+    AP_ERR_OUT_OF_BOUNDS = 9,    /* a copy or fill past the end of a region, or of length 0 */
+    AP_ERR_MISALIGNED = 10,      /* an async copy whose ends are not 64-byte aligned */
+    AP_ERR_WRONG_KIND = 11,      /* a kind the call does not take (streams: device and DVPP) */
+    AP_ERR_CONFIG = 12,          /* a configuration string the pool refuses */
+    AP_ERR_RUNTIME = 13,         /* an AscendCL call failed */
+    AP_ERR_NOT_SUPPORTED = 14,   /* the runtime lacks a function */
+    AP_ERR_LIBRARY_LOAD = 15,    /* libascendcl.so could not be loaded */
+    AP_ERR_CORRUPTION = 16,      /* a segment's padding was overwritten (debug mode) */
+    AP_ERR_INVALID_STATE = 17,   /* ap_pool_validate found a broken invariant */
+    AP_ERR_PANIC = 18,           /* a bug inside the library; the call had no effect */
+    AP_ERR_OTHER = 19            /* anything else (see ap_last_error) */
+} ap_status;
+
+/* Memory kinds: which AscendCL call the pool's blocks come from. */
+typedef enum ap_kind {
+    AP_KIND_DEVICE = 0,         /* aclrtMalloc, with the pool's policy */
+    AP_KIND_DEVICE_ALIGN32 = 1, /* aclrtMallocAlign32 */
+    AP_KIND_CACHED = 2,         /* aclrtMallocCached */
+    AP_KIND_DVPP = 3,           /* acldvppMalloc: 128-byte starts */
+    AP_KIND_HOST = 4            /* aclrtMallocHost */
+} ap_kind;
+
+/* Where a pool's blocks come from. */
+typedef enum ap_source {
+    AP_SOURCE_SIM = 0, /* the simulator, on host memory */
+    AP_SOURCE_ACL = 1  /* libascendcl.so: $ASCEND_POOL_ACL_LIB, $ASCEND_HOME_PATH/lib64,
+                          $ASCEND_TOOLKIT_HOME/lib64, then the loader path */
+} ap_source;
+
+typedef uint64_t ap_pool;
+typedef uint64_t ap_region;
+typedef uint64_t ap_stream;
+
+typedef struct ap_region_info {
+    uint64_t addr;  /* start; a device address for device kinds */
+    uint64_t len;   /* usable bytes: the length asked for */
+    uint64_t align; /* guaranteed start alignment */
+    uint32_t kind;  /* an ap_kind */
+    uint32_t reserved;
+} ap_region_info;
+
+/* Counters of one kind; as the Rust KindStats. */
+typedef struct ap_stats {
+    uint64_t allocated_bytes;
+    uint64_t requested_bytes;
+    uint64_t reserved_bytes;
+    uint64_t peak_allocated_bytes;
+    uint64_t peak_requested_bytes;
+    uint64_t peak_reserved_bytes;
+    uint64_t live_regions;
+    uint64_t allocations;
+    uint64_t frees;
+    uint64_t pending_frees;
+    uint64_t chunks;
+    uint64_t source_alloc_calls;
+    uint64_t source_free_calls;
+    uint64_t ooms;
+    uint64_t cached_bytes;
+    uint64_t cached_regions;
+} ap_stats;
+
+/* The status's name, e.g. "AP_ERR_BAD_REGION"; a static string. */
+const char *ap_status_name(int status);
+/* Copies the message of this thread's last failure into buf (NUL-terminated, cut to cap) and
+ * returns its full length; 0 when the thread's last call succeeded. buf may be NULL if cap is 0. */
+size_t ap_last_error(char *buf, size_t cap);
+
+/* A pool over `source`. `conf` is in ASCEND_POOL_CONF syntax ("chunk_size:64m,limit:2g");
+ * NULL reads $ASCEND_POOL_CONF (defaults when unset). */
+ap_status ap_pool_create(ap_source source, const char *conf, ap_pool *out);
+/* Destroys a pool: its streams are synchronized and destroyed, its live regions freed (their
+ * number in *freed_regions, which may be NULL), its blocks returned to the source. */
+ap_status ap_pool_destroy(ap_pool pool, uint64_t *freed_regions);
+ap_status ap_pool_stats(ap_pool pool, ap_kind kind, ap_stats *out);
+/* Checks every invariant of every chunk; AP_ERR_INVALID_STATE names the first broken one. */
+ap_status ap_pool_validate(ap_pool pool);
+/* Gives empty chunks back to the source; *released (may be NULL) gets the bytes. */
+ap_status ap_pool_trim(ap_pool pool, uint64_t *released);
+/* Waits until every free waiting on a stream has completed. */
+ap_status ap_pool_synchronize(ap_pool pool);
+
+ap_status ap_alloc(ap_pool pool, ap_kind kind, uint64_t len, ap_region *out);
+/* Device memory (the pool's policy) starting at a multiple of align, a power of two >= 64. */
+ap_status ap_alloc_aligned(ap_pool pool, uint64_t len, uint64_t align, ap_region *out);
+/* Device memory with 128-byte starts, fit for model input. */
+ap_status ap_alloc_model_input(ap_pool pool, uint64_t len, ap_region *out);
+/* Device or DVPP memory for work ordered on `stream`: memory freed while work on this stream
+ * still used it is reused at once, the work running in stream order. */
+ap_status ap_alloc_on(ap_pool pool, ap_kind kind, uint64_t len, ap_stream stream, ap_region *out);
+/* Frees a region; if streams have work queued on it, its memory is reused once they pass it. */
+ap_status ap_free(ap_pool pool, ap_region region);
+ap_status ap_region_get_info(ap_pool pool, ap_region region, ap_region_info *out);
+/* The bytes of a host region, once every stream with work queued on it has run that work. */
+ap_status ap_host_ptr(ap_pool pool, ap_region region, void **out);
+/* Marks a region as used by work the caller queues on `stream` itself. */
+ap_status ap_record_stream(ap_pool pool, ap_region region, ap_stream stream);
+
+/* Synchronous copies and fills: they wait for streams with work queued on the regions first. */
+ap_status ap_copy_from_host(ap_pool pool, ap_region dst, uint64_t offset, const void *src,
+                            uint64_t len);
+ap_status ap_copy_to_host(ap_pool pool, ap_region src, uint64_t offset, void *dst, uint64_t len);
+ap_status ap_copy(ap_pool pool, ap_region dst, uint64_t dst_offset, ap_region src,
+                  uint64_t src_offset, uint64_t len);
+ap_status ap_memset(ap_pool pool, ap_region dst, uint64_t offset, uint8_t value, uint64_t len);
+
+ap_status ap_stream_create(ap_pool pool, ap_stream *out);
+ap_status ap_stream_synchronize(ap_pool pool, ap_stream stream);
+/* Waits for the stream's work, then destroys it. */
+ap_status ap_stream_destroy(ap_pool pool, ap_stream stream);
+/* Queued on `stream`; both ends 64-byte aligned. Both regions are recorded on the stream. */
+ap_status ap_copy_async(ap_pool pool, ap_region dst, uint64_t dst_offset, ap_region src,
+                        uint64_t src_offset, uint64_t len, ap_stream stream);
+ap_status ap_memset_async(ap_pool pool, ap_region dst, uint64_t offset, uint8_t value,
+                          uint64_t len, ap_stream stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ASCEND_POOL_H */
