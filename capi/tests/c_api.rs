@@ -6,6 +6,11 @@ use ascend_pool_capi::*;
 use std::ffi::{c_void, CStr};
 use std::ptr::{null, null_mut};
 
+/// Rounds of the threaded tests, and the largest region they fill: less under Miri, which
+/// runs each far slower (and fills byte by byte).
+const ROUNDS: u64 = if cfg!(miri) { 60 } else { 3000 };
+const MAX_LEN: u64 = if cfg!(miri) { 512 } else { 70_000 };
+
 fn pool_with(conf: &str) -> u64 {
     let conf = std::ffi::CString::new(conf).unwrap();
     let mut pool = 0;
@@ -411,14 +416,14 @@ fn threads_share_a_pool_through_its_handles() {
             std::thread::spawn(move || {
                 let mut seed = t * 7919 + 1;
                 let mut held: Vec<(u64, u8)> = Vec::new();
-                for i in 0..3000u64 {
+                for i in 0..ROUNDS {
                     seed = seed
                         .wrapping_mul(6364136223846793005)
                         .wrapping_add(1442695040888963407);
                     if held.len() < 24 && seed >> 62 != 0 {
                         let kind = [KIND_DEVICE, KIND_DVPP, KIND_HOST, KIND_CACHED]
                             [(seed >> 20) as usize % 4];
-                        let len = 1 + (seed >> 33) % 70_000;
+                        let len = 1 + (seed >> 33) % MAX_LEN;
                         let r = alloc(pool, kind, len).unwrap();
                         let i_ = info(pool, r);
                         assert!(i_.len == len && i_.addr % i_.align == 0);
@@ -500,9 +505,14 @@ fn an_overrun_into_the_padding_is_reported_on_free() {
     let mut p: *mut c_void = null_mut();
     // SAFETY: a writable pointer.
     assert_eq!(unsafe { ap_host_ptr(pool, r, &mut p) }, Status::Ok);
+    assert_eq!(p as u64, info(pool, r).addr);
+    // The 100 bytes `p` was handed out for end before the byte written, so the write goes
+    // through the segment's address as the pool holds it, as a stray C pointer would.
+    let stray = std::ptr::with_exposed_provenance_mut::<u8>(info(pool, r).addr as usize);
     // SAFETY: the segment's footprint covers the padding past its 100 bytes (carve rule:
-    // ALIGN_UP(100, 32) + 32 = 160); writing there is the bug debug mode exists to catch.
-    unsafe { p.cast::<u8>().add(130).write(0xAB) };
+    // ALIGN_UP(100, 32) + 32 = 160), in the pool's host block; writing there is the bug debug
+    // mode exists to catch.
+    unsafe { stray.add(130).write(0xAB) };
     assert_eq!(ap_free(pool, r), Status::Corruption);
     assert!(
         last_error().contains("byte 130 past the start"),
@@ -548,23 +558,25 @@ fn stream_ordered_frees_reuse_memory_at_once() {
 fn copies_both_ways_between_two_regions_do_not_deadlock() {
     let pool = pool_with("");
     let (a, b) = (
-        alloc(pool, KIND_DEVICE, 4096).unwrap(),
-        alloc(pool, KIND_DEVICE, 4096).unwrap(),
+        alloc(pool, KIND_DEVICE, MAX_LEN).unwrap(),
+        alloc(pool, KIND_DEVICE, MAX_LEN).unwrap(),
     );
     let (tx, rx) = std::sync::mpsc::channel();
     for (dst, src) in [(a, b), (b, a)] {
         let tx = tx.clone();
         std::thread::spawn(move || {
-            for _ in 0..20_000 {
-                assert_eq!(ap_copy(pool, dst, 0, src, 0, 4096), Status::Ok);
-            }
-            tx.send(()).unwrap();
+            let failed = (0..ROUNDS * 7)
+                .map(|_| ap_copy(pool, dst, 0, src, 0, MAX_LEN))
+                .find(|&s| s != Status::Ok);
+            tx.send(failed).unwrap();
         });
     }
     // Each copy locks both regions; taken in opposite orders, two copies would wait forever.
     for _ in 0..2 {
-        rx.recv_timeout(std::time::Duration::from_secs(120))
+        let failed = rx
+            .recv_timeout(std::time::Duration::from_secs(120))
             .expect("the two copiers are stuck on each other's region");
+        assert_eq!(failed, None);
     }
     assert_eq!(destroy(pool), 2);
 }
