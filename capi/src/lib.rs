@@ -247,9 +247,8 @@ macro_rules! with_region {
 type Shared<T> = Arc<Mutex<T>>;
 
 /// Hashes handles, which the process hands out itself: no adversary picks them, so SipHash's
-/// cost buys nothing. One multiply spreads consecutive handles; folding the high half down
-/// keeps the low bits (the map's bucket index) varied though a shard's handles share
-/// their residue mod [`SHARDS`].
+/// cost buys nothing. SplitMix64's finalizer (two multiplies) spreads them as a random hash
+/// would, though a shard's handles share their residue mod [`SHARDS`] and follow one another.
 #[derive(Debug, Default, Clone, Copy)]
 struct HandleHasher(u64);
 
@@ -261,8 +260,10 @@ impl std::hash::Hasher for HandleHasher {
         }
     }
     fn write_u64(&mut self, n: u64) {
-        let h = n.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        self.0 = h ^ (h >> 32);
+        let mut z = n.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        self.0 = z ^ (z >> 31);
     }
     fn finish(&self) -> u64 {
         self.0
@@ -1115,6 +1116,30 @@ mod tests {
             let f = Failure::Lib(e.clone());
             assert_eq!((f.status(), f.message()), (want, e.to_string()));
         }
+    }
+
+    /// A shard's handles share their residue mod 16; the hash must still spread them over a
+    /// table's buckets (its low bits) and tags (its top seven bits), as a random hash would.
+    #[test]
+    fn one_shards_handles_spread_over_a_tables_buckets() {
+        use std::collections::HashSet;
+        use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
+        let build = BuildHasherDefault::<HandleHasher>::default();
+        let hashes: Vec<u64> = (1..=1024u64)
+            .map(|k| build.hash_one(k * SHARDS as u64 + 3))
+            .collect();
+        let buckets: HashSet<u64> = hashes.iter().map(|h| h & 1023).collect();
+        let tags: HashSet<u64> = hashes.iter().map(|h| h >> 57).collect();
+        // A random hash fills about 647 of 1,024 buckets and all 128 tags.
+        assert!(buckets.len() >= 600, "{} buckets", buckets.len());
+        assert!(tags.len() >= 120, "{} tags", tags.len());
+        let bytes = |b: &[u8]| {
+            let mut h = HandleHasher::default();
+            h.write(b);
+            h.finish()
+        };
+        assert_ne!(bytes(b"ab"), bytes(b"ba"));
+        assert_ne!(bytes(b"a"), bytes(b"b"));
     }
 
     #[test]
