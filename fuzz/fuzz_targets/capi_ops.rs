@@ -231,9 +231,20 @@ impl Model {
         self.order.push(handle);
     }
 
-    /// The status a call on `(offset, len)` of a live region of `cap` bytes gets from bounds.
+    /// Whether `(offset, len)` is a span the pool copies or fills in a region of `cap` bytes.
     fn bounds(offset: u64, len: u64, cap: u64) -> bool {
         len > 0 && offset.checked_add(len).is_some_and(|e| e <= cap)
+    }
+
+    /// The status of a copy or fill on `(offset, len)` of region `h` (live or not).
+    fn span_status(&self, h: u64, live: bool, offset: u64, len: u64) -> Status {
+        if !live {
+            Status::BadRegion
+        } else if !Model::bounds(offset, len, self.live[&h].len) {
+            Status::OutOfBounds
+        } else {
+            Status::Ok
+        }
     }
 
     fn alloc_result(&mut self, got: Status, handle: u64, len: u64, what: &str) {
@@ -414,12 +425,8 @@ fn run(ops: Vec<Op>) {
                 let buf = vec![byte; len as usize];
                 // SAFETY: `buf` holds `len` bytes.
                 let got = unsafe { ap_copy_from_host(pool, h, off, buf.as_ptr().cast(), len) };
-                if !live {
-                    assert_eq!(got, Status::BadRegion);
-                } else if !Model::bounds(off, len, m.live[&h].len) {
-                    assert_eq!(got, Status::OutOfBounds);
-                } else {
-                    assert_eq!(got, Status::Ok);
+                assert_eq!(got, m.span_status(h, live, off, len));
+                if got == Status::Ok {
                     m.settle(h);
                     m.write_shadow(h, off, len, Some(byte));
                 }
@@ -430,12 +437,8 @@ fn run(ops: Vec<Op>) {
                 let mut buf = vec![0u8; len as usize];
                 // SAFETY: `buf` holds `len` writable bytes.
                 let got = unsafe { ap_copy_to_host(pool, h, off, buf.as_mut_ptr().cast(), len) };
-                if !live {
-                    assert_eq!(got, Status::BadRegion);
-                } else if !Model::bounds(off, len, m.live[&h].len) {
-                    assert_eq!(got, Status::OutOfBounds);
-                } else {
-                    assert_eq!(got, Status::Ok);
+                assert_eq!(got, m.span_status(h, live, off, len));
+                if got == Status::Ok {
                     m.settle(h);
                     for (i, b) in buf.iter().enumerate() {
                         let at = off as usize + i;
@@ -533,12 +536,8 @@ fn run(ops: Vec<Op>) {
                 };
                 let want = if stream.is_some_and(|st| !m.stream_live(st)) {
                     Status::BadStream
-                } else if !live {
-                    Status::BadRegion
-                } else if !Model::bounds(off, len, m.live[&h].len) {
-                    Status::OutOfBounds
                 } else {
-                    Status::Ok
+                    m.span_status(h, live, off, len)
                 };
                 assert_eq!(got, want);
                 if got == Status::Ok {
