@@ -282,9 +282,12 @@ struct Entry {
     /// Live streams by handle.
     streams: Mutex<Handles<Arc<Stream>>>,
     pool: Pool,
-    /// Cleared by `ap_pool_destroy` before it empties the tables: a call that got hold of the
-    /// entry a moment earlier (from another thread) answers [`Status::BadPool`] from then on.
+    /// Cleared by `ap_pool_destroy` before it empties the tables, each under its lock: a call
+    /// that got hold of the entry a moment earlier (from another thread) answers
+    /// [`Status::BadPool`] from then on, for a handle the destroy took away as for a new one.
     alive: AtomicBool,
+    /// The pool's own handle.
+    id: u64,
 }
 
 /// Live pools. Read-locked when a thread calls with a pool other than its last one, written
@@ -431,24 +434,41 @@ impl Entry {
         &self.regions[(handle % SHARDS as u64) as usize]
     }
 
-    fn insert(&self, region: AnyRegion) -> u64 {
+    /// `missing` for a handle not in a table, unless the pool is being destroyed.
+    fn gone(&self, missing: Failure) -> Failure {
+        if self.alive.load(Ordering::Acquire) {
+            missing
+        } else {
+            Failure::BadPool(self.id)
+        }
+    }
+
+    /// Files `value` under a new handle, unless the pool is being destroyed: its tables have
+    /// been emptied, or will be, and the value is dropped (a region freed) instead.
+    fn file<T>(&self, table: &Mutex<Handles<T>>, handle: u64, value: T) -> Result<u64, Failure> {
+        let mut t = lock(table);
+        if !self.alive.load(Ordering::Acquire) {
+            drop(t);
+            drop(value);
+            return Err(Failure::BadPool(self.id));
+        }
+        t.insert(handle, value);
+        Ok(handle)
+    }
+
+    fn insert(&self, region: AnyRegion) -> Result<u64, Failure> {
         let handle = next_handle();
-        lock(self.table(handle)).insert(handle, Arc::new(Mutex::new(region)));
-        handle
+        self.file(self.table(handle), handle, Arc::new(Mutex::new(region)))
     }
 
     fn region(&self, handle: u64) -> Result<Shared<AnyRegion>, Failure> {
-        lock(self.table(handle))
-            .get(&handle)
-            .cloned()
-            .ok_or(Failure::BadRegion(handle))
+        let found = lock(self.table(handle)).get(&handle).cloned();
+        found.ok_or_else(|| self.gone(Failure::BadRegion(handle)))
     }
 
     fn stream(&self, handle: u64) -> Result<Arc<Stream>, Failure> {
-        lock(&self.streams)
-            .get(&handle)
-            .cloned()
-            .ok_or(Failure::BadStream(handle))
+        let found = lock(&self.streams).get(&handle).cloned();
+        found.ok_or_else(|| self.gone(Failure::BadStream(handle)))
     }
 
     /// Locks two distinct regions, in handle order so that two calls never wait on each other.
@@ -537,13 +557,14 @@ pub unsafe extern "C" fn ap_pool_create(
             SOURCE_ACL => Arc::new(AclSource::load()?),
             other => return Err(Failure::Invalid(format!("{other} is not an ap_source"))),
         };
+        let handle = next_handle();
         let entry = Entry {
             regions: Default::default(),
             streams: Mutex::default(),
             pool: Pool::new(source, config)?,
             alive: AtomicBool::new(true),
+            id: handle,
         };
-        let handle = next_handle();
         POOLS
             .write()
             .unwrap_or_else(|p| p.into_inner())
@@ -664,7 +685,7 @@ fn alloc_with(
 ) -> Result<(), Failure> {
     let out = non_null(out, "out")?;
     let e = entry(pool)?;
-    let handle = e.insert(f(&e)?);
+    let handle = e.insert(f(&e)?)?;
     // SAFETY: non-null, and the caller gives a writable u64.
     unsafe { out.as_ptr().write(handle) };
     Ok(())
@@ -760,9 +781,8 @@ pub unsafe extern "C" fn ap_alloc_on(
 pub extern "C" fn ap_free(pool: u64, region: u64) -> Status {
     run(|| {
         let e = entry(pool)?;
-        let r = lock(e.table(region))
-            .remove(&region)
-            .ok_or(Failure::BadRegion(region))?;
+        let found = lock(e.table(region)).remove(&region);
+        let r = found.ok_or_else(|| e.gone(Failure::BadRegion(region)))?;
         // Another thread's call still holding it frees it when done (its drop reports an
         // overrun to the pool's corruption list instead).
         if let Ok(r) = Arc::try_unwrap(r) {
@@ -948,8 +968,7 @@ pub unsafe extern "C" fn ap_stream_create(pool: u64, out: *mut u64) -> Status {
         let out = non_null(out, "out")?;
         let e = entry(pool)?;
         let stream = e.pool.create_stream()?;
-        let handle = next_handle();
-        lock(&e.streams).insert(handle, Arc::new(stream));
+        let handle = e.file(&e.streams, next_handle(), Arc::new(stream))?;
         // SAFETY: non-null, and the caller gives a writable u64.
         unsafe { out.as_ptr().write(handle) };
         Ok(())
@@ -968,9 +987,8 @@ pub extern "C" fn ap_stream_synchronize(pool: u64, stream: u64) -> Status {
 pub extern "C" fn ap_stream_destroy(pool: u64, stream: u64) -> Status {
     run(|| {
         let e = entry(pool)?;
-        let s = lock(&e.streams)
-            .remove(&stream)
-            .ok_or(Failure::BadStream(stream))?;
+        let found = lock(&e.streams).remove(&stream);
+        let s = found.ok_or_else(|| e.gone(Failure::BadStream(stream)))?;
         Ok(s.synchronize()?)
     })
 }
