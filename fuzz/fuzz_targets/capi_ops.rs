@@ -95,33 +95,22 @@ enum Op {
         off: Off,
         len: u16,
     },
+    /// `ap_copy`, or `ap_copy_async` on the stream picked by `stream`.
     Copy {
         dst: Handle,
         dst_off: Off,
         src: Handle,
         src_off: Off,
         len: u16,
+        stream: Option<u8>,
     },
-    CopyAsync {
-        dst: Handle,
-        dst_off: Off,
-        src: Handle,
-        src_off: Off,
-        len: u16,
-        stream: u8,
-    },
+    /// `ap_memset`, or `ap_memset_async` on the stream picked by `stream`.
     Memset {
         dst: Handle,
         off: Off,
         value: u8,
         len: u16,
-    },
-    MemsetAsync {
-        dst: Handle,
-        off: Off,
-        value: u8,
-        len: u16,
-        stream: u8,
+        stream: Option<u8>,
     },
     HostWrite {
         dst: Handle,
@@ -454,19 +443,9 @@ fn run(ops: Vec<Op>) {
                 src,
                 src_off,
                 len,
-            }
-            | Op::CopyAsync {
-                dst,
-                dst_off,
-                src,
-                src_off,
-                len,
-                ..
+                stream,
             } => {
-                let stream = match op {
-                    Op::CopyAsync { stream, .. } => Some(m.stream(stream)),
-                    _ => None,
-                };
+                let stream = stream.map(|i| m.stream(i));
                 let ((d, dl), (s, sl)) = (m.resolve(dst), m.resolve(src));
                 let (doff, soff, len) = (dst_off.get(), src_off.get(), u64::from(len));
                 let got = match stream {
@@ -516,18 +495,9 @@ fn run(ops: Vec<Op>) {
                 off,
                 value,
                 len,
-            }
-            | Op::MemsetAsync {
-                dst,
-                off,
-                value,
-                len,
-                ..
+                stream,
             } => {
-                let stream = match op {
-                    Op::MemsetAsync { stream, .. } => Some(m.stream(stream)),
-                    _ => None,
-                };
+                let stream = stream.map(|i| m.stream(i));
                 let (h, live) = m.resolve(dst);
                 let (off, len) = (off.get(), u64::from(len));
                 let got = match stream {
