@@ -14,7 +14,10 @@
 # address: the unit tests and every suite but loom's. Leaks are checked except in the suites
 #   that unload the drop-in: it keeps the simulator it builds on first use for the life of
 #   the process, as a runtime keeps its process-wide state, and unloading it loses that.
-# Usage: .ci/sanitize.sh thread|address   (about 4.5 and 3.5 minutes on 2 cores)
+# Both also run the C interface's unit tests and `c_api` (its functions called from Rust, on
+# threads, with a pool destroyed under a working thread). Its `c_program` suite is left out:
+# the C program it builds is not instrumented, and a sanitized library cannot be loaded into it.
+# Usage: .ci/sanitize.sh thread|address   (about 5 and 4 minutes on 2 cores)
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 kind=${1:?usage: .ci/sanitize.sh thread|address}
@@ -27,6 +30,7 @@ export CARGO_TARGET_DIR=target/sanitize-$kind
 cargo +nightly build -Zbuild-std --target "$target" -p acl-sim
 export ASCEND_POOL_SIM_LIB="$PWD/$CARGO_TARGET_DIR/$target/debug/libascendcl.so"
 test_suites() { cargo +nightly test -Zbuild-std --target "$target" -p ascend-pool "$@"; }
+capi_suites() { cargo +nightly test -Zbuild-std --target "$target" -p ascend-pool-capi --lib --test c_api; }
 # Every suite but loom's, so a new one is covered without an edit here; those that load the
 # drop-in are the ones that include its helper.
 suites=$(basename -s .rs tests/*.rs | grep -v '^loom_')
@@ -38,10 +42,12 @@ if [ "$kind" = thread ]; then
   # shellcheck disable=SC2046 # one suite name per word
   TSAN_OPTIONS="halt_on_error=0 suppressions=$PWD/.ci/tsan.supp ${TSAN_OPTIONS:-}" \
     test_suites --lib $(args $(without "$suites" "$single"))
+  TSAN_OPTIONS="halt_on_error=0 suppressions=$PWD/.ci/tsan.supp ${TSAN_OPTIONS:-}" capi_suites
 else
   # shellcheck disable=SC2046
   ASAN_OPTIONS="detect_leaks=1 ${ASAN_OPTIONS:-}" \
     test_suites --lib $(args $(without "$suites" "$dropin"))
   # shellcheck disable=SC2046
   ASAN_OPTIONS="detect_leaks=0 ${ASAN_OPTIONS:-}" test_suites $(args $dropin)
+  ASAN_OPTIONS="detect_leaks=1 ${ASAN_OPTIONS:-}" capi_suites
 fi
