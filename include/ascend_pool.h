@@ -36,7 +36,9 @@ typedef enum ap_status {
     AP_ERR_CORRUPTION = 16,      /* a segment's padding was overwritten (debug mode) */
     AP_ERR_INVALID_STATE = 17,   /* ap_pool_validate found a broken invariant */
     AP_ERR_PANIC = 18,           /* a bug inside the library; the call had no effect */
-    AP_ERR_OTHER = 19            /* anything else (see ap_last_error) */
+    AP_ERR_OTHER = 19,           /* anything else (see ap_last_error) */
+    AP_ERR_BUFFER_TOO_SMALL = 20 /* the caller's buffer cannot hold the answer; its size was
+                                    written */
 } ap_status;
 
 /* Memory kinds: which AscendCL call the pool's blocks come from. */
@@ -66,6 +68,16 @@ typedef struct ap_region_info {
     uint32_t kind;  /* an ap_kind */
     uint32_t reserved;
 } ap_region_info;
+
+/* One live segment of a leak report. */
+typedef struct ap_segment_info {
+    uint64_t addr;      /* the region's start */
+    uint64_t offset;    /* in its chunk */
+    uint64_t len;       /* bytes asked for */
+    uint64_t footprint; /* bytes taken under the carve rule */
+    uint32_t kind;      /* an ap_kind */
+    uint32_t pending;   /* 1: freed, its memory waiting for a stream's work */
+} ap_segment_info;
 
 /* Counters of one kind; as the Rust KindStats. */
 typedef struct ap_stats {
@@ -106,6 +118,18 @@ ap_status ap_pool_validate(ap_pool pool);
 ap_status ap_pool_trim(ap_pool pool, uint64_t *released);
 /* Waits until every free waiting on a stream has completed. */
 ap_status ap_pool_synchronize(ap_pool pool);
+/* The next three answer in the caller's buffer, all or nothing: *count or *needed gets the
+ * size of the answer (entries; bytes with the NUL), and a smaller or NULL buffer gets nothing
+ * and AP_ERR_BUFFER_TOO_SMALL, so a first call with cap 0 asks for the size. */
+/* The live segments of every kind, by address: regions not freed, and freed ones whose memory
+ * waits for a stream. */
+ap_status ap_pool_leak_report(ap_pool pool, ap_segment_info *out, size_t cap, size_t *count);
+/* The pool's chunks and live segments as a JSON object (the Rust PoolSnapshot). */
+ap_status ap_pool_snapshot_json(ap_pool pool, char *buf, size_t cap, size_t *needed);
+/* A picture of the pool as SVG: each chunk a bar of allocated, padding and free bytes. */
+ap_status ap_pool_picture_svg(ap_pool pool, char *buf, size_t cap, size_t *needed);
+/* Writes out the trace of a pool created with "record:PATH"; does nothing without one. */
+ap_status ap_pool_flush_record(ap_pool pool);
 
 ap_status ap_alloc(ap_pool pool, ap_kind kind, uint64_t len, ap_region *out);
 /* Device memory (the pool's policy) starting at a multiple of align, a power of two >= 64. */

@@ -87,11 +87,13 @@ pub enum Status {
     Panic = 18,
     /// Anything else.
     Other = 19,
+    /// The caller's buffer cannot hold the answer; the size it needs was written.
+    BufferTooSmall = 20,
 }
 
 impl Status {
     /// Every status, in value order (`ap_status_name` indexes it).
-    pub const ALL: [Status; 20] = [
+    pub const ALL: [Status; 21] = [
         Status::Ok,
         Status::NullArgument,
         Status::InvalidArgument,
@@ -112,6 +114,7 @@ impl Status {
         Status::InvalidState,
         Status::Panic,
         Status::Other,
+        Status::BufferTooSmall,
     ];
 
     fn name(self) -> &'static CStr {
@@ -136,6 +139,7 @@ impl Status {
             Status::InvalidState => c"AP_ERR_INVALID_STATE",
             Status::Panic => c"AP_ERR_PANIC",
             Status::Other => c"AP_ERR_OTHER",
+            Status::BufferTooSmall => c"AP_ERR_BUFFER_TOO_SMALL",
         }
     }
 
@@ -215,9 +219,28 @@ pub struct Stats {
     pub cached_regions: u64,
 }
 
+/// `ap_segment_info`: one live segment of a leak report ([`ascend_pool::pool::SegmentInfo`]).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SegmentInfo {
+    /// Start of the segment: the region's address.
+    pub addr: u64,
+    /// Offset in its chunk.
+    pub offset: u64,
+    /// Bytes asked for.
+    pub len: u64,
+    /// Bytes it takes under the carve rule.
+    pub footprint: u64,
+    /// An `ap_kind`.
+    pub kind: u32,
+    /// 1 when the region was freed and its memory waits for a stream's work, else 0.
+    pub pending: u32,
+}
+
 // The header's layouts (`include/ascend_pool.h` at the repository root) must follow any change.
 const_assert_eq!(std::mem::size_of::<RegionInfo>(), 32);
 const_assert_eq!(std::mem::size_of::<Stats>(), 16 * 8);
+const_assert_eq!(std::mem::size_of::<SegmentInfo>(), 40);
 const_assert_eq!(std::mem::size_of::<Status>(), std::mem::size_of::<c_int>());
 
 /// Region tables per pool: a handle's table is `handle % SHARDS`.
@@ -313,6 +336,11 @@ enum Failure {
     BadPool(u64),
     BadRegion(u64),
     BadStream(u64),
+    /// The answer needs `needed` items where the caller gave room for `cap`.
+    TooSmall {
+        needed: usize,
+        cap: usize,
+    },
     Lib(Error),
 }
 
@@ -330,6 +358,7 @@ impl Failure {
             Failure::BadPool(_) => Status::BadPool,
             Failure::BadRegion(_) => Status::BadRegion,
             Failure::BadStream(_) => Status::BadStream,
+            Failure::TooSmall { .. } => Status::BufferTooSmall,
             Failure::Lib(e) => Status::of(e),
         }
     }
@@ -341,6 +370,9 @@ impl Failure {
             Failure::BadPool(h) => format!("pool {h} is not a live pool"),
             Failure::BadRegion(h) => format!("region {h} is not a live region of this pool"),
             Failure::BadStream(h) => format!("stream {h} is not a live stream of this pool"),
+            Failure::TooSmall { needed, cap } => {
+                format!("the answer needs room for {needed}, the buffer has {cap}")
+            }
             Failure::Lib(e) => e.to_string(),
         }
     }
@@ -675,6 +707,133 @@ pub unsafe extern "C" fn ap_pool_trim(pool: u64, released: *mut u64) -> Status {
 #[no_mangle]
 pub extern "C" fn ap_pool_synchronize(pool: u64) -> Status {
     run(|| Ok(entry(pool)?.pool.synchronize()?))
+}
+
+/// Hands `items` to a caller's buffer of `cap` at `buf`, all or nothing: `*needed` gets their
+/// number either way, and a buffer too small (or NULL) gets [`Status::BufferTooSmall`].
+///
+/// # Safety
+/// `buf` is NULL or valid for writes of `cap` items.
+unsafe fn hand_over<T: Copy>(
+    items: &[T],
+    buf: *mut T,
+    cap: usize,
+    needed: NonNull<usize>,
+) -> Result<(), Failure> {
+    // SAFETY: the callers checked `needed`, a writable size_t of the caller's.
+    unsafe { needed.as_ptr().write(items.len()) };
+    if buf.is_null() || cap < items.len() {
+        return Err(Failure::TooSmall {
+            needed: items.len(),
+            cap: if buf.is_null() { 0 } else { cap },
+        });
+    }
+    // SAFETY: `buf` holds `cap >= items.len()` writable items; `items` is the library's own
+    // allocation, so the two do not overlap.
+    unsafe { std::ptr::copy_nonoverlapping(items.as_ptr(), buf, items.len()) };
+    Ok(())
+}
+
+/// Hands `text` and a terminating NUL to a caller's buffer, as [`hand_over`].
+///
+/// # Safety
+/// As [`hand_over`].
+unsafe fn hand_over_text(
+    text: String,
+    buf: *mut c_char,
+    cap: usize,
+    needed: NonNull<usize>,
+) -> Result<(), Failure> {
+    let mut bytes = text.into_bytes();
+    bytes.push(0);
+    // SAFETY: as the caller's contract.
+    unsafe { hand_over(&bytes, buf.cast::<u8>(), cap, needed) }
+}
+
+/// The live segments of every kind, by address ([`Pool::leak_report`]): regions not freed,
+/// and freed ones whose memory waits for a stream (`pending`). `*count` gets their number; a
+/// buffer of fewer than `*count` entries (or NULL) gets nothing and
+/// [`Status::BufferTooSmall`], so a first call with `cap` 0 asks for the size.
+///
+/// # Safety
+/// `out` is NULL or valid for writes of `cap` entries; `count` is NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn ap_pool_leak_report(
+    pool: u64,
+    out: *mut SegmentInfo,
+    cap: usize,
+    count: *mut usize,
+) -> Status {
+    run(|| {
+        let count = non_null(count, "count")?;
+        let segments: Vec<SegmentInfo> = entry(pool)?
+            .pool
+            .leak_report()
+            .iter()
+            .map(|s| SegmentInfo {
+                addr: s.addr as u64,
+                offset: s.offset,
+                len: s.len,
+                footprint: s.footprint,
+                kind: s.kind.index() as u32,
+                pending: u32::from(s.pending),
+            })
+            .collect();
+        // SAFETY: as this function's contract.
+        unsafe { hand_over(&segments, out, cap, count) }
+    })
+}
+
+/// The pool's chunks and live segments as JSON ([`Pool::snapshot`], the schema of the Rust
+/// `PoolSnapshot`), NUL-terminated: `*needed` gets its bytes with the NUL; a smaller buffer
+/// (or NULL) gets nothing and [`Status::BufferTooSmall`].
+///
+/// # Safety
+/// `buf` is NULL or valid for writes of `cap` bytes; `needed` is NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn ap_pool_snapshot_json(
+    pool: u64,
+    buf: *mut c_char,
+    cap: usize,
+    needed: *mut usize,
+) -> Status {
+    run(|| {
+        let needed = non_null(needed, "needed")?;
+        let snap = entry(pool)?.pool.snapshot();
+        let json = serde_json::to_string(&snap)
+            .map_err(|e| Failure::Lib(Error::Invalid(format!("snapshot as JSON: {e}"))))?;
+        // SAFETY: as this function's contract.
+        unsafe { hand_over_text(json, buf, cap, needed) }
+    })
+}
+
+/// A picture of the pool as SVG: each chunk a bar of allocated, padding and free bytes
+/// ([`ascend_pool::svg::pool_state`]). The buffer as [`ap_pool_snapshot_json`]'s.
+///
+/// # Safety
+/// As [`ap_pool_snapshot_json`].
+#[no_mangle]
+pub unsafe extern "C" fn ap_pool_picture_svg(
+    pool: u64,
+    buf: *mut c_char,
+    cap: usize,
+    needed: *mut usize,
+) -> Status {
+    run(|| {
+        let needed = non_null(needed, "needed")?;
+        let snap = entry(pool)?.pool.snapshot();
+        let svg = ascend_pool::svg::pool_state(&snap, &format!("pool {pool}"));
+        // SAFETY: as this function's contract.
+        unsafe { hand_over_text(svg, buf, cap, needed) }
+    })
+}
+
+/// Writes out the trace a pool with `record:PATH` in its configuration has buffered
+/// ([`Pool::flush_record`]); [`Status::Config`] names the first write error since the pool
+/// was created. Without recording, does nothing.
+#[no_mangle]
+pub extern "C" fn ap_pool_flush_record(pool: u64) -> Status {
+    run(|| Ok(entry(pool)?.pool.flush_record()?))
 }
 
 /// Allocates, then publishes the handle; nothing is handed out when `out` is NULL.

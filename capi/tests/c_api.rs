@@ -145,6 +145,10 @@ fn the_header_declares_what_the_library_exports() {
         "ap_pool_validate",
         "ap_pool_trim",
         "ap_pool_synchronize",
+        "ap_pool_leak_report",
+        "ap_pool_snapshot_json",
+        "ap_pool_picture_svg",
+        "ap_pool_flush_record",
         "ap_alloc",
         "ap_alloc_aligned",
         "ap_alloc_model_input",
@@ -580,4 +584,190 @@ fn copies_both_ways_between_two_regions_do_not_deadlock() {
         assert_eq!(failed, None);
     }
     assert_eq!(destroy(pool), 2);
+}
+
+/// Calls `f(buf, cap, needed)` twice, as a C caller would: first with no buffer for the size,
+/// then with a buffer of that size; returns the text.
+fn text_of(f: impl Fn(*mut std::ffi::c_char, usize, *mut usize) -> Status) -> String {
+    let mut needed = 0;
+    assert_eq!(f(null_mut(), 0, &mut needed), Status::BufferTooSmall);
+    assert!(
+        last_error().contains(&format!("room for {needed}")),
+        "{}",
+        last_error()
+    );
+    // One byte short: nothing written, the same size asked for.
+    let mut buf = vec![b'#'; needed];
+    let mut again = 0;
+    assert_eq!(
+        f(buf.as_mut_ptr().cast(), needed - 1, &mut again),
+        Status::BufferTooSmall
+    );
+    assert_eq!(again, needed);
+    assert!(buf.iter().all(|&b| b == b'#'), "a refused call wrote");
+    assert_eq!(f(buf.as_mut_ptr().cast(), needed, &mut again), Status::Ok);
+    assert_eq!(again, needed);
+    CStr::from_bytes_with_nul(&buf)
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_owned()
+}
+
+#[test]
+fn leak_report_snapshot_and_picture_show_the_live_regions() {
+    let pool = pool_with("chunk_size:4m");
+    let regions = [
+        alloc(pool, KIND_DVPP, 3_110_400).unwrap(),
+        alloc(pool, KIND_DEVICE, 100).unwrap(),
+        alloc(pool, KIND_HOST, 1).unwrap(),
+    ];
+    let gone = alloc(pool, KIND_DEVICE, 4096).unwrap();
+    assert_eq!(ap_free(pool, gone), Status::Ok);
+    let mut stream = 0;
+    // SAFETY: a writable handle.
+    assert_eq!(unsafe { ap_stream_create(pool, &mut stream) }, Status::Ok);
+    // Freed with a fill still queued on it: listed as pending until the stream has run.
+    let queued = alloc(pool, KIND_DEVICE, 1 << 20).unwrap();
+    assert_eq!(
+        ap_memset_async(pool, queued, 0, 9, 1 << 20, stream),
+        Status::Ok
+    );
+    let queued_addr = info(pool, queued).addr;
+    assert_eq!(ap_free(pool, queued), Status::Ok);
+
+    let report = |cap: usize| {
+        let mut out = vec![SegmentInfo::default(); cap];
+        let mut count = usize::MAX;
+        // SAFETY: `cap` writable entries and a writable count.
+        let got = unsafe { ap_pool_leak_report(pool, out.as_mut_ptr(), cap, &mut count) };
+        (got, count, out)
+    };
+    let (got, count, _) = report(0);
+    assert_eq!(got, Status::BufferTooSmall);
+    assert!(count == 3 || count == 4, "{count}");
+    let (got, n, segs) = report(8);
+    assert_eq!(got, Status::Ok);
+    let mut want: Vec<SegmentInfo> = regions
+        .iter()
+        .map(|&r| {
+            let i = info(pool, r);
+            SegmentInfo {
+                addr: i.addr,
+                len: i.len,
+                kind: i.kind,
+                ..SegmentInfo::default()
+            }
+        })
+        .collect();
+    let segs: Vec<SegmentInfo> = segs[..n].to_vec();
+    // The queued region is listed while its fill may still run, and only as pending.
+    let (pending, live): (Vec<&SegmentInfo>, Vec<_>) = segs.iter().partition(|s| s.pending == 1);
+    assert!(pending.iter().all(|s| s.addr == queued_addr), "{pending:?}");
+    want.sort_by_key(|s| s.addr);
+    assert_eq!(live.len(), 3);
+    for (s, w) in live.iter().zip(&want) {
+        assert_eq!(
+            (s.addr, s.len, s.kind, s.pending),
+            (w.addr, w.len, w.kind, 0)
+        );
+        // The carve rule's footprint: 32 bytes of padding after the length rounded to 32.
+        assert!(s.footprint >= s.len.div_ceil(32) * 32 + 32, "{s:?}");
+    }
+    assert!(segs.windows(2).all(|w| w[0].addr < w[1].addr), "by address");
+    assert_eq!(ap_stream_synchronize(pool, stream), Status::Ok);
+    assert_eq!(ap_pool_synchronize(pool), Status::Ok);
+    assert_eq!(report(8).1, 3, "the pending free completed");
+    // SAFETY (the closures below): the buffers come from `text_of`, with their sizes.
+    let json = text_of(|b, c, n| unsafe { ap_pool_snapshot_json(pool, b, c, n) });
+    let snap: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let kinds = snap["kinds"].as_array().unwrap();
+    let segments = kinds
+        .iter()
+        .flat_map(|k| k["chunks"].as_array().unwrap())
+        .flat_map(|c| c["segments"].as_array().unwrap())
+        .filter(|s| s["cached"] == false) // freed, held in this thread's cache for reuse
+        .count();
+    assert_eq!(segments, 3, "{json}");
+    assert_eq!(snap["source"], "sim", "{json}");
+    let svg = text_of(|b, c, n| unsafe { ap_pool_picture_svg(pool, b, c, n) });
+    assert!(
+        svg.starts_with("<svg") && svg.ends_with("</svg>\n"),
+        "{svg}"
+    );
+    assert!(svg.contains(&format!("pool {pool}")));
+
+    // Refused: a NULL size, a pool that is gone; neither writes the buffer.
+    let mut buf = [b'#'; 16];
+    let mut n = 7;
+    // SAFETY: 16 writable bytes, a writable size, or NULL.
+    unsafe {
+        assert_eq!(
+            ap_pool_snapshot_json(pool, buf.as_mut_ptr().cast(), 16, null_mut()),
+            Status::NullArgument
+        );
+        assert_eq!(
+            ap_pool_leak_report(pool, null_mut(), 0, null_mut()),
+            Status::NullArgument
+        );
+        // A NULL buffer has no room, whatever its capacity says.
+        assert_eq!(
+            ap_pool_snapshot_json(pool, null_mut(), 1 << 20, &mut n),
+            Status::BufferTooSmall
+        );
+        assert!(
+            last_error().ends_with("the buffer has 0"),
+            "{}",
+            last_error()
+        );
+        n = 7;
+        assert_eq!(
+            ap_pool_picture_svg(0, buf.as_mut_ptr().cast(), 16, &mut n),
+            Status::BadPool
+        );
+    }
+    assert_eq!((buf, n), ([b'#'; 16], 7));
+    for r in regions {
+        assert_eq!(ap_free(pool, r), Status::Ok);
+    }
+    assert_eq!(report(0), (Status::Ok, 0, vec![]));
+    assert_eq!(ap_stream_destroy(pool, stream), Status::Ok);
+    assert_eq!(destroy(pool), 0);
+    assert_eq!(report(0).0, Status::BadPool);
+}
+
+#[test]
+fn a_recorded_trace_is_written_out_on_request() {
+    let path = std::env::temp_dir().join(format!("capi-record-{}.jsonl", std::process::id()));
+    let pool = pool_with(&format!("record:{}", path.display()));
+    let r = alloc(pool, KIND_DVPP, 4096).unwrap();
+    assert_eq!(ap_free(pool, r), Status::Ok);
+    assert_eq!(ap_pool_flush_record(pool), Status::Ok);
+    let text = std::fs::read_to_string(&path).unwrap();
+    let events: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(events.len(), 2, "{text}");
+    assert_eq!(
+        (&events[0]["op"], &events[0]["size"], &events[0]["mem"]),
+        (&"alloc".into(), &4096.into(), &"dvpp".into())
+    );
+    assert_eq!(events[1]["op"], "free");
+    assert_eq!(events[0]["id"], events[1]["id"]);
+    assert_eq!(destroy(pool), 0);
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(ap_pool_flush_record(pool), Status::BadPool);
+
+    // A trace that cannot be written: the write error, as a configuration status.
+    let full = pool_with("record:/dev/full");
+    let r = alloc(full, KIND_DEVICE, 64).unwrap();
+    assert_eq!(ap_free(full, r), Status::Ok);
+    assert_eq!(ap_pool_flush_record(full), Status::Config);
+    assert!(last_error().contains("/dev/full"), "{}", last_error());
+    assert_eq!(destroy(full), 0);
+    // Without recording, nothing to do.
+    let plain = pool_with("");
+    assert_eq!(ap_pool_flush_record(plain), Status::Ok);
+    assert_eq!(destroy(plain), 0);
 }

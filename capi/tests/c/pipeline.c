@@ -60,6 +60,7 @@ int main(int argc, char **argv) {
     /* The header's layouts are the library's (it asserts 32 and 128 bytes on its side). */
     CHECK(sizeof(ap_region_info) == 32 && offsetof(ap_region_info, kind) == 24);
     CHECK(sizeof(ap_stats) == 128 && offsetof(ap_stats, cached_regions) == 120);
+    CHECK(sizeof(ap_segment_info) == 40 && offsetof(ap_segment_info, pending) == 36);
 
     ap_pool pool = 0;
     EXPECT(ap_pool_create(source, "chunk_size:32m", &pool), AP_OK);
@@ -150,6 +151,26 @@ int main(int argc, char **argv) {
     ap_stats device, dvpp;
     EXPECT(ap_pool_stats(pool, AP_KIND_DEVICE, &device), AP_OK);
     EXPECT(ap_pool_stats(pool, AP_KIND_DVPP, &dvpp), AP_OK);
+    /* What is still live: the host frame alone, which the destroy below frees. A first call
+     * with no buffer asks for the size. The inputs freed with copies queued are listed too
+     * (as pending) until the pool has seen their streams finish. */
+    EXPECT(ap_pool_synchronize(pool), AP_OK);
+    size_t count = 0;
+    ap_segment_info seg[2];
+    ap_region_info hi;
+    EXPECT(ap_pool_leak_report(pool, NULL, 0, &count), AP_ERR_BUFFER_TOO_SMALL);
+    CHECK(count == 1);
+    EXPECT(ap_pool_leak_report(pool, seg, 2, &count), AP_OK);
+    EXPECT(ap_region_get_info(pool, host, &hi), AP_OK);
+    CHECK(count == 1 && seg[0].addr == hi.addr && seg[0].len == FRAME);
+    CHECK(seg[0].kind == AP_KIND_HOST && !seg[0].pending && seg[0].footprint >= FRAME + 32);
+    size_t json_len = 0;
+    EXPECT(ap_pool_snapshot_json(pool, NULL, 0, &json_len), AP_ERR_BUFFER_TOO_SMALL);
+    char *json = malloc(json_len);
+    EXPECT(ap_pool_snapshot_json(pool, json, json_len, &json_len), AP_OK);
+    CHECK(json[0] == '{' && strlen(json) + 1 == json_len && strstr(json, "\"dvpp\""));
+    free(json);
+
     EXPECT(ap_stream_destroy(pool, stream), AP_OK);
     EXPECT(ap_stream_destroy(pool, stream), AP_ERR_BAD_STREAM);
     uint64_t freed = 0;
