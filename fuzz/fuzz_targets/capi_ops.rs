@@ -127,6 +127,10 @@ enum Op {
     Trim,
     Synchronize,
     RemakeOther,
+    /// `ap_pool_leak_report` into a buffer of `cap` entries.
+    LeakReport {
+        cap: u8,
+    },
 }
 
 /// What the model knows of one live region.
@@ -595,6 +599,32 @@ fn run(ops: Vec<Op>) {
                 );
             }
             Op::Synchronize => assert_eq!(ap_pool_synchronize(pool), Status::Ok),
+            Op::LeakReport { cap } => {
+                let mut out = vec![SegmentInfo::default(); usize::from(cap)];
+                let mut n = usize::MAX;
+                // SAFETY: `cap` writable entries and a writable count.
+                let got = unsafe { ap_pool_leak_report(pool, out.as_mut_ptr(), out.len(), &mut n) };
+                // Every live region, and the freed ones whose memory waits for a stream.
+                assert!(n >= m.live.len(), "{n} listed, {} live", m.live.len());
+                if n > out.len() {
+                    assert_eq!(got, Status::BufferTooSmall);
+                    assert!(out.iter().all(|s| *s == SegmentInfo::default()), "written");
+                } else {
+                    assert_eq!(got, Status::Ok);
+                    let out = &out[..n];
+                    assert!(out.windows(2).all(|w| w[0].addr < w[1].addr), "{out:?}");
+                    let mut listed: Vec<(u64, u64, u32)> = out
+                        .iter()
+                        .filter(|s| s.pending == 0)
+                        .map(|s| (s.addr, s.len, s.kind))
+                        .collect();
+                    let mut want: Vec<(u64, u64, u32)> =
+                        m.live.values().map(|s| (s.addr, s.len, s.kind)).collect();
+                    listed.sort_unstable();
+                    want.sort_unstable();
+                    assert_eq!(listed, want);
+                }
+            }
             Op::RemakeOther => {
                 let mut freed = 0;
                 // SAFETY: a writable count.
