@@ -37,8 +37,13 @@ typedef enum ap_status {
     AP_ERR_INVALID_STATE = 17,   /* ap_pool_validate found a broken invariant */
     AP_ERR_PANIC = 18,           /* a bug inside the library; the call had no effect */
     AP_ERR_OTHER = 19,           /* anything else (see ap_last_error) */
-    AP_ERR_BUFFER_TOO_SMALL = 20 /* the caller's buffer cannot hold the answer; its size was
-                                    written */
+    AP_ERR_BUFFER_TOO_SMALL = 20, /* the caller's buffer cannot hold the answer; its size was
+                                     written */
+    AP_ERR_BAD_MAPPING = 21,        /* not an open mapping: closed, or never opened */
+    AP_ERR_SHARE_REFUSED = 22,      /* the exporting process did not let this one in */
+    AP_ERR_SHARE_GONE = 23,         /* the published memory is no longer exported */
+    AP_ERR_SHARE_ACCESS_FIXED = 24  /* memory first published to any process (or to listed
+                                       ones) asked for under the other access */
 } ap_status;
 
 /* Memory kinds: which AscendCL call the pool's blocks come from. */
@@ -53,13 +58,17 @@ typedef enum ap_kind {
 /* Where a pool's blocks come from. */
 typedef enum ap_source {
     AP_SOURCE_SIM = 0, /* the simulator, on host memory */
-    AP_SOURCE_ACL = 1  /* libascendcl.so: $ASCEND_POOL_ACL_LIB, $ASCEND_HOME_PATH/lib64,
-                          $ASCEND_TOOLKIT_HOME/lib64, then the loader path */
+    AP_SOURCE_ACL = 1,    /* libascendcl.so: $ASCEND_POOL_ACL_LIB, $ASCEND_HOME_PATH/lib64,
+                             $ASCEND_TOOLKIT_HOME/lib64, then the loader path */
+    AP_SOURCE_VMM_SIM = 2, /* the simulator's virtual memory: device chunks mapped into one
+                              reserved range, regions other processes can open */
+    AP_SOURCE_VMM_ACL = 3  /* the same over libascendcl.so's virtual-memory functions */
 } ap_source;
 
 typedef uint64_t ap_pool;
 typedef uint64_t ap_region;
 typedef uint64_t ap_stream;
+typedef uint64_t ap_mapping;
 
 typedef struct ap_region_info {
     uint64_t addr;  /* start; a device address for device kinds */
@@ -164,6 +173,37 @@ ap_status ap_copy_async(ap_pool pool, ap_region dst, uint64_t dst_offset, ap_reg
                         uint64_t src_offset, uint64_t len, ap_stream stream);
 ap_status ap_memset_async(ap_pool pool, ap_region dst, uint64_t offset, uint8_t value,
                           uint64_t len, ap_stream stream);
+
+/* Sharing device memory between processes. A pool created over AP_SOURCE_VMM_SIM or
+ * AP_SOURCE_VMM_ACL publishes a device region as a descriptor, a NUL-terminated text (answered
+ * as ap_pool_snapshot_json answers) that another process passes to ap_share_open to map the
+ * same physical memory. pids lists the npids processes let in, their ids
+ * from ap_share_process_id in each; NULL lets any process in. Whether importers are checked
+ * is fixed by the first publish of the memory behind a region. Other pools get
+ * AP_ERR_NOT_SUPPORTED, other kinds AP_ERR_WRONG_KIND. */
+ap_status ap_share_publish(ap_pool pool, ap_region region, const int32_t *pids, size_t npids,
+                           char *buf, size_t cap, size_t *needed);
+/* This process's id for an exporter's list, as the runtime behind `source` gives it. */
+ap_status ap_share_process_id(ap_source source, int32_t *out);
+/* Opens published memory through the runtime behind `source` (the simulator for AP_SOURCE_SIM
+ * and AP_SOURCE_VMM_SIM, libascendcl.so for the others) on `device`. */
+ap_status ap_share_open(ap_source source, int32_t device, const char *descriptor,
+                        ap_mapping *out);
+
+typedef struct ap_mapping_info {
+    uint64_t addr;          /* where the published bytes start in this process */
+    uint64_t len;           /* bytes published */
+    uint64_t exporter_addr; /* where they start in the exporting process */
+    int32_t exporter; /* the exporting process's id */
+    uint32_t reserved;
+} ap_mapping_info;
+
+ap_status ap_mapping_get_info(ap_mapping mapping, ap_mapping_info *out);
+ap_status ap_mapping_read(ap_mapping mapping, uint64_t offset, void *dst, uint64_t len);
+ap_status ap_mapping_write(ap_mapping mapping, uint64_t offset, const void *src, uint64_t len);
+/* Unmaps and frees the imported memory; the exporter's goes once every process has let go.
+ * The handle is gone even when the runtime refuses a step (the status says which). */
+ap_status ap_mapping_close(ap_mapping mapping);
 
 #ifdef __cplusplus
 }

@@ -13,6 +13,10 @@
 //! alignment and stream checks. Regions of one pool are spread over [`SHARDS`] tables so that
 //! threads allocating and freeing through one pool rarely meet on a lock.
 //!
+//! A pool over virtual memory publishes regions that other processes open as mappings
+//! ([`ap_share_publish`], [`ap_share_open`]); a pool's live segments, a JSON snapshot and an
+//! SVG picture of it come into a caller's buffer ([`ap_pool_leak_report`]).
+//!
 //! ```
 //! use ascend_pool_capi::*;
 //! let mut pool = 0;
@@ -89,11 +93,20 @@ pub enum Status {
     Other = 19,
     /// The caller's buffer cannot hold the answer; the size it needs was written.
     BufferTooSmall = 20,
+    /// Not an open mapping: closed, or never opened.
+    BadMapping = 21,
+    /// The exporting process did not let this process in.
+    ShareRefused = 22,
+    /// The published memory is no longer exported: its exporter released it or is gone.
+    ShareGone = 23,
+    /// Memory first published to any process (or to listed ones) asked for under the other
+    /// access.
+    ShareAccessFixed = 24,
 }
 
 impl Status {
     /// Every status, in value order (`ap_status_name` indexes it).
-    pub const ALL: [Status; 21] = [
+    pub const ALL: [Status; 25] = [
         Status::Ok,
         Status::NullArgument,
         Status::InvalidArgument,
@@ -115,6 +128,10 @@ impl Status {
         Status::Panic,
         Status::Other,
         Status::BufferTooSmall,
+        Status::BadMapping,
+        Status::ShareRefused,
+        Status::ShareGone,
+        Status::ShareAccessFixed,
     ];
 
     fn name(self) -> &'static CStr {
@@ -140,6 +157,10 @@ impl Status {
             Status::Panic => c"AP_ERR_PANIC",
             Status::Other => c"AP_ERR_OTHER",
             Status::BufferTooSmall => c"AP_ERR_BUFFER_TOO_SMALL",
+            Status::BadMapping => c"AP_ERR_BAD_MAPPING",
+            Status::ShareRefused => c"AP_ERR_SHARE_REFUSED",
+            Status::ShareGone => c"AP_ERR_SHARE_GONE",
+            Status::ShareAccessFixed => c"AP_ERR_SHARE_ACCESS_FIXED",
         }
     }
 
@@ -160,6 +181,9 @@ impl Status {
             Error::Config(_) => Status::Config,
             Error::Corruption { .. } => Status::Corruption,
             Error::Invalid(_) => Status::InvalidState,
+            Error::ShareRefused { .. } => Status::ShareRefused,
+            Error::ShareGone { .. } => Status::ShareGone,
+            Error::ShareAccessFixed { .. } => Status::ShareAccessFixed,
             _ => Status::Other,
         }
     }
@@ -179,6 +203,11 @@ pub const KIND_HOST: c_int = 4;
 pub const SOURCE_SIM: c_int = 0;
 /// `ap_source`: `libascendcl.so`, found as [`AclSource::load`] looks for it.
 pub const SOURCE_ACL: c_int = 1;
+/// `ap_source`: the simulator's virtual memory: device chunks mapped into one reserved
+/// range, and regions other processes can open ([`ap_share_publish`]).
+pub const SOURCE_VMM_SIM: c_int = 2;
+/// `ap_source`: as [`SOURCE_VMM_SIM`], over `libascendcl.so`'s virtual-memory functions.
+pub const SOURCE_VMM_ACL: c_int = 3;
 
 /// `ap_region_info`.
 #[repr(C)]
@@ -269,6 +298,9 @@ macro_rules! with_region {
 
 type Shared<T> = Arc<Mutex<T>>;
 
+mod share;
+pub use share::*;
+
 /// Hashes handles, which the process hands out itself: no adversary picks them, so SipHash's
 /// cost buys nothing. SplitMix64's finalizer (two multiplies) spreads them as a random hash
 /// would, though a shard's handles share their residue mod [`SHARDS`] and follow one another.
@@ -305,6 +337,8 @@ struct Entry {
     /// Live streams by handle.
     streams: Mutex<Handles<Arc<Stream>>>,
     pool: Pool,
+    /// The publishing side of a source over virtual memory.
+    publisher: Option<Arc<dyn share::Publish>>,
     /// Cleared by `ap_pool_destroy` before it empties the tables, each under its lock: a call
     /// that got hold of the entry a moment earlier (from another thread) answers
     /// [`Status::BadPool`] from then on, for a handle the destroy took away as for a new one.
@@ -336,6 +370,9 @@ enum Failure {
     BadPool(u64),
     BadRegion(u64),
     BadStream(u64),
+    BadMapping(u64),
+    /// A pool whose source cannot publish.
+    NotShared(u64),
     /// The answer needs `needed` items where the caller gave room for `cap`.
     TooSmall {
         needed: usize,
@@ -359,6 +396,8 @@ impl Failure {
             Failure::BadRegion(_) => Status::BadRegion,
             Failure::BadStream(_) => Status::BadStream,
             Failure::TooSmall { .. } => Status::BufferTooSmall,
+            Failure::BadMapping(_) => Status::BadMapping,
+            Failure::NotShared(_) => Status::NotSupported,
             Failure::Lib(e) => Status::of(e),
         }
     }
@@ -370,6 +409,11 @@ impl Failure {
             Failure::BadPool(h) => format!("pool {h} is not a live pool"),
             Failure::BadRegion(h) => format!("region {h} is not a live region of this pool"),
             Failure::BadStream(h) => format!("stream {h} is not a live stream of this pool"),
+            Failure::BadMapping(h) => format!("mapping {h} is not an open mapping"),
+            Failure::NotShared(h) => format!(
+                "pool {h} cannot publish: create it over virtual memory \
+                 (AP_SOURCE_VMM_SIM or AP_SOURCE_VMM_ACL)"
+            ),
             Failure::TooSmall { needed, cap } => {
                 format!("the answer needs room for {needed}, the buffer has {cap}")
             }
@@ -561,7 +605,8 @@ pub unsafe extern "C" fn ap_last_error(buf: *mut c_char, cap: usize) -> usize {
     })
 }
 
-/// Creates a pool over `source` ([`SOURCE_SIM`] or [`SOURCE_ACL`]) with the configuration
+/// Creates a pool over `source` ([`SOURCE_SIM`], [`SOURCE_ACL`], or their virtual memory:
+/// [`SOURCE_VMM_SIM`], [`SOURCE_VMM_ACL`], whose regions can be shared) with the configuration
 /// `conf` in `ASCEND_POOL_CONF` syntax, or from `$ASCEND_POOL_CONF` when `conf` is NULL.
 ///
 /// # Safety
@@ -584,9 +629,12 @@ pub unsafe extern "C" fn ap_pool_create(
                 .map_err(|_| Error::Config("the configuration is not UTF-8".into()))?;
             PoolConfig::parse(text)?
         };
-        let source: Arc<dyn BlockSource> = match source {
-            SOURCE_SIM => Arc::new(SimSource::default()),
-            SOURCE_ACL => Arc::new(AclSource::load()?),
+        let device = config.device;
+        let (source, publisher): share::Sources = match source {
+            SOURCE_SIM => (Arc::new(SimSource::default()), None),
+            SOURCE_ACL => (Arc::new(AclSource::load()?), None),
+            SOURCE_VMM_SIM => share::vmm_source(Arc::new(SimSource::default()), device)?,
+            SOURCE_VMM_ACL => share::vmm_source(Arc::new(AclSource::load()?), device)?,
             other => return Err(Failure::Invalid(format!("{other} is not an ap_source"))),
         };
         let handle = next_handle();
@@ -594,6 +642,7 @@ pub unsafe extern "C" fn ap_pool_create(
             regions: Default::default(),
             streams: Mutex::default(),
             pool: Pool::new(source, config)?,
+            publisher,
             alive: AtomicBool::new(true),
             id: handle,
         };
@@ -1286,7 +1335,18 @@ mod tests {
                 Status::Corruption,
             ),
             (Error::Invalid("w".into()), Status::InvalidState),
-            (Error::ShareGone { handle: 5 }, Status::Other),
+            (Error::ShareGone { handle: 5 }, Status::ShareGone),
+            (
+                Error::ShareRefused { handle: 5, pid: 77 },
+                Status::ShareRefused,
+            ),
+            (
+                Error::ShareAccessFixed {
+                    handle: 5,
+                    any_process: true,
+                },
+                Status::ShareAccessFixed,
+            ),
         ];
         for (e, want) in cases {
             assert_eq!(Status::of(&e), want, "{e}");

@@ -12,12 +12,18 @@ const ROUNDS: u64 = if cfg!(miri) { 60 } else { 3000 };
 const MAX_LEN: u64 = if cfg!(miri) { 512 } else { 70_000 };
 
 fn pool_with(conf: &str) -> u64 {
+    pool_over(SOURCE_SIM, conf)
+}
+
+fn pool_over(source: i32, conf: &str) -> u64 {
     let conf = std::ffi::CString::new(conf).unwrap();
     let mut pool = 0;
     // SAFETY: a NUL-terminated string and a writable handle.
     assert_eq!(
-        unsafe { ap_pool_create(SOURCE_SIM, conf.as_ptr(), &mut pool) },
-        Status::Ok
+        unsafe { ap_pool_create(source, conf.as_ptr(), &mut pool) },
+        Status::Ok,
+        "{}",
+        last_error()
     );
     assert_ne!(pool, 0);
     pool
@@ -127,6 +133,8 @@ fn the_header_declares_what_the_library_exports() {
         ("AP_KIND_HOST", KIND_HOST),
         ("AP_SOURCE_SIM", SOURCE_SIM),
         ("AP_SOURCE_ACL", SOURCE_ACL),
+        ("AP_SOURCE_VMM_SIM", SOURCE_VMM_SIM),
+        ("AP_SOURCE_VMM_ACL", SOURCE_VMM_ACL),
     ];
     for (name, value) in constants {
         assert!(declared.contains(&(name.to_owned(), value)), "{name}");
@@ -166,6 +174,13 @@ fn the_header_declares_what_the_library_exports() {
         "ap_stream_destroy",
         "ap_copy_async",
         "ap_memset_async",
+        "ap_share_publish",
+        "ap_share_process_id",
+        "ap_share_open",
+        "ap_mapping_get_info",
+        "ap_mapping_read",
+        "ap_mapping_write",
+        "ap_mapping_close",
     ] {
         let declared = [" ", "*"]
             .iter()
@@ -375,7 +390,7 @@ fn refused_calls_leave_the_pool_as_it_was() {
         );
         expect(
             "source",
-            ap_pool_create(3, null(), &mut r),
+            ap_pool_create(4, null(), &mut r),
             Status::InvalidArgument,
             "ap_source",
         );
@@ -769,5 +784,187 @@ fn a_recorded_trace_is_written_out_on_request() {
     // Without recording, nothing to do.
     let plain = pool_with("");
     assert_eq!(ap_pool_flush_record(plain), Status::Ok);
+    assert_eq!(destroy(plain), 0);
+}
+
+#[test]
+#[cfg_attr(
+    miri,
+    ignore = "virtual memory reserves addresses with PROT_NONE, which Miri refuses"
+)]
+fn a_published_region_opens_as_a_mapping_in_the_same_process() {
+    let pool = pool_over(SOURCE_VMM_SIM, "chunk_size:4m");
+    let len = 1u64 << 20;
+    let r = alloc(pool, KIND_DEVICE, len).unwrap();
+    let bytes: Vec<u8> = (0..len).map(|i| (i * 7 % 251) as u8).collect();
+    // SAFETY: `len` readable bytes.
+    let got = unsafe { ap_copy_from_host(pool, r, 0, bytes.as_ptr().cast(), len) };
+    assert_eq!(got, Status::Ok);
+    let mut me = 0;
+    // SAFETY: a writable id.
+    assert_eq!(
+        unsafe { ap_share_process_id(SOURCE_SIM, &mut me) },
+        Status::Ok
+    );
+    assert_eq!(me, std::process::id() as i32);
+    // SAFETY (the closure): one readable id, and the buffers `text_of` gives.
+    let desc = text_of(|b, c, n| unsafe { ap_share_publish(pool, r, &me, 1, b, c, n) });
+    let desc = std::ffi::CString::new(desc).unwrap();
+    let mut m = 0;
+    // SAFETY: a NUL-terminated descriptor and a writable handle.
+    let got = unsafe { ap_share_open(SOURCE_SIM, 0, desc.as_ptr(), &mut m) };
+    assert_eq!(got, Status::Ok, "{}", last_error());
+    let mut mi = MappingInfo::default();
+    // SAFETY: a writable MappingInfo.
+    assert_eq!(unsafe { ap_mapping_get_info(m, &mut mi) }, Status::Ok);
+    assert_eq!(
+        (mi.exporter_addr, mi.len, mi.exporter),
+        (info(pool, r).addr, len, me)
+    );
+    // The exporter's addresses are taken in its own process: mapped elsewhere here.
+    assert_ne!(mi.addr, mi.exporter_addr);
+    let mut back = vec![0u8; len as usize];
+    // SAFETY: `len` writable bytes.
+    let got = unsafe { ap_mapping_read(m, 0, back.as_mut_ptr().cast(), len) };
+    assert_eq!(got, Status::Ok, "{}", last_error());
+    assert!(back == bytes, "the mapping reads what the pool wrote");
+    // SAFETY: 4 readable bytes.
+    let got = unsafe { ap_mapping_write(m, 100, [1u8, 2, 3, 4].as_ptr().cast(), 4) };
+    assert_eq!(got, Status::Ok);
+    let mut four = [0u8; 4];
+    // SAFETY: 4 writable bytes.
+    let got = unsafe { ap_copy_to_host(pool, r, 100, four.as_mut_ptr().cast(), 4) };
+    assert_eq!(
+        (got, four),
+        (Status::Ok, [1, 2, 3, 4]),
+        "the pool reads what it wrote"
+    );
+
+    // Bad input, each with its status.
+    let plain = pool_with("");
+    let dvpp = alloc(pool, KIND_DVPP, 4096).unwrap();
+    let freed = alloc(pool, KIND_DEVICE, 4096).unwrap();
+    assert_eq!(ap_free(pool, freed), Status::Ok);
+    let on_plain = alloc(plain, KIND_DEVICE, 4096).unwrap();
+    let mut buf = [0u8; 4096];
+    let mut n = 0;
+    let b = buf.as_mut_ptr().cast();
+    let garbage = c"{\"exporter\": 1}";
+    let mut out = 0;
+    let not_mapping = format!("mapping {r}");
+    let expect = |what: &str, got: Status, want: Status, says: &str| {
+        assert_eq!(got, want, "{what}: {}", last_error());
+        assert!(last_error().contains(says), "{what}: {}", last_error());
+    };
+    // SAFETY (every call below): the pointers are NULL or valid for what they are used for.
+    unsafe {
+        expect(
+            "a pool not over virtual memory",
+            ap_share_publish(plain, on_plain, null(), 0, b, 4096, &mut n),
+            Status::NotSupported,
+            "AP_SOURCE_VMM_SIM",
+        );
+        expect(
+            "a DVPP region",
+            ap_share_publish(pool, dvpp, null(), 0, b, 4096, &mut n),
+            Status::WrongKind,
+            "device",
+        );
+        expect(
+            "an empty list",
+            ap_share_publish(pool, r, &me, 0, b, 4096, &mut n),
+            Status::InvalidArgument,
+            "NULL lets any process in",
+        );
+        expect(
+            "a freed region",
+            ap_share_publish(pool, freed, null(), 0, b, 4096, &mut n),
+            Status::BadRegion,
+            "region",
+        );
+        expect(
+            "no size",
+            ap_share_publish(pool, r, null(), 0, b, 4096, null_mut()),
+            Status::NullArgument,
+            "needed",
+        );
+        expect(
+            "listed first, then any process",
+            ap_share_publish(pool, r, null(), 0, b, 4096, &mut n),
+            Status::ShareAccessFixed,
+            "",
+        );
+        expect(
+            "not a descriptor",
+            ap_share_open(SOURCE_SIM, 0, garbage.as_ptr(), &mut out),
+            Status::Config,
+            "share descriptor",
+        );
+        expect(
+            "no descriptor",
+            ap_share_open(SOURCE_SIM, 0, null(), &mut out),
+            Status::NullArgument,
+            "descriptor",
+        );
+        expect(
+            "no source",
+            ap_share_open(9, 0, desc.as_ptr(), &mut out),
+            Status::InvalidArgument,
+            "ap_source",
+        );
+        expect(
+            "no id",
+            ap_share_process_id(SOURCE_SIM, null_mut()),
+            Status::NullArgument,
+            "out",
+        );
+        expect(
+            "past the published bytes",
+            ap_mapping_read(m, len - 2, b.cast(), 4),
+            Status::OutOfBounds,
+            "",
+        );
+        expect(
+            "no buffer",
+            ap_mapping_write(m, 0, null(), 4),
+            Status::NullArgument,
+            "host buffer",
+        );
+        expect(
+            "not a mapping",
+            ap_mapping_read(r, 0, b.cast(), 4),
+            Status::BadMapping,
+            &not_mapping,
+        );
+    }
+    assert_eq!(out, 0, "no handle written");
+    assert_eq!(ap_mapping_close(m), Status::Ok);
+    assert_eq!(ap_mapping_close(m), Status::BadMapping);
+    // SAFETY: 4 writable bytes.
+    let got = unsafe { ap_mapping_read(m, 0, buf.as_mut_ptr().cast(), 4) };
+    assert_eq!(got, Status::BadMapping, "closed");
+
+    // A process off the list is refused; memory whose exporter let it go is gone.
+    let other = alloc(plain, KIND_DEVICE, 64).unwrap();
+    let vmm2 = pool_over(SOURCE_VMM_SIM, "chunk_size:4m");
+    let r2 = alloc(vmm2, KIND_DEVICE, 4096).unwrap();
+    let init = 1; // not this process
+                  // SAFETY (the closure): one readable id, and the buffers `text_of` gives.
+    let desc2 = text_of(|b, c, n| unsafe { ap_share_publish(vmm2, r2, &init, 1, b, c, n) });
+    let desc2 = std::ffi::CString::new(desc2).unwrap();
+    // SAFETY: a NUL-terminated descriptor and a writable handle.
+    let got = unsafe { ap_share_open(SOURCE_SIM, 0, desc2.as_ptr(), &mut out) };
+    assert_eq!(got, Status::ShareRefused, "{}", last_error());
+    assert_eq!(ap_free(vmm2, r2), Status::Ok);
+    assert_eq!(destroy(vmm2), 0);
+    // SAFETY: as above.
+    let got = unsafe { ap_share_open(SOURCE_SIM, 0, desc2.as_ptr(), &mut out) };
+    assert_eq!(got, Status::ShareGone, "{}", last_error());
+    assert_eq!(out, 0);
+
+    for (p, h) in [(pool, r), (pool, dvpp), (plain, on_plain), (plain, other)] {
+        assert_eq!(ap_free(p, h), Status::Ok);
+    }
+    assert_eq!(destroy(pool), 0);
     assert_eq!(destroy(plain), 0);
 }

@@ -1,14 +1,17 @@
 //! Builds `tests/c/pipeline.c` against `include/ascend_pool.h` and the crate's
 //! `libascend_pool_capi.so` with the system C compiler, then runs it on the simulator and, as
-//! an AscendCL program would run on a device, over the drop-in `libascendcl.so`. The header
-//! is also compiled as C++.
+//! an AscendCL program would run on a device, over the drop-in `libascendcl.so`. Builds
+//! `tests/c/share.c` and runs it as two processes sharing device memory. The header is also
+//! compiled as C++.
 
 #[path = "../../tests/common/dropin.rs"]
 mod common_dropin;
 
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::OnceLock;
+use std::process::{Child, Command, Stdio};
+use std::sync::{mpsc, OnceLock};
+use std::time::Duration;
 
 /// The directory cargo put this test in: the crate's cdylib is built beside it.
 fn deps_dir() -> PathBuf {
@@ -20,46 +23,59 @@ fn include_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../include")
 }
 
-/// The pipeline program, compiled once per test binary with every warning an error.
-fn program() -> &'static Path {
-    static EXE: OnceLock<PathBuf> = OnceLock::new();
-    EXE.get_or_init(|| {
-        let deps = deps_dir();
-        assert!(
-            deps.join("libascend_pool_capi.so").is_file(),
-            "libascend_pool_capi.so is not in {}",
-            deps.display()
-        );
-        let exe = Path::new(env!("CARGO_TARGET_TMPDIR")).join("capi-pipeline");
-        let out = Command::new("cc")
-            .args(["-std=c11", "-O1", "-Wall", "-Wextra", "-Werror", "-I"])
-            .arg(include_dir())
-            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/pipeline.c"))
-            .arg("-L")
-            .arg(&deps)
-            .arg("-lascend_pool_capi")
-            .arg(format!("-Wl,-rpath,{}", deps.display()))
-            .arg("-o")
-            .arg(&exe)
-            .output()
-            .expect("run the C compiler (cc)");
-        assert!(
-            out.status.success(),
-            "pipeline.c does not compile:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+/// Compiles C `source` into `exe` against the header and the crate's library, with every
+/// warning an error.
+fn compile(source: &Path, exe: &Path) {
+    let deps = deps_dir();
+    assert!(
+        deps.join("libascend_pool_capi.so").is_file(),
+        "libascend_pool_capi.so is not in {}",
+        deps.display()
+    );
+    let out = Command::new("cc")
+        .args(["-std=c11", "-O1", "-Wall", "-Wextra", "-Werror", "-I"])
+        .arg(include_dir())
+        .arg(source)
+        .arg("-L")
+        .arg(&deps)
+        .arg("-lascend_pool_capi")
+        .arg(format!("-Wl,-rpath,{}", deps.display()))
+        .arg("-o")
+        .arg(exe)
+        .output()
+        .expect("run the C compiler (cc)");
+    assert!(
+        out.status.success(),
+        "{} does not compile:\n{}",
+        source.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `tests/c/NAME.c`, compiled once per test binary.
+fn built(name: &str, cell: &'static OnceLock<PathBuf>) -> &'static Path {
+    cell.get_or_init(|| {
+        let exe = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("capi-{name}"));
+        let source = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
+        compile(&source, &exe);
         exe
     })
 }
 
-/// The program, finding the library cargo just built: `cargo test` puts `target/debug` on
+/// A program, finding the library cargo just built: `cargo test` puts `target/debug` on
 /// the loader path, where `cargo build` may have left an older copy that would win over the
 /// program's run path.
-fn command() -> Command {
-    let mut cmd = Command::new(program());
+fn command_for(exe: &Path) -> Command {
+    let mut cmd = Command::new(exe);
     cmd.env("LD_LIBRARY_PATH", deps_dir())
         .env_remove("ASCEND_POOL_CONF");
     cmd
+}
+
+/// The pipeline program.
+fn command() -> Command {
+    static EXE: OnceLock<PathBuf> = OnceLock::new();
+    command_for(built("pipeline", &EXE))
 }
 
 fn run(args: &[&str], env: &[(&str, &Path)]) -> String {
@@ -167,30 +183,111 @@ fn the_readme_example_compiles_and_runs() {
     )
     .unwrap();
     let exe = source.with_extension("");
-    let deps = deps_dir();
-    let out = Command::new("cc")
-        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-I"])
-        .arg(include_dir())
-        .arg(&source)
-        .arg("-L")
-        .arg(&deps)
-        .arg("-lascend_pool_capi")
-        .arg("-o")
-        .arg(&exe)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let run = Command::new(&exe)
-        .env("LD_LIBRARY_PATH", &deps)
-        .output()
-        .unwrap();
+    compile(&source, &exe);
+    let run = command_for(&exe).output().unwrap();
     assert!(
         run.status.success() && run.stderr.is_empty(),
         "{}",
         String::from_utf8_lossy(&run.stderr)
     );
+}
+
+/// One process of `share.c`: its stdin, and its stdout's lines as a thread reads them (a
+/// process that stops talking fails the test instead of hanging it).
+struct Peer {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Peer {
+    fn spawn(role: &str, runtime: &str, env: &[(&str, &Path)]) -> Peer {
+        static EXE: OnceLock<PathBuf> = OnceLock::new();
+        let mut cmd = command_for(built("share", &EXE));
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd
+            .args([role, runtime])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start share");
+        let out = BufReader::new(child.stdout.take().unwrap());
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in out.lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Peer { child, lines }
+    }
+
+    /// The next line, which must start with `key`.
+    fn line(&mut self, key: &str, other: &mut Peer) -> String {
+        match self.lines.recv_timeout(Duration::from_secs(120)) {
+            Ok(l) if l.starts_with(key) => l,
+            got => {
+                let _ = other.child.kill();
+                let _ = self.child.kill();
+                let err = stderr_of(&mut self.child) + &stderr_of(&mut other.child);
+                panic!("wanted {key:?}, got {got:?}; stderr:\n{err}")
+            }
+        }
+    }
+
+    fn send(&mut self, line: &str) {
+        let stdin = self.child.stdin.as_mut().unwrap();
+        writeln!(stdin, "{line}").unwrap();
+        stdin.flush().unwrap();
+    }
+
+    /// Its exit status (it must succeed) and its stderr (it must be empty).
+    fn finish(mut self) {
+        let status = self.child.wait().unwrap();
+        let err = stderr_of(&mut self.child);
+        assert!(status.success() && err.is_empty(), "{status}:\n{err}");
+    }
+}
+
+/// What an ended (or killed) process wrote on stderr.
+fn stderr_of(child: &mut Child) -> String {
+    use std::io::Read;
+    let _ = child.wait();
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_string(&mut err);
+    }
+    err
+}
+
+/// The two processes of `share.c` over `runtime`, passing each other's lines.
+fn share(runtime: &str, env: &[(&str, &Path)]) {
+    let mut importer = Peer::spawn("import", runtime, env);
+    let mut exporter = Peer::spawn("export", runtime, env);
+    let id = importer.line("id ", &mut exporter);
+    exporter.send(&id);
+    let desc = exporter.line("desc {", &mut importer);
+    importer.send(&desc);
+    let refused = exporter.line("refused {", &mut importer);
+    importer.send(&refused);
+    // The importer's count of failed checks: none.
+    let done = importer.line("done 0", &mut exporter);
+    exporter.send(&done);
+    importer.line("ok importer", &mut exporter);
+    exporter.line("ok exporter", &mut importer);
+    importer.finish();
+    exporter.finish();
+}
+
+#[test]
+fn two_c_processes_share_device_memory() {
+    share("sim", &[]);
+}
+
+#[test]
+fn two_c_processes_share_device_memory_over_the_dropin_libascendcl() {
+    share("acl", &[("ASCEND_POOL_ACL_LIB", common_dropin::dropin())]);
 }

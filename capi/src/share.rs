@@ -1,0 +1,287 @@
+//! Device memory shared between processes: a pool over virtual memory publishes a region
+//! ([`ap_share_publish`]) as a descriptor, a text another process passes to
+//! [`ap_share_open`] to map the same physical memory and read or write it.
+//!
+//! Mappings are handles from the same counter as pools, regions and streams, in one table for
+//! the process: they belong to no pool, since the exporter's pool lives in another process.
+
+use super::*;
+use ascend_pool::share::{Access, ShareDescriptor, SharedMapping};
+use ascend_pool::source::vmm::{is_virtual, VmmConfig, VmmRuntime, VmmSource};
+use std::ffi::c_void;
+
+/// What a pool over virtual memory adds: publishing its regions.
+pub(crate) trait Publish: std::fmt::Debug + Send + Sync {
+    fn publish(&self, addr: usize, len: u64, access: &Access) -> Result<ShareDescriptor, Error>;
+}
+
+impl<R: VmmRuntime + 'static> Publish for VmmSource<R> {
+    fn publish(&self, addr: usize, len: u64, access: &Access) -> Result<ShareDescriptor, Error> {
+        self.publish_range(addr, len, access)
+    }
+}
+
+/// A pool's block source, and its publishing side if it has one.
+pub(crate) type Sources = (Arc<dyn BlockSource>, Option<Arc<dyn Publish>>);
+
+/// A block source over virtual memory on `runtime`, and its publishing side.
+pub(crate) fn vmm_source<R: VmmRuntime + 'static>(
+    runtime: Arc<R>,
+    device: i32,
+) -> Result<Sources, Failure> {
+    let vmm = Arc::new(VmmSource::new(runtime, device, VmmConfig::default())?);
+    Ok((vmm.clone(), Some(vmm)))
+}
+
+/// Memory another process published, opened here.
+#[derive(Debug)]
+enum AnyMapping {
+    Sim(SharedMapping<SimSource>),
+    Acl(SharedMapping<AclSource>),
+}
+
+macro_rules! with_mapping {
+    ($m:expr, $x:ident => $body:expr) => {
+        match $m {
+            AnyMapping::Sim($x) => $body,
+            AnyMapping::Acl($x) => $body,
+        }
+    };
+}
+
+/// Open mappings by handle. A mapping is locked while a call uses it, so a close waits for a
+/// read or write under way on another thread.
+static MAPPINGS: LazyLock<Mutex<Handles<Shared<AnyMapping>>>> = LazyLock::new(Default::default);
+
+/// The runtime this process opens mappings with, one per kind of source for the process (the
+/// library is loaded once; a failed load is tried again on the next call).
+static SIM_RUNTIME: LazyLock<Arc<SimSource>> = LazyLock::new(|| Arc::new(SimSource::default()));
+static ACL_RUNTIME: Mutex<Option<Arc<AclSource>>> = Mutex::new(None);
+
+enum Runtime {
+    Sim(Arc<SimSource>),
+    Acl(Arc<AclSource>),
+}
+
+fn runtime(source: c_int) -> Result<Runtime, Failure> {
+    match source {
+        SOURCE_SIM | SOURCE_VMM_SIM => Ok(Runtime::Sim(Arc::clone(&SIM_RUNTIME))),
+        SOURCE_ACL | SOURCE_VMM_ACL => {
+            let mut acl = lock(&ACL_RUNTIME);
+            if acl.is_none() {
+                *acl = Some(Arc::new(AclSource::load()?));
+            }
+            Ok(Runtime::Acl(Arc::clone(acl.as_ref().expect("just loaded"))))
+        }
+        other => Err(Failure::Invalid(format!("{other} is not an ap_source"))),
+    }
+}
+
+fn find_mapping(handle: u64) -> Result<Shared<AnyMapping>, Failure> {
+    let found = lock(&MAPPINGS).get(&handle).cloned();
+    found.ok_or(Failure::BadMapping(handle))
+}
+
+/// Publishes the bytes of a device region of a pool created over virtual memory
+/// ([`SOURCE_VMM_SIM`], [`SOURCE_VMM_ACL`]) and writes its descriptor, a NUL-terminated text,
+/// into `buf` as [`ap_pool_snapshot_json`] does. `pids` lists the `npids` processes let in
+/// (their ids from [`ap_share_process_id`]); NULL lets any process in. Whether importers are
+/// checked is fixed by the first publish of the memory behind a region
+/// ([`Status::ShareAccessFixed`]).
+///
+/// # Safety
+/// `pids` is NULL or valid for reads of `npids` ids; `buf` is NULL or valid for writes of
+/// `cap` bytes; `needed` is NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn ap_share_publish(
+    pool: u64,
+    region: u64,
+    pids: *const i32,
+    npids: usize,
+    buf: *mut c_char,
+    cap: usize,
+    needed: *mut usize,
+) -> Status {
+    run(|| {
+        let needed = non_null(needed, "needed")?;
+        let access = if pids.is_null() {
+            Access::AnyProcess
+        } else if npids == 0 {
+            return Err(Failure::Invalid(
+                "no process to let in (NULL lets any process in)".into(),
+            ));
+        } else {
+            // SAFETY: the caller gives `npids` readable ids at `pids`, checked non-null.
+            Access::Processes(unsafe { std::slice::from_raw_parts(pids, npids) }.to_vec())
+        };
+        let e = entry(pool)?;
+        let publisher = e.publisher.as_ref().ok_or(Failure::NotShared(pool))?;
+        let r = e.region(region)?;
+        let r = lock(&r);
+        let (addr, len, kind) = with_region!(&*r, x => (x.addr(), x.len(), x.kind()));
+        if !is_virtual(kind) {
+            return Err(Error::WrongKind {
+                expected: "device",
+                got: kind,
+            }
+            .into());
+        }
+        let desc = publisher.publish(addr, len, &access)?;
+        drop(r);
+        // SAFETY: as this function's contract.
+        unsafe { hand_over_text(desc.to_json(), buf, cap, needed) }
+    })
+}
+
+/// This process's id as the runtime behind `source` gives it (`aclrtDeviceGetBareTgid`):
+/// what an exporting process lists in [`ap_share_publish`] to let this one in.
+///
+/// # Safety
+/// `out` is NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn ap_share_process_id(source: c_int, out: *mut i32) -> Status {
+    run(|| {
+        let out = non_null(out, "out")?;
+        let id = match runtime(source)? {
+            Runtime::Sim(r) => r.bare_tgid()?,
+            Runtime::Acl(r) => r.bare_tgid()?,
+        };
+        // SAFETY: non-null, and the caller gives a writable int32_t.
+        unsafe { out.as_ptr().write(id) };
+        Ok(())
+    })
+}
+
+/// Opens memory another process published: imports it through the runtime behind `source`
+/// and maps it on `device`, in a reservation of this process's own. A process the exporter did not let in
+/// gets [`Status::ShareRefused`], memory no longer exported [`Status::ShareGone`], a text that
+/// is not a descriptor [`Status::Config`].
+///
+/// # Safety
+/// `descriptor` is NULL or a NUL-terminated string; `out` is NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn ap_share_open(
+    source: c_int,
+    device: i32,
+    descriptor: *const c_char,
+    out: *mut u64,
+) -> Status {
+    run(|| {
+        let out = non_null(out, "out")?;
+        let text = non_null(descriptor.cast_mut(), "descriptor")?;
+        // SAFETY: the caller passes a NUL-terminated string, checked non-null.
+        let text = unsafe { CStr::from_ptr(text.as_ptr()) };
+        let text = text
+            .to_str()
+            .map_err(|_| Error::Config("share descriptor: not UTF-8".into()))?;
+        let desc = ShareDescriptor::from_json(text)?;
+        let m = match runtime(source)? {
+            Runtime::Sim(r) => AnyMapping::Sim(SharedMapping::open(r, device, &desc)?),
+            Runtime::Acl(r) => AnyMapping::Acl(SharedMapping::open(r, device, &desc)?),
+        };
+        let handle = next_handle();
+        lock(&MAPPINGS).insert(handle, Arc::new(Mutex::new(m)));
+        // SAFETY: non-null, and the caller gives a writable u64.
+        unsafe { out.as_ptr().write(handle) };
+        Ok(())
+    })
+}
+
+/// `ap_mapping_info`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MappingInfo {
+    /// Where the published bytes start in this process.
+    pub addr: u64,
+    /// Bytes published.
+    pub len: u64,
+    /// Where they start in the exporting process (to translate addresses it hands over).
+    pub exporter_addr: u64,
+    /// The exporting process's id.
+    pub exporter: i32,
+    /// Zero.
+    pub reserved: u32,
+}
+
+const_assert_eq!(std::mem::size_of::<MappingInfo>(), 32);
+
+/// Where an open mapping's bytes lie, how many, and who published them.
+///
+/// # Safety
+/// `out` is NULL or valid for a write of an [`MappingInfo`].
+#[no_mangle]
+pub unsafe extern "C" fn ap_mapping_get_info(mapping: u64, out: *mut MappingInfo) -> Status {
+    run(|| {
+        let out = non_null(out, "out")?;
+        let m = find_mapping(mapping)?;
+        let m = lock(&m);
+        let info = with_mapping!(&*m, x => MappingInfo {
+            addr: x.addr() as u64,
+            len: x.len(),
+            exporter_addr: (x.descriptor().base as u64).wrapping_add(x.descriptor().offset),
+            exporter: x.descriptor().exporter,
+            reserved: 0,
+        });
+        // SAFETY: non-null, and the caller gives a writable ap_mapping_info.
+        unsafe { out.as_ptr().write(info) };
+        Ok(())
+    })
+}
+
+/// Copies `len` published bytes from `offset` into host memory at `dst`.
+///
+/// # Safety
+/// `dst` is valid for writes of `len` bytes (NULL only if `len` is 0).
+#[no_mangle]
+pub unsafe extern "C" fn ap_mapping_read(
+    mapping: u64,
+    offset: u64,
+    dst: *mut c_void,
+    len: u64,
+) -> Status {
+    run(|| {
+        let m = find_mapping(mapping)?;
+        let (p, n) = host_buffer(dst, offset, len)?;
+        // SAFETY: the caller gives `len` writable bytes at `dst` that nothing else uses
+        // meanwhile (checked non-null unless empty, `p` dangling and aligned then).
+        let out = unsafe { std::slice::from_raw_parts_mut(p, n) };
+        let m = lock(&m);
+        Ok(with_mapping!(&*m, x => x.read(offset, out))?)
+    })
+}
+
+/// Copies `len` bytes from host memory at `src` into the published bytes at `offset`.
+///
+/// # Safety
+/// `src` is valid for reads of `len` bytes (NULL only if `len` is 0).
+#[no_mangle]
+pub unsafe extern "C" fn ap_mapping_write(
+    mapping: u64,
+    offset: u64,
+    src: *const c_void,
+    len: u64,
+) -> Status {
+    run(|| {
+        let m = find_mapping(mapping)?;
+        let (p, n) = host_buffer(src.cast_mut(), offset, len)?;
+        // SAFETY: the caller gives `len` readable bytes at `src` (checked non-null unless
+        // empty, `p` dangling and aligned then); they are only read.
+        let data = unsafe { std::slice::from_raw_parts(p.cast_const(), n) };
+        let m = lock(&m);
+        Ok(with_mapping!(&*m, x => x.write(offset, data))?)
+    })
+}
+
+/// Unmaps and frees the imported memory; the exporter's memory goes once every process
+/// sharing it has let go. The handle is gone even when the runtime refuses a step (the
+/// status says which): what it would not let go stays held until the process ends.
+#[no_mangle]
+pub extern "C" fn ap_mapping_close(mapping: u64) -> Status {
+    run(|| {
+        let found = lock(&MAPPINGS).remove(&mapping);
+        let m = found.ok_or(Failure::BadMapping(mapping))?;
+        // A read or write under way on another thread finishes first.
+        let mut m = lock(&m);
+        Ok(with_mapping!(&mut *m, x => x.try_close())?)
+    })
+}
