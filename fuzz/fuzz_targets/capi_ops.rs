@@ -1,10 +1,12 @@
 //! Arbitrary call sequences through the C interface (`ascend-pool-capi`), as a C program
 //! could make them: live, freed, foreign and made-up region and stream handles, kinds outside
 //! the enum, sizes of 0 and near `u64::MAX`, copies and fills in and out of bounds and off
-//! alignment, a second pool destroyed and made again under its live regions. Each call's
-//! status must be the one the header promises for its input; after every call the pool
-//! validates, its live regions are exactly the handles the model holds, and the first bytes
-//! of every region read back as the model says.
+//! alignment, a second pool destroyed and made again under its live regions. The main pool
+//! is over the simulator or over its virtual memory, whose device regions are published and
+//! opened again as mappings in this process: a mapping reads and writes the region's bytes.
+//! Each call's status must be the one the header promises for its input; after every call
+//! the pool validates, its live regions are exactly the handles the model holds, and the
+//! first bytes of every region read back as the model says.
 #![no_main]
 
 use arbitrary::Arbitrary;
@@ -131,6 +133,17 @@ enum Op {
     LeakReport {
         cap: u8,
     },
+    /// `ap_share_publish` of a region to this process, and `ap_share_open` of what it gives.
+    Publish(Handle),
+    /// `ap_mapping_read` of a mapping's first bytes; mappings open and closed are picked.
+    MapRead(u8),
+    /// `ap_mapping_write` of one byte.
+    MapWrite {
+        mapping: u8,
+        at: u8,
+        byte: u8,
+    },
+    MapClose(u8),
 }
 
 /// What the model knows of one live region.
@@ -145,8 +158,21 @@ struct Shadow {
     busy: Vec<u64>,
 }
 
+/// A region published and opened again.
+struct Mapped {
+    handle: u64,
+    /// The region it maps: while that is live, the two are the same bytes.
+    region: u64,
+}
+
 struct Model {
     pool: u64,
+    /// Whether `pool` is over virtual memory (and publishes).
+    vmm: bool,
+    /// This process's id, to publish to.
+    me: i32,
+    mappings: Vec<Mapped>,
+    closed_mappings: Vec<u64>,
     other: u64,
     dead_pools: Vec<u64>,
     live: HashMap<u64, Shadow>,
@@ -158,10 +184,14 @@ struct Model {
 }
 
 fn create(conf: &std::ffi::CStr) -> u64 {
+    create_over(SOURCE_SIM, conf)
+}
+
+fn create_over(source: i32, conf: &std::ffi::CStr) -> u64 {
     let mut p = 0;
     // SAFETY: a NUL-terminated configuration and a writable handle.
     assert_eq!(
-        unsafe { ap_pool_create(SOURCE_SIM, conf.as_ptr(), &mut p) },
+        unsafe { ap_pool_create(source, conf.as_ptr(), &mut p) },
         Status::Ok
     );
     p
@@ -192,6 +222,29 @@ impl Model {
         } else {
             all[usize::from(i) % all.len()]
         }
+    }
+
+    /// The mapping `i` picks among the open and the closed ones, and whether it is open.
+    fn mapping(&self, i: u8) -> (u64, Option<usize>) {
+        let n = self.mappings.len() + self.closed_mappings.len();
+        if n == 0 {
+            return (0, None);
+        }
+        let i = usize::from(i) % n;
+        match self.mappings.get(i) {
+            Some(m) => (m.handle, Some(i)),
+            None => (self.closed_mappings[i - self.mappings.len()], None),
+        }
+    }
+
+    /// Whether the bytes of the region mapping `i` maps are this model's to know: the region
+    /// is live and no stream may be working on it.
+    fn mapped_region(&self, i: usize) -> Option<u64> {
+        let r = self.mappings[i].region;
+        self.live
+            .get(&r)
+            .is_some_and(|s| s.busy.is_empty())
+            .then_some(r)
     }
 
     fn stream_live(&self, s: u64) -> bool {
@@ -325,9 +378,20 @@ impl Model {
     }
 }
 
-fn run(ops: Vec<Op>) {
+fn run(vmm: bool, ops: Vec<Op>) {
+    let source = if vmm { SOURCE_VMM_SIM } else { SOURCE_SIM };
+    let mut me = 0;
+    // SAFETY: a writable id.
+    assert_eq!(
+        unsafe { ap_share_process_id(SOURCE_SIM, &mut me) },
+        Status::Ok
+    );
     let mut m = Model {
-        pool: create(c"chunk_size:8m,limit:96m,debug:1"),
+        pool: create_over(source, c"chunk_size:8m,limit:96m,debug:1"),
+        vmm,
+        me,
+        mappings: Vec::new(),
+        closed_mappings: Vec::new(),
         other: create(c"chunk_size:2m"),
         dead_pools: Vec::new(),
         live: HashMap::new(),
@@ -599,6 +663,124 @@ fn run(ops: Vec<Op>) {
                 );
             }
             Op::Synchronize => assert_eq!(ap_pool_synchronize(pool), Status::Ok),
+            Op::Publish(region) => {
+                let (h, live) = m.resolve(region);
+                let mut desc = vec![0u8; 1 << 16];
+                let mut n = 0;
+                // SAFETY: one readable id, `desc.len()` writable bytes and a writable size.
+                let got = unsafe {
+                    ap_share_publish(
+                        pool,
+                        h,
+                        &m.me,
+                        1,
+                        desc.as_mut_ptr().cast(),
+                        desc.len(),
+                        &mut n,
+                    )
+                };
+                let want = if !m.vmm {
+                    Status::NotSupported
+                } else if !live {
+                    Status::BadRegion
+                } else if matches!(m.live[&h].kind as i32, KIND_DVPP | KIND_HOST) {
+                    Status::WrongKind
+                } else {
+                    Status::Ok
+                };
+                assert_eq!(got, want);
+                if got == Status::Ok {
+                    let mut handle = 0;
+                    // SAFETY: the descriptor is NUL-terminated (`n` bytes with the NUL).
+                    let got =
+                        unsafe { ap_share_open(SOURCE_SIM, 0, desc.as_ptr().cast(), &mut handle) };
+                    assert_eq!(got, Status::Ok);
+                    let mut info = MappingInfo::default();
+                    // SAFETY: a writable MappingInfo.
+                    assert_eq!(
+                        unsafe { ap_mapping_get_info(handle, &mut info) },
+                        Status::Ok
+                    );
+                    let s = &m.live[&h];
+                    assert_eq!((info.exporter_addr, info.len), (s.addr, s.len));
+                    m.mappings.push(Mapped { handle, region: h });
+                }
+            }
+            Op::MapRead(i) => {
+                let (handle, open) = m.mapping(i);
+                let mut back = vec![0u8; HEAD as usize];
+                let Some(i) = open else {
+                    // SAFETY: `back` is writable for its length.
+                    let got = unsafe { ap_mapping_read(handle, 0, back.as_mut_ptr().cast(), 1) };
+                    assert_eq!(got, Status::BadMapping);
+                    continue;
+                };
+                match m.mapped_region(i) {
+                    Some(r) => {
+                        let head = &m.live[&r].head;
+                        // SAFETY: as above; the head is at most `HEAD` bytes.
+                        let got = unsafe {
+                            ap_mapping_read(handle, 0, back.as_mut_ptr().cast(), head.len() as u64)
+                        };
+                        assert_eq!(got, Status::Ok);
+                        for (j, (b, want)) in back.iter().zip(head).enumerate() {
+                            if let Some(w) = want {
+                                assert_eq!(b, w, "mapping of region {r}, byte {j}");
+                            }
+                        }
+                    }
+                    // Freed, or under a stream's work: readable, the bytes unknown.
+                    None => {
+                        // SAFETY: as above.
+                        let got =
+                            unsafe { ap_mapping_read(handle, 0, back.as_mut_ptr().cast(), 1) };
+                        assert_eq!(got, Status::Ok);
+                    }
+                }
+            }
+            Op::MapWrite { mapping, at, byte } => {
+                let (handle, open) = m.mapping(mapping);
+                let b = [byte];
+                match open.map(|i| (i, m.mapped_region(i))) {
+                    None => {
+                        // SAFETY: one readable byte.
+                        let got = unsafe { ap_mapping_write(handle, 0, b.as_ptr().cast(), 1) };
+                        assert_eq!(got, Status::BadMapping);
+                    }
+                    Some((_, Some(r))) => {
+                        let at = u64::from(at) % m.live[&r].head.len() as u64;
+                        // SAFETY: as above.
+                        let got = unsafe { ap_mapping_write(handle, at, b.as_ptr().cast(), 1) };
+                        assert_eq!(got, Status::Ok);
+                        m.write_shadow(r, at, 1, Some(byte));
+                    }
+                    // Memory the model does not own now: only a write just past the end, refused.
+                    Some((_, None)) => {
+                        let mut info = MappingInfo::default();
+                        // SAFETY: a writable MappingInfo.
+                        assert_eq!(
+                            unsafe { ap_mapping_get_info(handle, &mut info) },
+                            Status::Ok
+                        );
+                        // SAFETY: as above.
+                        let got =
+                            unsafe { ap_mapping_write(handle, info.len, b.as_ptr().cast(), 1) };
+                        assert_eq!(got, Status::OutOfBounds);
+                    }
+                }
+            }
+            Op::MapClose(i) => {
+                let (handle, open) = m.mapping(i);
+                let got = ap_mapping_close(handle);
+                match open {
+                    Some(i) => {
+                        assert_eq!(got, Status::Ok);
+                        m.mappings.remove(i);
+                        m.closed_mappings.push(handle);
+                    }
+                    None => assert_eq!(got, Status::BadMapping),
+                }
+            }
             Op::LeakReport { cap } => {
                 let mut out = vec![SegmentInfo::default(); usize::from(cap)];
                 let mut n = usize::MAX;
@@ -647,6 +829,9 @@ fn run(ops: Vec<Op>) {
     for &h in &m.order {
         m.check_head(h);
     }
+    for mapped in std::mem::take(&mut m.mappings) {
+        assert_eq!(ap_mapping_close(mapped.handle), Status::Ok);
+    }
     for h in std::mem::take(&mut m.order) {
         assert_eq!(ap_free(pool, h), Status::Ok);
         m.live.remove(&h);
@@ -665,4 +850,4 @@ fn run(ops: Vec<Op>) {
     );
 }
 
-fuzz_target!(|ops: Vec<Op>| run(ops));
+fuzz_target!(|input: (bool, Vec<Op>)| run(input.0, input.1));
