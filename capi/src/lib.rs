@@ -799,6 +799,25 @@ unsafe fn hand_over_text(
     unsafe { hand_over(&bytes, buf.cast::<u8>(), cap, needed) }
 }
 
+/// The pool's snapshot rendered as text by `render`, handed over as [`hand_over_text`].
+///
+/// # Safety
+/// As [`ap_pool_snapshot_json`].
+unsafe fn snapshot_as(
+    pool: u64,
+    buf: *mut c_char,
+    cap: usize,
+    needed: *mut usize,
+    render: impl FnOnce(&ascend_pool::pool::PoolSnapshot) -> Result<String, Failure>,
+) -> Status {
+    run(|| {
+        let needed = non_null(needed, "needed")?;
+        let text = render(&entry(pool)?.pool.snapshot())?;
+        // SAFETY: as the caller's contract.
+        unsafe { hand_over_text(text, buf, cap, needed) }
+    })
+}
+
 /// The live segments of every kind, by address ([`Pool::leak_report`]): regions not freed,
 /// and freed ones whose memory waits for a stream (`pending`). `*count` gets their number; a
 /// buffer of fewer than `*count` entries (or NULL) gets nothing and
@@ -846,14 +865,13 @@ pub unsafe extern "C" fn ap_pool_snapshot_json(
     cap: usize,
     needed: *mut usize,
 ) -> Status {
-    run(|| {
-        let needed = non_null(needed, "needed")?;
-        let snap = entry(pool)?.pool.snapshot();
-        let json = serde_json::to_string(&snap)
-            .map_err(|e| Failure::Lib(Error::Invalid(format!("snapshot as JSON: {e}"))))?;
-        // SAFETY: as this function's contract.
-        unsafe { hand_over_text(json, buf, cap, needed) }
-    })
+    // SAFETY: as this function's contract.
+    unsafe {
+        snapshot_as(pool, buf, cap, needed, |snap| {
+            serde_json::to_string(snap)
+                .map_err(|e| Failure::Lib(Error::Invalid(format!("snapshot as JSON: {e}"))))
+        })
+    }
 }
 
 /// A picture of the pool as SVG: each chunk a bar of allocated, padding and free bytes
@@ -868,13 +886,12 @@ pub unsafe extern "C" fn ap_pool_picture_svg(
     cap: usize,
     needed: *mut usize,
 ) -> Status {
-    run(|| {
-        let needed = non_null(needed, "needed")?;
-        let snap = entry(pool)?.pool.snapshot();
-        let svg = ascend_pool::svg::pool_state(&snap, &format!("pool {pool}"));
-        // SAFETY: as this function's contract.
-        unsafe { hand_over_text(svg, buf, cap, needed) }
-    })
+    // SAFETY: as this function's contract.
+    unsafe {
+        snapshot_as(pool, buf, cap, needed, |snap| {
+            Ok(ascend_pool::svg::pool_state(snap, &format!("pool {pool}")))
+        })
+    }
 }
 
 /// Writes out the trace a pool with `record:PATH` in its configuration has buffered

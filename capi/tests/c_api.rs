@@ -94,6 +94,12 @@ fn counters(pool: u64) -> Vec<[u64; 8]> {
         .collect()
 }
 
+/// A call's status `got` is `want`, and the message of this thread's last call says `says`.
+fn expect(what: &str, got: Status, want: Status, says: &str) {
+    assert_eq!(got, want, "{what}: {}", last_error());
+    assert!(last_error().contains(says), "{what}: {}", last_error());
+}
+
 fn destroy(pool: u64) -> u64 {
     let mut freed = u64::MAX;
     // SAFETY: a writable count.
@@ -217,10 +223,6 @@ fn refused_calls_leave_the_pool_as_it_was() {
     let mut p: *mut c_void = null_mut();
 
     // Each call is checked at once: its status, and that its message says `says`.
-    let expect = |what: &str, got: Status, want: Status, says: &str| {
-        assert_eq!(got, want, "{what}: {}", last_error());
-        assert!(last_error().contains(says), "{what}: {}", last_error());
-    };
     // SAFETY (every call below): the pointers are NULL or valid for what they are used for.
     unsafe {
         expect(
@@ -852,10 +854,6 @@ fn a_published_region_opens_as_a_mapping_in_the_same_process() {
     let garbage = c"{\"exporter\": 1}";
     let mut out = 0;
     let not_mapping = format!("mapping {r}");
-    let expect = |what: &str, got: Status, want: Status, says: &str| {
-        assert_eq!(got, want, "{what}: {}", last_error());
-        assert!(last_error().contains(says), "{what}: {}", last_error());
-    };
     // SAFETY (every call below): the pointers are NULL or valid for what they are used for.
     unsafe {
         expect(

@@ -9,33 +9,14 @@
  * usage: pipeline sim|acl FRAMES      prints "ok" and the counters; exits 1 on any failure.
  */
 #include "ascend_pool.h"
+#include "expect.h"
 
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static int failures;
-
-#define EXPECT(call, want)                                                                    \
-    do {                                                                                      \
-        ap_status got_ = (call);                                                              \
-        if (got_ != (want)) {                                                                 \
-            char msg_[256];                                                                   \
-            ap_last_error(msg_, sizeof msg_);                                                 \
-            fprintf(stderr, "%s:%d: %s gave %s, want %s (%s)\n", __FILE__, __LINE__, #call,   \
-                    ap_status_name(got_), ap_status_name(want), msg_);                        \
-            failures++;                                                                       \
-        }                                                                                     \
-    } while (0)
-
-#define CHECK(cond)                                                                           \
-    do {                                                                                      \
-        if (!(cond)) {                                                                        \
-            fprintf(stderr, "%s:%d: %s does not hold\n", __FILE__, __LINE__, #cond);          \
-            failures++;                                                                       \
-        }                                                                                     \
-    } while (0)
+int failures;
 
 enum { FRAME = 1920 * 1080 * 3 / 2 };
 

@@ -14,34 +14,15 @@
  * Whoever runs the two passes the lines between them (the test, capi/tests/c_program.rs).
  */
 #include "ascend_pool.h"
+#include "expect.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static int failures = 0;
+int failures;
 /* The runtime: AP_SOURCE_SIM or AP_SOURCE_ACL; pools over its virtual memory. */
 static ap_source runtime = AP_SOURCE_SIM, vmm = AP_SOURCE_VMM_SIM;
-
-#define EXPECT(call, want)                                                                     \
-    do {                                                                                       \
-        ap_status got_ = (call);                                                               \
-        if (got_ != (want)) {                                                                  \
-            char msg_[256];                                                                    \
-            ap_last_error(msg_, sizeof msg_);                                                  \
-            fprintf(stderr, "%s:%d: %s gave %s, want %s (%s)\n", __FILE__, __LINE__, #call,   \
-                    ap_status_name(got_), ap_status_name(want), msg_);                         \
-            failures++;                                                                        \
-        }                                                                                      \
-    } while (0)
-
-#define CHECK(cond)                                                                            \
-    do {                                                                                       \
-        if (!(cond)) {                                                                         \
-            fprintf(stderr, "%s:%d: %s does not hold\n", __FILE__, __LINE__, #cond);          \
-            failures++;                                                                        \
-        }                                                                                      \
-    } while (0)
 
 enum { LEN = 4 << 20, WRITTEN = 64 << 10, LINE = 1 << 16 };
 
