@@ -42,8 +42,10 @@ typedef enum ap_status {
     AP_ERR_BAD_MAPPING = 21,        /* not an open mapping: closed, or never opened */
     AP_ERR_SHARE_REFUSED = 22,      /* the exporting process did not let this one in */
     AP_ERR_SHARE_GONE = 23,         /* the published memory is no longer exported */
-    AP_ERR_SHARE_ACCESS_FIXED = 24  /* memory first published to any process (or to listed
+    AP_ERR_SHARE_ACCESS_FIXED = 24, /* memory first published to any process (or to listed
                                        ones) asked for under the other access */
+    AP_ERR_BAD_BUFFER = 25          /* not a live buffer of this pool, or not an open buffer
+                                       of another process */
 } ap_status;
 
 /* Memory kinds: which AscendCL call the pool's blocks come from. */
@@ -69,6 +71,14 @@ typedef uint64_t ap_pool;
 typedef uint64_t ap_region;
 typedef uint64_t ap_stream;
 typedef uint64_t ap_mapping;
+typedef uint64_t ap_mbuf;
+typedef uint64_t ap_shared_mbuf;
+
+/* What a shared buffer's memory is (acltdtAllocBuf's type). */
+typedef enum ap_mbuf_kind {
+    AP_MBUF_NORMAL = 0, /* device memory, 128-byte starts */
+    AP_MBUF_DVPP = 1    /* DVPP memory: cannot be shared between processes */
+} ap_mbuf_kind;
 
 typedef struct ap_region_info {
     uint64_t addr;  /* start; a device address for device kinds */
@@ -117,8 +127,9 @@ size_t ap_last_error(char *buf, size_t cap);
 /* A pool over `source`. `conf` is in ASCEND_POOL_CONF syntax ("chunk_size:64m,limit:2g");
  * NULL reads $ASCEND_POOL_CONF (defaults when unset). */
 ap_status ap_pool_create(ap_source source, const char *conf, ap_pool *out);
-/* Destroys a pool: its streams are synchronized and destroyed, its live regions freed (their
- * number in *freed_regions, which may be NULL), its blocks returned to the source. */
+/* Destroys a pool: its streams are synchronized and destroyed, its live regions and buffer
+ * handles freed (their number in *freed_regions, which may be NULL), its blocks returned to
+ * the source. */
 ap_status ap_pool_destroy(ap_pool pool, uint64_t *freed_regions);
 ap_status ap_pool_stats(ap_pool pool, ap_kind kind, ap_stats *out);
 /* Checks every invariant of every chunk; AP_ERR_INVALID_STATE names the first broken one. */
@@ -204,6 +215,53 @@ ap_status ap_mapping_write(ap_mapping mapping, uint64_t offset, const void *src,
 /* Unmaps and frees the imported memory; the exporter's goes once every process has let go.
  * The handle is gone even when the runtime refuses a step (the status says which). */
 ap_status ap_mapping_close(ap_mapping mapping);
+
+/* Shared buffers (mbuf), in the manner of acltdtAllocBuf: a header in device memory with the
+ * valid data length and 96 bytes of user data, then `size` bytes of data. Each handle is freed
+ * on its own; the buffer goes back to the pool with its last handle (or the pool's destroy). */
+ap_status ap_mbuf_alloc(ap_pool pool, uint64_t size, ap_mbuf_kind kind, ap_mbuf *out);
+/* Another handle on the same buffer (acltdtCopyBufRef). */
+ap_status ap_mbuf_copy_ref(ap_pool pool, ap_mbuf mbuf, ap_mbuf *out);
+ap_status ap_mbuf_free(ap_pool pool, ap_mbuf mbuf);
+
+typedef struct ap_mbuf_info {
+    uint64_t data;     /* device address of the data (acltdtGetBufData) */
+    uint64_t size;     /* bytes of data */
+    uint64_t data_len; /* the valid data length */
+    uint32_t kind;     /* an ap_mbuf_kind */
+    uint32_t refs;     /* handles on the buffer */
+} ap_mbuf_info;
+
+ap_status ap_mbuf_get_info(ap_pool pool, ap_mbuf mbuf, ap_mbuf_info *out);
+ap_status ap_mbuf_write(ap_pool pool, ap_mbuf mbuf, uint64_t offset, const void *src,
+                        uint64_t len);
+ap_status ap_mbuf_read(ap_pool pool, ap_mbuf mbuf, uint64_t offset, void *dst, uint64_t len);
+/* At most the size (acltdtSetBufDataLen). */
+ap_status ap_mbuf_set_data_len(ap_pool pool, ap_mbuf mbuf, uint64_t len);
+/* `len` bytes at `offset` of the 96 bytes of user data (acltdtSetBufUserData, ...Get...). */
+ap_status ap_mbuf_set_user_data(ap_pool pool, ap_mbuf mbuf, uint64_t offset, const void *src,
+                                uint64_t len);
+ap_status ap_mbuf_get_user_data(ap_pool pool, ap_mbuf mbuf, uint64_t offset, void *dst,
+                                uint64_t len);
+/* Lets other processes open a device buffer of a pool over virtual memory, read-only; as
+ * ap_share_publish. */
+ap_status ap_mbuf_publish(ap_pool pool, ap_mbuf mbuf, const int32_t *pids, size_t npids,
+                          char *buf, size_t cap, size_t *needed);
+/* Opens a published buffer in this process; memory that is not a buffer gets
+ * AP_ERR_INVALID_ARGUMENT, the rest as ap_share_open. */
+ap_status ap_shared_mbuf_open(ap_source source, int32_t device, const char *descriptor,
+                              ap_shared_mbuf *out);
+
+typedef struct ap_shared_mbuf_info {
+    uint64_t size;     /* bytes of data */
+    uint64_t data_len; /* the valid data length its publisher set */
+} ap_shared_mbuf_info;
+
+ap_status ap_shared_mbuf_get_info(ap_shared_mbuf buf, ap_shared_mbuf_info *out);
+ap_status ap_shared_mbuf_read(ap_shared_mbuf buf, uint64_t offset, void *dst, uint64_t len);
+ap_status ap_shared_mbuf_get_user_data(ap_shared_mbuf buf, uint64_t offset, void *dst,
+                                       uint64_t len);
+ap_status ap_shared_mbuf_close(ap_shared_mbuf buf);
 
 #ifdef __cplusplus
 }

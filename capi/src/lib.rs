@@ -102,11 +102,14 @@ pub enum Status {
     /// Memory first published to any process (or to listed ones) asked for under the other
     /// access.
     ShareAccessFixed = 24,
+    /// Not a live buffer: freed, another pool's, or never handed out; or not an open buffer
+    /// of another process.
+    BadBuffer = 25,
 }
 
 impl Status {
     /// Every status, in value order (`ap_status_name` indexes it).
-    pub const ALL: [Status; 25] = [
+    pub const ALL: [Status; 26] = [
         Status::Ok,
         Status::NullArgument,
         Status::InvalidArgument,
@@ -132,6 +135,7 @@ impl Status {
         Status::ShareRefused,
         Status::ShareGone,
         Status::ShareAccessFixed,
+        Status::BadBuffer,
     ];
 
     fn name(self) -> &'static CStr {
@@ -161,6 +165,7 @@ impl Status {
             Status::ShareRefused => c"AP_ERR_SHARE_REFUSED",
             Status::ShareGone => c"AP_ERR_SHARE_GONE",
             Status::ShareAccessFixed => c"AP_ERR_SHARE_ACCESS_FIXED",
+            Status::BadBuffer => c"AP_ERR_BAD_BUFFER",
         }
     }
 
@@ -298,7 +303,9 @@ macro_rules! with_region {
 
 type Shared<T> = Arc<Mutex<T>>;
 
+mod mbuf;
 mod share;
+pub use mbuf::*;
 pub use share::*;
 
 /// Hashes handles, which the process hands out itself: no adversary picks them, so SipHash's
@@ -336,7 +343,10 @@ struct Entry {
     regions: [Mutex<Handles<Shared<AnyRegion>>>; SHARDS],
     /// Live streams by handle.
     streams: Mutex<Handles<Arc<Stream>>>,
-    pool: Pool,
+    /// Live buffer handles; several may name one buffer.
+    mbufs: Mutex<Handles<ascend_pool::mbuf::Mbuf>>,
+    /// Shared with the buffers, which each hold the pool.
+    pool: Arc<Pool>,
     /// The publishing side of a source over virtual memory.
     publisher: Option<Arc<dyn share::Publish>>,
     /// Cleared by `ap_pool_destroy` before it empties the tables, each under its lock: a call
@@ -371,6 +381,7 @@ enum Failure {
     BadRegion(u64),
     BadStream(u64),
     BadMapping(u64),
+    BadBuffer(u64),
     /// A pool whose source cannot publish.
     NotShared(u64),
     /// The answer needs `needed` items where the caller gave room for `cap`.
@@ -397,6 +408,7 @@ impl Failure {
             Failure::BadStream(_) => Status::BadStream,
             Failure::TooSmall { .. } => Status::BufferTooSmall,
             Failure::BadMapping(_) => Status::BadMapping,
+            Failure::BadBuffer(_) => Status::BadBuffer,
             Failure::NotShared(_) => Status::NotSupported,
             Failure::Lib(e) => Status::of(e),
         }
@@ -410,6 +422,7 @@ impl Failure {
             Failure::BadRegion(h) => format!("region {h} is not a live region of this pool"),
             Failure::BadStream(h) => format!("stream {h} is not a live stream of this pool"),
             Failure::BadMapping(h) => format!("mapping {h} is not an open mapping"),
+            Failure::BadBuffer(h) => format!("buffer {h} is not a live buffer here"),
             Failure::NotShared(h) => format!(
                 "pool {h} cannot publish: create it over virtual memory \
                  (AP_SOURCE_VMM_SIM or AP_SOURCE_VMM_ACL)"
@@ -641,7 +654,8 @@ pub unsafe extern "C" fn ap_pool_create(
         let entry = Entry {
             regions: Default::default(),
             streams: Mutex::default(),
-            pool: Pool::new(source, config)?,
+            mbufs: Mutex::default(),
+            pool: Arc::new(Pool::new(source, config)?),
             publisher,
             alive: AtomicBool::new(true),
             id: handle,
@@ -656,8 +670,9 @@ pub unsafe extern "C" fn ap_pool_create(
     })
 }
 
-/// Destroys a pool: waits for its streams, frees its live regions (their number in
-/// `*freed_regions` when it is not NULL), destroys its streams and returns its blocks.
+/// Destroys a pool: waits for its streams, frees its live regions and buffer handles (their
+/// number in `*freed_regions` when it is not NULL), destroys its streams and returns its
+/// blocks.
 ///
 /// A call on the pool still running in another thread finishes first; the blocks go back
 /// when it has.
@@ -681,6 +696,9 @@ pub unsafe extern "C" fn ap_pool_destroy(pool: u64, freed_regions: *mut u64) -> 
             let regions: Vec<_> = lock(table).drain().collect();
             freed += regions.len() as u64;
         }
+        let mbufs: Vec<_> = lock(&entry.mbufs).drain().collect();
+        freed += mbufs.len() as u64;
+        drop(mbufs);
         // Frees that waited on the streams complete now, not in the pool's drop, which
         // would report them as still live.
         let settled = entry.pool.synchronize();
@@ -1085,6 +1103,33 @@ pub extern "C" fn ap_record_stream(pool: u64, region: u64, stream: u64) -> Statu
     })
 }
 
+/// A caller's host buffer of `len` bytes to read, checked as [`host_buffer`] checks it.
+///
+/// # Safety
+/// `p` is valid for reads of `len` bytes, which nothing writes meanwhile, if it is not NULL.
+unsafe fn host_bytes<'a>(p: *const c_void, offset: u64, len: u64) -> Result<&'a [u8], Failure> {
+    let (p, n) = host_buffer(p.cast_mut(), offset, len)?;
+    // SAFETY: the caller gives `len` readable bytes at `p` (checked non-null unless empty,
+    // `p` dangling and aligned then); they are only read.
+    Ok(unsafe { std::slice::from_raw_parts(p.cast_const(), n) })
+}
+
+/// A caller's host buffer of `len` bytes to write, checked as [`host_buffer`] checks it.
+///
+/// # Safety
+/// `p` is valid for writes of `len` bytes, which nothing else uses meanwhile, if it is not
+/// NULL.
+unsafe fn host_bytes_mut<'a>(
+    p: *mut c_void,
+    offset: u64,
+    len: u64,
+) -> Result<&'a mut [u8], Failure> {
+    let (p, n) = host_buffer(p, offset, len)?;
+    // SAFETY: the caller gives `len` writable bytes at `p` that nothing else uses meanwhile
+    // (checked non-null unless empty, `p` dangling and aligned then).
+    Ok(unsafe { std::slice::from_raw_parts_mut(p, n) })
+}
+
 /// Checks a caller's host buffer of `len` bytes: non-null unless empty, and short enough to
 /// be a slice (a longer one fits no region: [`Status::OutOfBounds`]).
 fn host_buffer(p: *mut c_void, offset: u64, len: u64) -> Result<(*mut u8, usize), Failure> {
@@ -1119,10 +1164,8 @@ pub unsafe extern "C" fn ap_copy_from_host(
     run(|| {
         let e = entry(pool)?;
         let r = e.region(dst)?;
-        let (p, n) = host_buffer(src.cast_mut(), offset, len)?;
-        // SAFETY: the caller gives `len` readable bytes at `src` (checked non-null unless
-        // empty, `p` dangling and aligned then); the pool only reads them.
-        let bytes = unsafe { std::slice::from_raw_parts(p.cast_const(), n) };
+        // SAFETY: as this function's contract.
+        let bytes = unsafe { host_bytes(src, offset, len)? };
         let mut r = lock(&r);
         Ok(with_region!(&mut *r, x => e.pool.copy_from_host(x, offset, bytes))?)
     })
@@ -1144,10 +1187,8 @@ pub unsafe extern "C" fn ap_copy_to_host(
     run(|| {
         let e = entry(pool)?;
         let r = e.region(src)?;
-        let (p, n) = host_buffer(dst, offset, len)?;
-        // SAFETY: the caller gives `len` writable bytes at `dst` that nothing else uses
-        // meanwhile (checked non-null unless empty, `p` dangling and aligned then).
-        let out = unsafe { std::slice::from_raw_parts_mut(p, n) };
+        // SAFETY: as this function's contract.
+        let out = unsafe { host_bytes_mut(dst, offset, len)? };
         let r = lock(&r);
         Ok(with_region!(&*r, x => e.pool.copy_to_host(x, offset, out))?)
     })

@@ -13,11 +13,24 @@ use std::ffi::c_void;
 /// What a pool over virtual memory adds: publishing its regions.
 pub(crate) trait Publish: std::fmt::Debug + Send + Sync {
     fn publish(&self, addr: usize, len: u64, access: &Access) -> Result<ShareDescriptor, Error>;
+    fn publish_mbuf(
+        &self,
+        m: &ascend_pool::mbuf::Mbuf,
+        access: &Access,
+    ) -> Result<ShareDescriptor, Error>;
 }
 
 impl<R: VmmRuntime + 'static> Publish for VmmSource<R> {
     fn publish(&self, addr: usize, len: u64, access: &Access) -> Result<ShareDescriptor, Error> {
         self.publish_range(addr, len, access)
+    }
+
+    fn publish_mbuf(
+        &self,
+        m: &ascend_pool::mbuf::Mbuf,
+        access: &Access,
+    ) -> Result<ShareDescriptor, Error> {
+        m.publish(self, access)
     }
 }
 
@@ -58,12 +71,12 @@ static MAPPINGS: LazyLock<Mutex<Handles<Shared<AnyMapping>>>> = LazyLock::new(De
 static SIM_RUNTIME: LazyLock<Arc<SimSource>> = LazyLock::new(|| Arc::new(SimSource::default()));
 static ACL_RUNTIME: Mutex<Option<Arc<AclSource>>> = Mutex::new(None);
 
-enum Runtime {
+pub(crate) enum Runtime {
     Sim(Arc<SimSource>),
     Acl(Arc<AclSource>),
 }
 
-fn runtime(source: c_int) -> Result<Runtime, Failure> {
+pub(crate) fn runtime(source: c_int) -> Result<Runtime, Failure> {
     match source {
         SOURCE_SIM | SOURCE_VMM_SIM => Ok(Runtime::Sim(Arc::clone(&SIM_RUNTIME))),
         SOURCE_ACL | SOURCE_VMM_ACL => {
@@ -102,6 +115,46 @@ pub unsafe extern "C" fn ap_share_publish(
     cap: usize,
     needed: *mut usize,
 ) -> Status {
+    // SAFETY: as this function's contract.
+    unsafe {
+        publish_with(
+            pool,
+            pids,
+            npids,
+            buf,
+            cap,
+            needed,
+            |e, publisher, access| {
+                let r = e.region(region)?;
+                let r = lock(&r);
+                let (addr, len, kind) = with_region!(&*r, x => (x.addr(), x.len(), x.kind()));
+                if !is_virtual(kind) {
+                    return Err(Error::WrongKind {
+                        expected: "device",
+                        got: kind,
+                    }
+                    .into());
+                }
+                Ok(publisher.publish(addr, len, access)?)
+            },
+        )
+    }
+}
+
+/// Publishes what `publish` names in `pool` to the processes `pids` lists, and hands the
+/// descriptor over as text.
+///
+/// # Safety
+/// As [`ap_share_publish`].
+pub(crate) unsafe fn publish_with(
+    pool: u64,
+    pids: *const i32,
+    npids: usize,
+    buf: *mut c_char,
+    cap: usize,
+    needed: *mut usize,
+    publish: impl FnOnce(&Entry, &dyn Publish, &Access) -> Result<ShareDescriptor, Failure>,
+) -> Status {
     run(|| {
         let needed = non_null(needed, "needed")?;
         let access = if pids.is_null() {
@@ -115,22 +168,25 @@ pub unsafe extern "C" fn ap_share_publish(
             Access::Processes(unsafe { std::slice::from_raw_parts(pids, npids) }.to_vec())
         };
         let e = entry(pool)?;
-        let publisher = e.publisher.as_ref().ok_or(Failure::NotShared(pool))?;
-        let r = e.region(region)?;
-        let r = lock(&r);
-        let (addr, len, kind) = with_region!(&*r, x => (x.addr(), x.len(), x.kind()));
-        if !is_virtual(kind) {
-            return Err(Error::WrongKind {
-                expected: "device",
-                got: kind,
-            }
-            .into());
-        }
-        let desc = publisher.publish(addr, len, &access)?;
-        drop(r);
-        // SAFETY: as this function's contract.
+        let publisher = e.publisher.as_deref().ok_or(Failure::NotShared(pool))?;
+        let desc = publish(&e, publisher, &access)?;
+        // SAFETY: as the caller's contract.
         unsafe { hand_over_text(desc.to_json(), buf, cap, needed) }
     })
+}
+
+/// The descriptor in a caller's NUL-terminated text.
+///
+/// # Safety
+/// `text` is NULL or a NUL-terminated string.
+pub(crate) unsafe fn descriptor(text: *const c_char) -> Result<ShareDescriptor, Failure> {
+    let text = non_null(text.cast_mut(), "descriptor")?;
+    // SAFETY: the caller passes a NUL-terminated string, checked non-null.
+    let text = unsafe { CStr::from_ptr(text.as_ptr()) };
+    let text = text
+        .to_str()
+        .map_err(|_| Error::Config("share descriptor: not UTF-8".into()))?;
+    Ok(ShareDescriptor::from_json(text)?)
 }
 
 /// This process's id as the runtime behind `source` gives it (`aclrtDeviceGetBareTgid`):
@@ -168,13 +224,8 @@ pub unsafe extern "C" fn ap_share_open(
 ) -> Status {
     run(|| {
         let out = non_null(out, "out")?;
-        let text = non_null(descriptor.cast_mut(), "descriptor")?;
-        // SAFETY: the caller passes a NUL-terminated string, checked non-null.
-        let text = unsafe { CStr::from_ptr(text.as_ptr()) };
-        let text = text
-            .to_str()
-            .map_err(|_| Error::Config("share descriptor: not UTF-8".into()))?;
-        let desc = ShareDescriptor::from_json(text)?;
+        // SAFETY: as this function's contract.
+        let desc = unsafe { self::descriptor(descriptor)? };
         let m = match runtime(source)? {
             Runtime::Sim(r) => AnyMapping::Sim(SharedMapping::open(r, device, &desc)?),
             Runtime::Acl(r) => AnyMapping::Acl(SharedMapping::open(r, device, &desc)?),
@@ -241,10 +292,8 @@ pub unsafe extern "C" fn ap_mapping_read(
 ) -> Status {
     run(|| {
         let m = find_mapping(mapping)?;
-        let (p, n) = host_buffer(dst, offset, len)?;
-        // SAFETY: the caller gives `len` writable bytes at `dst` that nothing else uses
-        // meanwhile (checked non-null unless empty, `p` dangling and aligned then).
-        let out = unsafe { std::slice::from_raw_parts_mut(p, n) };
+        // SAFETY: as this function's contract.
+        let out = unsafe { host_bytes_mut(dst, offset, len)? };
         let m = lock(&m);
         Ok(with_mapping!(&*m, x => x.read(offset, out))?)
     })
@@ -263,10 +312,8 @@ pub unsafe extern "C" fn ap_mapping_write(
 ) -> Status {
     run(|| {
         let m = find_mapping(mapping)?;
-        let (p, n) = host_buffer(src.cast_mut(), offset, len)?;
-        // SAFETY: the caller gives `len` readable bytes at `src` (checked non-null unless
-        // empty, `p` dangling and aligned then); they are only read.
-        let data = unsafe { std::slice::from_raw_parts(p.cast_const(), n) };
+        // SAFETY: as this function's contract.
+        let data = unsafe { host_bytes(src, offset, len)? };
         let m = lock(&m);
         Ok(with_mapping!(&*m, x => x.write(offset, data))?)
     })

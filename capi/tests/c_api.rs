@@ -141,6 +141,8 @@ fn the_header_declares_what_the_library_exports() {
         ("AP_SOURCE_ACL", SOURCE_ACL),
         ("AP_SOURCE_VMM_SIM", SOURCE_VMM_SIM),
         ("AP_SOURCE_VMM_ACL", SOURCE_VMM_ACL),
+        ("AP_MBUF_NORMAL", MBUF_NORMAL),
+        ("AP_MBUF_DVPP", MBUF_DVPP),
     ];
     for (name, value) in constants {
         assert!(declared.contains(&(name.to_owned(), value)), "{name}");
@@ -187,6 +189,21 @@ fn the_header_declares_what_the_library_exports() {
         "ap_mapping_read",
         "ap_mapping_write",
         "ap_mapping_close",
+        "ap_mbuf_alloc",
+        "ap_mbuf_copy_ref",
+        "ap_mbuf_free",
+        "ap_mbuf_get_info",
+        "ap_mbuf_write",
+        "ap_mbuf_read",
+        "ap_mbuf_set_data_len",
+        "ap_mbuf_set_user_data",
+        "ap_mbuf_get_user_data",
+        "ap_mbuf_publish",
+        "ap_shared_mbuf_open",
+        "ap_shared_mbuf_get_info",
+        "ap_shared_mbuf_read",
+        "ap_shared_mbuf_get_user_data",
+        "ap_shared_mbuf_close",
     ] {
         let declared = [" ", "*"]
             .iter()
@@ -965,4 +982,201 @@ fn a_published_region_opens_as_a_mapping_in_the_same_process() {
     }
     assert_eq!(destroy(pool), 0);
     assert_eq!(destroy(plain), 0);
+}
+
+fn mbuf_info(pool: u64, m: u64) -> MbufInfo {
+    let mut i = MbufInfo::default();
+    // SAFETY: a writable MbufInfo.
+    let got = unsafe { ap_mbuf_get_info(pool, m, &mut i) };
+    assert_eq!(got, Status::Ok, "{}", last_error());
+    i
+}
+
+#[test]
+#[cfg_attr(
+    miri,
+    ignore = "virtual memory reserves addresses with PROT_NONE, which Miri refuses"
+)]
+fn buffers_carry_data_length_and_user_data_and_open_read_only() {
+    let pool = pool_over(SOURCE_VMM_SIM, "chunk_size:4m");
+    let size = 100_000u64;
+    let mut m = 0;
+    // SAFETY (every call below): the pointers are NULL or valid for what they are used for.
+    unsafe {
+        assert_eq!(ap_mbuf_alloc(pool, size, MBUF_NORMAL, &mut m), Status::Ok);
+        let i = mbuf_info(pool, m);
+        assert_eq!((i.size, i.data_len, i.kind, i.refs), (size, 0, 0, 1));
+        assert_eq!(i.data % 128, 0, "the data starts 128-aligned");
+        let data: Vec<u8> = (0..size).map(|i| (i % 241) as u8).collect();
+        assert_eq!(
+            ap_mbuf_write(pool, m, 0, data.as_ptr().cast(), size),
+            Status::Ok
+        );
+        assert_eq!(ap_mbuf_set_data_len(pool, m, 4096), Status::Ok);
+        let tag = *b"frame=17";
+        assert_eq!(
+            ap_mbuf_set_user_data(pool, m, 88, tag.as_ptr().cast(), 8),
+            Status::Ok
+        );
+        let mut copy = 0;
+        assert_eq!(ap_mbuf_copy_ref(pool, m, &mut copy), Status::Ok);
+        assert_ne!(copy, m);
+        assert_eq!(mbuf_info(pool, copy).refs, 2);
+        assert_eq!(ap_mbuf_free(pool, m), Status::Ok);
+        // The copy still names the buffer, with what was written through the first handle.
+        let i = mbuf_info(pool, copy);
+        assert_eq!((i.data_len, i.refs), (4096, 1));
+        let mut back = vec![0u8; size as usize];
+        let got = ap_mbuf_read(pool, copy, 0, back.as_mut_ptr().cast(), size);
+        assert_eq!(got, Status::Ok);
+        assert!(back == data);
+        let mut t = [0u8; 8];
+        assert_eq!(
+            ap_mbuf_get_user_data(pool, copy, 88, t.as_mut_ptr().cast(), 8),
+            Status::Ok
+        );
+        assert_eq!(t, tag);
+
+        // Opened read-only through a descriptor, in this process.
+        let me = std::process::id() as i32;
+        let desc = text_of(|b, c, n| ap_mbuf_publish(pool, copy, &me, 1, b, c, n));
+        let desc = std::ffi::CString::new(desc).unwrap();
+        let mut sh = 0;
+        let got = ap_shared_mbuf_open(SOURCE_SIM, 0, desc.as_ptr(), &mut sh);
+        assert_eq!(got, Status::Ok, "{}", last_error());
+        let mut si = SharedMbufInfo::default();
+        assert_eq!(ap_shared_mbuf_get_info(sh, &mut si), Status::Ok);
+        assert_eq!((si.size, si.data_len), (size, 4096));
+        let mut head = [0u8; 64];
+        assert_eq!(
+            ap_shared_mbuf_read(sh, 1000, head.as_mut_ptr().cast(), 64),
+            Status::Ok
+        );
+        assert_eq!(&head[..], &data[1000..1064]);
+        let mut t2 = [0u8; 8];
+        let got = ap_shared_mbuf_get_user_data(sh, 88, t2.as_mut_ptr().cast(), 8);
+        assert_eq!((got, t2), (Status::Ok, tag));
+
+        // Bad input, each with its status.
+        let plain = pool_with("");
+        let mut dv = 0;
+        assert_eq!(ap_mbuf_alloc(pool, 64, MBUF_DVPP, &mut dv), Status::Ok);
+        let mut on_plain = 0;
+        assert_eq!(
+            ap_mbuf_alloc(plain, 64, MBUF_NORMAL, &mut on_plain),
+            Status::Ok
+        );
+        let mut r = 0;
+        let mut n = 0;
+        let mut buf = [0u8; 4096];
+        let b = buf.as_mut_ptr();
+        let region = alloc(pool, KIND_DEVICE, 4096).unwrap();
+        let not_buffer = text_of(|b, c, n| ap_share_publish(pool, region, &me, 1, b, c, n));
+        let not_buffer = std::ffi::CString::new(not_buffer).unwrap();
+        let gone = format!("buffer {m}");
+        // Each status in turn (the messages of a few are checked one call at a time below).
+        for (what, got, want) in [
+            (
+                "kind",
+                ap_mbuf_alloc(pool, 64, 7, &mut r),
+                Status::InvalidArgument,
+            ),
+            (
+                "size 0",
+                ap_mbuf_alloc(pool, 0, MBUF_NORMAL, &mut r),
+                Status::InvalidSize,
+            ),
+            (
+                "overflow",
+                ap_mbuf_alloc(pool, u64::MAX - 64, MBUF_NORMAL, &mut r),
+                Status::InvalidSize,
+            ),
+            (
+                "no out",
+                ap_mbuf_alloc(pool, 64, MBUF_NORMAL, null_mut()),
+                Status::NullArgument,
+            ),
+            ("freed", ap_mbuf_set_data_len(pool, m, 1), Status::BadBuffer),
+            (
+                "another pool's",
+                ap_mbuf_free(pool, on_plain),
+                Status::BadBuffer,
+            ),
+            (
+                "past the size",
+                ap_mbuf_set_data_len(pool, copy, size + 1),
+                Status::OutOfBounds,
+            ),
+            (
+                "user data past 96",
+                ap_mbuf_set_user_data(pool, copy, 90, tag.as_ptr().cast(), 8),
+                Status::OutOfBounds,
+            ),
+            (
+                "data past the size",
+                ap_mbuf_read(pool, copy, size - 4, head.as_mut_ptr().cast(), 8),
+                Status::OutOfBounds,
+            ),
+            (
+                "no source buffer",
+                ap_mbuf_write(pool, copy, 0, null(), 8),
+                Status::NullArgument,
+            ),
+            (
+                "a DVPP buffer",
+                ap_mbuf_publish(pool, dv, null(), 0, b.cast(), 4096, &mut n),
+                Status::WrongKind,
+            ),
+            (
+                "a pool not over virtual memory",
+                ap_mbuf_publish(plain, on_plain, null(), 0, b.cast(), 4096, &mut n),
+                Status::NotSupported,
+            ),
+            (
+                "memory that is not a buffer",
+                ap_shared_mbuf_open(SOURCE_SIM, 0, not_buffer.as_ptr(), &mut r),
+                Status::InvalidArgument,
+            ),
+            (
+                "shared past the size",
+                ap_shared_mbuf_read(sh, size, head.as_mut_ptr().cast(), 1),
+                Status::OutOfBounds,
+            ),
+            (
+                "not an opened buffer",
+                ap_shared_mbuf_close(copy),
+                Status::BadBuffer,
+            ),
+        ] {
+            assert_eq!(got, want, "{what}");
+        }
+        assert_eq!(r, 0, "no handle written");
+        // The messages, one call at a time.
+        expect(
+            "kind",
+            ap_mbuf_alloc(pool, 64, 7, &mut r),
+            Status::InvalidArgument,
+            "ap_mbuf_kind",
+        );
+        expect(
+            "freed",
+            ap_mbuf_set_data_len(pool, m, 1),
+            Status::BadBuffer,
+            &gone,
+        );
+        expect(
+            "not a buffer",
+            ap_shared_mbuf_open(SOURCE_SIM, 0, not_buffer.as_ptr(), &mut r),
+            Status::InvalidArgument,
+            "not a buffer",
+        );
+        assert_eq!(ap_shared_mbuf_close(sh), Status::Ok);
+        assert_eq!(ap_shared_mbuf_close(sh), Status::BadBuffer);
+        assert_eq!(ap_free(pool, region), Status::Ok);
+        assert_eq!(ap_mbuf_free(pool, dv), Status::Ok);
+        // The pool's destroy frees the buffer handles still live, the copy among them.
+        assert_eq!(destroy(pool), 1);
+        assert_eq!(destroy(plain), 1);
+        assert_eq!(ap_mbuf_free(pool, copy), Status::BadPool);
+    }
 }

@@ -273,6 +273,8 @@ fn share(runtime: &str, env: &[(&str, &Path)]) {
     importer.send(&desc);
     let refused = exporter.line("refused {", &mut importer);
     importer.send(&refused);
+    let mbuf = exporter.line("mbuf {", &mut importer);
+    importer.send(&mbuf);
     // The importer's count of failed checks: none.
     let done = importer.line("done 0", &mut exporter);
     exporter.send(&done);

@@ -5,11 +5,13 @@
  *   share export R a pool over virtual memory fills a 4 MiB region, reads the importer's id
  *                  ("id N") on stdin, publishes the region to that process alone and prints
  *                  "desc JSON"; it publishes a region of a second pool to process 1 alone and
- *                  prints "refused JSON"; after "done" on stdin it checks what the importer
- *                  wrote into the region and prints "ok".
+ *                  prints "refused JSON", and a shared buffer to the importer, "mbuf JSON";
+ *                  after "done" on stdin it checks what the importer wrote into the region
+ *                  and prints "ok".
  *   share import R prints "id N", opens the first descriptor it reads, checks the bytes,
- *                  overwrites the first 64 KiB, closes the mapping and prints "done"; the
- *                  second descriptor must be refused. Then prints "ok".
+ *                  overwrites the first 64 KiB, closes the mapping; the second descriptor
+ *                  must be refused; the buffer opens read-only with its data length, user
+ *                  data and bytes. Prints "done", then "ok".
  *
  * Whoever runs the two passes the lines between them (the test, capi/tests/c_program.rs).
  */
@@ -24,7 +26,8 @@ int failures;
 /* The runtime: AP_SOURCE_SIM or AP_SOURCE_ACL; pools over its virtual memory. */
 static ap_source runtime = AP_SOURCE_SIM, vmm = AP_SOURCE_VMM_SIM;
 
-enum { LEN = 4 << 20, WRITTEN = 64 << 10, LINE = 1 << 16 };
+enum { LEN = 4 << 20, WRITTEN = 64 << 10, LINE = 1 << 16, MBUF = 256 << 10, MBUF_LEN = 1000 };
+static const char TAG[] = "seq=42";
 
 static unsigned char pattern(size_t i, int round) { return (unsigned char)(i * 7 + round * 13); }
 
@@ -70,7 +73,22 @@ static int exporter(void) {
     publish(pool, region, &importer, 1, "desc");
     int32_t init = 1;
     publish(other, fenced, &init, 1, "refused");
+
+    ap_mbuf mbuf;
+    EXPECT(ap_mbuf_alloc(pool, MBUF, AP_MBUF_NORMAL, &mbuf), AP_OK);
+    for (size_t i = 0; i < MBUF; i++) bytes[i] = pattern(i, 2);
+    EXPECT(ap_mbuf_write(pool, mbuf, 0, bytes, MBUF), AP_OK);
+    EXPECT(ap_mbuf_set_data_len(pool, mbuf, MBUF_LEN), AP_OK);
+    EXPECT(ap_mbuf_set_user_data(pool, mbuf, 0, TAG, sizeof TAG), AP_OK);
+    size_t needed = 0;
+    EXPECT(ap_mbuf_publish(pool, mbuf, &importer, 1, NULL, 0, &needed), AP_ERR_BUFFER_TOO_SMALL);
+    char *desc = malloc(needed);
+    EXPECT(ap_mbuf_publish(pool, mbuf, &importer, 1, desc, needed, &needed), AP_OK);
+    printf("mbuf %s\n", failures ? "{}" : desc);
+    fflush(stdout);
+    free(desc);
     expect_line(line, "done");
+    EXPECT(ap_mbuf_free(pool, mbuf), AP_OK);
 
     /* The importer's writes, through its own mapping of the same physical memory. */
     EXPECT(ap_copy_to_host(pool, region, 0, bytes, LEN), AP_OK);
@@ -115,6 +133,21 @@ static int importer(void) {
     EXPECT(ap_share_open(runtime, 0, expect_line(line, "refused"), &refused),
            AP_ERR_SHARE_REFUSED);
     CHECK(refused == 0);
+
+    /* A buffer, read-only: what the exporter wrote, header and data. */
+    ap_shared_mbuf buf;
+    EXPECT(ap_shared_mbuf_open(runtime, 0, expect_line(line, "mbuf"), &buf), AP_OK);
+    ap_shared_mbuf_info bi;
+    EXPECT(ap_shared_mbuf_get_info(buf, &bi), AP_OK);
+    CHECK(bi.size == MBUF && bi.data_len == MBUF_LEN);
+    char tag[sizeof TAG];
+    EXPECT(ap_shared_mbuf_get_user_data(buf, 0, tag, sizeof tag), AP_OK);
+    CHECK(!memcmp(tag, TAG, sizeof TAG));
+    EXPECT(ap_shared_mbuf_read(buf, 0, bytes, MBUF), AP_OK);
+    wrong = 0;
+    for (size_t i = 0; i < MBUF; i++) wrong += bytes[i] != pattern(i, 2);
+    CHECK(wrong == 0);
+    EXPECT(ap_shared_mbuf_close(buf), AP_OK);
     printf("done %d\n", failures);
     fflush(stdout);
     free(bytes);
