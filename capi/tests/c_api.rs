@@ -1180,3 +1180,49 @@ fn buffers_carry_data_length_and_user_data_and_open_read_only() {
         assert_eq!(ap_mbuf_free(pool, copy), Status::BadPool);
     }
 }
+
+/// Buffers of both kinds on a plain pool (Miri runs this one: no virtual memory).
+#[test]
+fn buffers_of_both_kinds_on_the_simulator() {
+    let pool = pool_with("chunk_size:2m");
+    for kind in [MBUF_NORMAL, MBUF_DVPP] {
+        let (mut m, mut copy) = (0, 0);
+        // SAFETY (every call below): the pointers are valid for what they are used for.
+        unsafe {
+            assert_eq!(ap_mbuf_alloc(pool, 300, kind, &mut m), Status::Ok);
+            assert_eq!(ap_mbuf_copy_ref(pool, m, &mut copy), Status::Ok);
+            let data = [kind as u8 + 1; 300];
+            assert_eq!(
+                ap_mbuf_write(pool, copy, 0, data.as_ptr().cast(), 300),
+                Status::Ok
+            );
+            assert_eq!(ap_mbuf_set_data_len(pool, m, 300), Status::Ok);
+            let mut back = [0u8; 300];
+            let got = ap_mbuf_read(pool, m, 0, back.as_mut_ptr().cast(), 300);
+            assert_eq!((got, back), (Status::Ok, data));
+            let tag = [9u8; 96];
+            assert_eq!(
+                ap_mbuf_set_user_data(pool, m, 0, tag.as_ptr().cast(), 96),
+                Status::Ok
+            );
+            let mut t = [0u8; 96];
+            let got = ap_mbuf_get_user_data(pool, copy, 0, t.as_mut_ptr().cast(), 96);
+            assert_eq!((got, t), (Status::Ok, tag));
+            let i = mbuf_info(pool, copy);
+            assert_eq!(
+                (i.size, i.data_len, i.kind, i.refs),
+                (300, 300, kind as u32, 2)
+            );
+            let mut n = 0;
+            let got = ap_mbuf_publish(pool, m, null(), 0, null_mut(), 0, &mut n);
+            assert_eq!(got, Status::NotSupported, "a pool not over virtual memory");
+            assert_eq!(ap_mbuf_free(pool, m), Status::Ok);
+            assert_eq!(ap_mbuf_free(pool, m), Status::BadBuffer);
+            assert_eq!(mbuf_info(pool, copy).refs, 1);
+            assert_eq!(ap_mbuf_free(pool, copy), Status::Ok);
+        }
+    }
+    let live: u64 = stats(pool).iter().map(|s| s.live_regions).sum();
+    assert_eq!(live, 0, "the buffers went back with their last handles");
+    assert_eq!(destroy(pool), 0);
+}
