@@ -6,7 +6,9 @@
 //! opened again as mappings in this process: a mapping reads and writes the region's bytes.
 //! Each call's status must be the one the header promises for its input; after every call
 //! the pool validates, its live regions are exactly the handles the model holds, and the
-//! first bytes of every region read back as the model says.
+//! first bytes of every region read back as the model says. Shared buffers (mbuf) are
+//! allocated, referenced again and freed by handle, and their data, valid length and user
+//! data read back as the model says.
 #![no_main]
 
 use arbitrary::Arbitrary;
@@ -144,6 +146,48 @@ enum Op {
         byte: u8,
     },
     MapClose(u8),
+    /// `ap_mbuf_alloc`; `kind` outside the enum is refused.
+    MbufAlloc {
+        size: Len,
+        kind: i8,
+    },
+    MbufCopyRef(BufHandle),
+    MbufFree(BufHandle),
+    /// One byte of data (`user` false) or of user data, at `at` modulo a bound a little past
+    /// the end, so that some writes are out of bounds.
+    MbufWrite {
+        buf: BufHandle,
+        user: bool,
+        at: u16,
+        byte: u8,
+    },
+    MbufSetLen {
+        buf: BufHandle,
+        len: u32,
+    },
+    /// Reads a buffer's info, head of data and user data back.
+    MbufRead(BufHandle),
+}
+
+/// A buffer handle as a C program might pass one.
+#[derive(Arbitrary, Debug, Clone, Copy)]
+enum BufHandle {
+    Live(u8),
+    Freed(u8),
+    Raw(u64),
+}
+
+/// What the model knows of one buffer (any number of handles name it).
+struct BufShadow {
+    size: u64,
+    data_len: u64,
+    kind: i32,
+    /// The data's leading bytes, and the user data; 0 where never written (the pool writes
+    /// the header, and the data is whatever the memory held).
+    head: Vec<Option<u8>>,
+    user: [u8; 96],
+    /// Where its segment starts (the header), for leak reports.
+    addr: u64,
 }
 
 /// What the model knows of one live region.
@@ -166,6 +210,11 @@ struct Mapped {
 }
 
 struct Model {
+    /// Live buffer handles, and the buffer each names.
+    mbufs: Vec<(u64, usize)>,
+    freed_mbufs: Vec<u64>,
+    /// Buffers by number; `None` once their last handle went.
+    buffers: Vec<Option<BufShadow>>,
     pool: u64,
     /// Whether `pool` is over virtual memory (and publishes).
     vmm: bool,
@@ -198,6 +247,25 @@ fn create_over(source: i32, conf: &std::ffi::CStr) -> u64 {
 }
 
 impl Model {
+    /// The handle a `BufHandle` names, and its place in `mbufs` if it is live.
+    fn resolve_buf(&self, h: BufHandle) -> (u64, Option<usize>) {
+        let handle = match h {
+            BufHandle::Live(i) if !self.mbufs.is_empty() => {
+                self.mbufs[usize::from(i) % self.mbufs.len()].0
+            }
+            BufHandle::Freed(i) if !self.freed_mbufs.is_empty() => {
+                self.freed_mbufs[usize::from(i) % self.freed_mbufs.len()]
+            }
+            BufHandle::Raw(n) => n,
+            _ => 0,
+        };
+        (handle, self.mbufs.iter().position(|&(h, _)| h == handle))
+    }
+
+    fn buffer(&self, at: usize) -> &BufShadow {
+        self.buffers[self.mbufs[at].1].as_ref().unwrap()
+    }
+
     /// The handle a `Handle` names, and whether it is a live region of the main pool.
     fn resolve(&self, h: Handle) -> (u64, bool) {
         let pick = |v: &[u64], i: u8| (!v.is_empty()).then(|| v[usize::from(i) % v.len()]);
@@ -374,7 +442,8 @@ impl Model {
             pending += s.pending_frees;
         }
         // Frees waiting on a stream still count as live in the pool until they complete.
-        assert_eq!(live - pending, self.live.len() as u64);
+        let buffers = self.buffers.iter().flatten().count();
+        assert_eq!(live - pending, (self.live.len() + buffers) as u64);
     }
 }
 
@@ -398,6 +467,9 @@ fn run(vmm: bool, ops: Vec<Op>) {
         order: Vec::new(),
         freed: Vec::new(),
         other_live: Vec::new(),
+        mbufs: Vec::new(),
+        freed_mbufs: Vec::new(),
+        buffers: Vec::new(),
         streams: Vec::new(),
         dead_streams: Vec::new(),
     };
@@ -781,6 +853,158 @@ fn run(vmm: bool, ops: Vec<Op>) {
                     None => assert_eq!(got, Status::BadMapping),
                 }
             }
+            Op::MbufAlloc { size, kind } => {
+                let size = size.get();
+                // SAFETY: a writable handle.
+                let got = unsafe { ap_mbuf_alloc(pool, size, kind.into(), &mut r) };
+                if !(0..=1).contains(&kind) {
+                    assert_eq!(got, Status::InvalidArgument);
+                    continue;
+                }
+                match got {
+                    Status::Ok => {
+                        let mut i = MbufInfo::default();
+                        // SAFETY: a writable MbufInfo.
+                        assert_eq!(unsafe { ap_mbuf_get_info(pool, r, &mut i) }, Status::Ok);
+                        assert_eq!(
+                            (i.size, i.data_len, i.kind, i.refs),
+                            (size, 0, kind as u32, 1)
+                        );
+                        assert_eq!(i.data % 128, 0);
+                        m.mbufs.push((r, m.buffers.len()));
+                        m.buffers.push(Some(BufShadow {
+                            size,
+                            data_len: 0,
+                            kind: kind.into(),
+                            head: vec![None; size.min(HEAD) as usize],
+                            user: [0; 96],
+                            addr: i.data - 128,
+                        }));
+                    }
+                    Status::InvalidSize => {}
+                    Status::OutOfMemory | Status::LimitExceeded => assert_ne!(size, 0),
+                    other => panic!("ap_mbuf_alloc of {size}: {other:?}"),
+                }
+                if size == 0 {
+                    assert_eq!(got, Status::InvalidSize);
+                }
+            }
+            Op::MbufCopyRef(h) => {
+                let (h, live) = m.resolve_buf(h);
+                // SAFETY: a writable handle.
+                let got = unsafe { ap_mbuf_copy_ref(pool, h, &mut r) };
+                match live {
+                    Some(at) => {
+                        assert_eq!(got, Status::Ok);
+                        m.mbufs.push((r, m.mbufs[at].1));
+                    }
+                    None => assert_eq!(got, Status::BadBuffer),
+                }
+            }
+            Op::MbufFree(h) => {
+                let (h, live) = m.resolve_buf(h);
+                let got = ap_mbuf_free(pool, h);
+                match live {
+                    Some(at) => {
+                        assert_eq!(got, Status::Ok);
+                        let (_, b) = m.mbufs.remove(at);
+                        if !m.mbufs.iter().any(|&(_, x)| x == b) {
+                            m.buffers[b] = None;
+                        }
+                        m.freed_mbufs.push(h);
+                    }
+                    None => assert_eq!(got, Status::BadBuffer),
+                }
+            }
+            Op::MbufWrite {
+                buf,
+                user,
+                at,
+                byte,
+            } => {
+                let (h, live) = m.resolve_buf(buf);
+                let Some(i) = live else {
+                    // SAFETY: one readable byte.
+                    let got = unsafe { ap_mbuf_write(pool, h, 0, [byte].as_ptr().cast(), 1) };
+                    assert_eq!(got, Status::BadBuffer);
+                    continue;
+                };
+                let b = m.buffer(i);
+                let cap = if user { 96 } else { b.size };
+                // Some offsets a little past the end.
+                let at = u64::from(at) % cap.saturating_add(8).min(1 << 16);
+                let one = [byte];
+                // SAFETY: one readable byte.
+                let got = unsafe {
+                    if user {
+                        ap_mbuf_set_user_data(pool, h, at, one.as_ptr().cast(), 1)
+                    } else {
+                        ap_mbuf_write(pool, h, at, one.as_ptr().cast(), 1)
+                    }
+                };
+                if at >= cap {
+                    assert_eq!(got, Status::OutOfBounds);
+                    continue;
+                }
+                assert_eq!(got, Status::Ok);
+                let idx = m.mbufs[i].1;
+                let b = m.buffers[idx].as_mut().unwrap();
+                if user {
+                    b.user[at as usize] = byte;
+                } else if let Some(x) = b.head.get_mut(at as usize) {
+                    *x = Some(byte);
+                }
+            }
+            Op::MbufSetLen { buf, len } => {
+                let (h, live) = m.resolve_buf(buf);
+                let len = u64::from(len);
+                let got = ap_mbuf_set_data_len(pool, h, len);
+                match live {
+                    None => assert_eq!(got, Status::BadBuffer),
+                    Some(i) if len > m.buffer(i).size => assert_eq!(got, Status::OutOfBounds),
+                    Some(i) => {
+                        assert_eq!(got, Status::Ok);
+                        let idx = m.mbufs[i].1;
+                        m.buffers[idx].as_mut().unwrap().data_len = len;
+                    }
+                }
+            }
+            Op::MbufRead(h) => {
+                let (h, live) = m.resolve_buf(h);
+                let mut info = MbufInfo::default();
+                // SAFETY: a writable MbufInfo.
+                let got = unsafe { ap_mbuf_get_info(pool, h, &mut info) };
+                let Some(i) = live else {
+                    assert_eq!(got, Status::BadBuffer);
+                    continue;
+                };
+                assert_eq!(got, Status::Ok);
+                let idx = m.mbufs[i].1;
+                let refs = m.mbufs.iter().filter(|&&(_, x)| x == idx).count();
+                let b = m.buffer(i);
+                assert_eq!(
+                    (info.size, info.data_len, info.refs),
+                    (b.size, b.data_len, refs as u32)
+                );
+                let mut head = vec![0u8; b.head.len()];
+                let mut user = [0u8; 96];
+                // SAFETY: `head` and `user` are writable for their lengths.
+                unsafe {
+                    let n = head.len() as u64;
+                    assert_eq!(
+                        ap_mbuf_read(pool, h, 0, head.as_mut_ptr().cast(), n),
+                        Status::Ok
+                    );
+                    let got = ap_mbuf_get_user_data(pool, h, 0, user.as_mut_ptr().cast(), 96);
+                    assert_eq!(got, Status::Ok);
+                }
+                for (j, (got, want)) in head.iter().zip(&b.head).enumerate() {
+                    if let Some(w) = want {
+                        assert_eq!(got, w, "buffer {h} byte {j}");
+                    }
+                }
+                assert_eq!(user, b.user, "buffer {h}'s user data");
+            }
             Op::LeakReport { cap } => {
                 let mut out = vec![SegmentInfo::default(); usize::from(cap)];
                 let mut n = usize::MAX;
@@ -802,6 +1026,15 @@ fn run(vmm: bool, ops: Vec<Op>) {
                         .collect();
                     let mut want: Vec<(u64, u64, u32)> =
                         m.live.values().map(|s| (s.addr, s.len, s.kind)).collect();
+                    // A buffer is one segment: its 128-byte header, then its data.
+                    want.extend(m.buffers.iter().flatten().map(|b| {
+                        let kind = if b.kind == MBUF_DVPP {
+                            KIND_DVPP
+                        } else {
+                            KIND_DEVICE
+                        };
+                        (b.addr, b.size + 128, kind as u32)
+                    }));
                     listed.sort_unstable();
                     want.sort_unstable();
                     assert_eq!(listed, want);
@@ -832,6 +1065,10 @@ fn run(vmm: bool, ops: Vec<Op>) {
     for mapped in std::mem::take(&mut m.mappings) {
         assert_eq!(ap_mapping_close(mapped.handle), Status::Ok);
     }
+    for (h, _) in std::mem::take(&mut m.mbufs) {
+        assert_eq!(ap_mbuf_free(pool, h), Status::Ok);
+    }
+    m.buffers.clear();
     for h in std::mem::take(&mut m.order) {
         assert_eq!(ap_free(pool, h), Status::Ok);
         m.live.remove(&h);
