@@ -5,7 +5,7 @@
 //! published like a region ([`ap_mbuf_publish`]); another process opens it read-only
 //! ([`ap_shared_mbuf_open`]).
 
-use super::share::{runtime, Runtime};
+use super::share::{runtime, Opened, Runtime};
 use super::*;
 use ascend_pool::mbuf::{Mbuf, MbufKind, SharedMbuf};
 use std::ffi::c_void;
@@ -60,8 +60,8 @@ macro_rules! with_shared {
     };
 }
 
-/// Opened buffers by handle, for the process; locked while a call uses one, as mappings are.
-static SHARED: LazyLock<Mutex<Handles<Shared<AnyShared>>>> = LazyLock::new(Default::default);
+/// Opened buffers.
+static SHARED: Opened<AnyShared> = Opened::new(Failure::BadBuffer);
 
 impl Entry {
     /// Another handle on the buffer `handle` names in this pool.
@@ -71,9 +71,9 @@ impl Entry {
     }
 }
 
-fn shared(handle: u64) -> Result<Shared<AnyShared>, Failure> {
-    let found = lock(&SHARED).get(&handle).cloned();
-    found.ok_or(Failure::BadBuffer(handle))
+/// Runs one call on the buffer `mbuf` of `pool` names.
+fn on_mbuf(pool: u64, mbuf: u64, f: impl FnOnce(&Mbuf) -> Result<(), Failure>) -> Status {
+    run(|| f(&entry(pool)?.mbuf(mbuf)?))
 }
 
 /// Files `m` under a new handle of `e` and writes the handle to `out`.
@@ -168,11 +168,9 @@ pub unsafe extern "C" fn ap_mbuf_write(
     src: *const c_void,
     len: u64,
 ) -> Status {
-    run(|| {
-        let m = entry(pool)?.mbuf(mbuf)?;
+    on_mbuf(pool, mbuf, |m| {
         // SAFETY: as this function's contract.
-        let data = unsafe { host_bytes(src, offset, len)? };
-        Ok(m.write(offset, data)?)
+        Ok(m.write(offset, unsafe { host_bytes(src, offset, len)? })?)
     })
 }
 
@@ -188,18 +186,16 @@ pub unsafe extern "C" fn ap_mbuf_read(
     dst: *mut c_void,
     len: u64,
 ) -> Status {
-    run(|| {
-        let m = entry(pool)?.mbuf(mbuf)?;
+    on_mbuf(pool, mbuf, |m| {
         // SAFETY: as this function's contract.
-        let out = unsafe { host_bytes_mut(dst, offset, len)? };
-        Ok(m.read(offset, out)?)
+        Ok(m.read(offset, unsafe { host_bytes_mut(dst, offset, len)? })?)
     })
 }
 
 /// Sets the valid data length, at most the size (`acltdtSetBufDataLen`).
 #[no_mangle]
 pub extern "C" fn ap_mbuf_set_data_len(pool: u64, mbuf: u64, len: u64) -> Status {
-    run(|| Ok(entry(pool)?.mbuf(mbuf)?.set_data_len(len)?))
+    on_mbuf(pool, mbuf, |m| Ok(m.set_data_len(len)?))
 }
 
 /// Writes `len` bytes of user data at `offset` of the 96 (`acltdtSetBufUserData`).
@@ -214,11 +210,9 @@ pub unsafe extern "C" fn ap_mbuf_set_user_data(
     src: *const c_void,
     len: u64,
 ) -> Status {
-    run(|| {
-        let m = entry(pool)?.mbuf(mbuf)?;
+    on_mbuf(pool, mbuf, |m| {
         // SAFETY: as this function's contract.
-        let data = unsafe { host_bytes(src, offset, len)? };
-        Ok(m.set_user_data(data, offset)?)
+        Ok(m.set_user_data(unsafe { host_bytes(src, offset, len)? }, offset)?)
     })
 }
 
@@ -234,11 +228,9 @@ pub unsafe extern "C" fn ap_mbuf_get_user_data(
     dst: *mut c_void,
     len: u64,
 ) -> Status {
-    run(|| {
-        let m = entry(pool)?.mbuf(mbuf)?;
+    on_mbuf(pool, mbuf, |m| {
         // SAFETY: as this function's contract.
-        let out = unsafe { host_bytes_mut(dst, offset, len)? };
-        Ok(m.user_data(out, offset)?)
+        Ok(m.user_data(unsafe { host_bytes_mut(dst, offset, len)? }, offset)?)
     })
 }
 
@@ -298,11 +290,7 @@ pub unsafe extern "C" fn ap_shared_mbuf_open(
                 AnyShared::Acl(SharedMbuf::open(r, device, &desc).map_err(not_buffer)?)
             }
         };
-        let handle = next_handle();
-        lock(&SHARED).insert(handle, Arc::new(Mutex::new(m)));
-        // SAFETY: non-null, and the caller gives a writable u64.
-        unsafe { out.as_ptr().write(handle) };
-        Ok(())
+        SHARED.file(m, out)
     })
 }
 
@@ -314,12 +302,12 @@ pub unsafe extern "C" fn ap_shared_mbuf_open(
 pub unsafe extern "C" fn ap_shared_mbuf_get_info(buf: u64, out: *mut SharedMbufInfo) -> Status {
     run(|| {
         let out = non_null(out, "out")?;
-        let m = shared(buf)?;
-        let m = lock(&m);
-        let info = with_shared!(&*m, x => SharedMbufInfo {
-            size: x.size(),
-            data_len: x.data_len()?,
-        });
+        let info = SHARED.with(buf, |m| {
+            Ok(with_shared!(m, x => SharedMbufInfo {
+                size: x.size(),
+                data_len: x.data_len()?,
+            }))
+        })?;
         // SAFETY: non-null, and the caller gives a writable ap_shared_mbuf_info.
         unsafe { out.as_ptr().write(info) };
         Ok(())
@@ -338,11 +326,11 @@ pub unsafe extern "C" fn ap_shared_mbuf_read(
     len: u64,
 ) -> Status {
     run(|| {
-        let m = shared(buf)?;
-        // SAFETY: as this function's contract.
-        let out = unsafe { host_bytes_mut(dst, offset, len)? };
-        let m = lock(&m);
-        Ok(with_shared!(&*m, x => x.read(offset, out))?)
+        SHARED.with(buf, |m| {
+            // SAFETY: as this function's contract.
+            let out = unsafe { host_bytes_mut(dst, offset, len)? };
+            Ok(with_shared!(m, x => x.read(offset, out))?)
+        })
     })
 }
 
@@ -358,11 +346,11 @@ pub unsafe extern "C" fn ap_shared_mbuf_get_user_data(
     len: u64,
 ) -> Status {
     run(|| {
-        let m = shared(buf)?;
-        // SAFETY: as this function's contract.
-        let out = unsafe { host_bytes_mut(dst, offset, len)? };
-        let m = lock(&m);
-        Ok(with_shared!(&*m, x => x.user_data(out, offset))?)
+        SHARED.with(buf, |m| {
+            // SAFETY: as this function's contract.
+            let out = unsafe { host_bytes_mut(dst, offset, len)? };
+            Ok(with_shared!(m, x => x.user_data(out, offset))?)
+        })
     })
 }
 
@@ -370,10 +358,5 @@ pub unsafe extern "C" fn ap_shared_mbuf_get_user_data(
 /// runtime refuses a step, as [`ap_mapping_close`] says.
 #[no_mangle]
 pub extern "C" fn ap_shared_mbuf_close(buf: u64) -> Status {
-    run(|| {
-        let found = lock(&SHARED).remove(&buf);
-        let m = found.ok_or(Failure::BadBuffer(buf))?;
-        let mut m = lock(&m);
-        Ok(with_shared!(&mut *m, x => x.try_close())?)
-    })
+    run(|| SHARED.close(buf, |m| Ok(with_shared!(m, x => x.try_close())?)))
 }

@@ -62,9 +62,59 @@ macro_rules! with_mapping {
     };
 }
 
-/// Open mappings by handle. A mapping is locked while a call uses it, so a close waits for a
-/// read or write under way on another thread.
-static MAPPINGS: LazyLock<Mutex<Handles<Shared<AnyMapping>>>> = LazyLock::new(Default::default);
+/// What this process opened of another's memory, by handle, for the whole process. Each is
+/// locked while a call uses it, so a close waits for a read under way on another thread.
+pub(crate) struct Opened<T> {
+    table: LazyLock<Mutex<Handles<Shared<T>>>>,
+    /// The failure for a handle not in the table.
+    missing: fn(u64) -> Failure,
+}
+
+impl<T> Opened<T> {
+    pub(crate) const fn new(missing: fn(u64) -> Failure) -> Self {
+        Self {
+            table: LazyLock::new(Default::default),
+            missing,
+        }
+    }
+
+    /// Files `value` under a new handle and writes the handle to `out`.
+    pub(crate) fn file(&self, value: T, out: NonNull<u64>) -> Result<(), Failure> {
+        let handle = next_handle();
+        lock(&self.table).insert(handle, Arc::new(Mutex::new(value)));
+        // SAFETY: the callers checked `out`, a writable u64 of the caller's.
+        unsafe { out.as_ptr().write(handle) };
+        Ok(())
+    }
+
+    /// Runs `f` on what `handle` names, locked.
+    pub(crate) fn with<R>(
+        &self,
+        handle: u64,
+        f: impl FnOnce(&mut T) -> Result<R, Failure>,
+    ) -> Result<R, Failure> {
+        let found = lock(&self.table).get(&handle).cloned();
+        let item = found.ok_or((self.missing)(handle))?;
+        let mut item = lock(&item);
+        f(&mut item)
+    }
+
+    /// Takes `handle` out of the table and runs `close` on what it named, once no other call
+    /// uses it.
+    pub(crate) fn close(
+        &self,
+        handle: u64,
+        close: impl FnOnce(&mut T) -> Result<(), Failure>,
+    ) -> Result<(), Failure> {
+        let found = lock(&self.table).remove(&handle);
+        let item = found.ok_or((self.missing)(handle))?;
+        let mut item = lock(&item);
+        close(&mut item)
+    }
+}
+
+/// Open mappings.
+static MAPPINGS: Opened<AnyMapping> = Opened::new(Failure::BadMapping);
 
 /// The runtime this process opens mappings with, one per kind of source for the process (the
 /// library is loaded once; a failed load is tried again on the next call).
@@ -88,11 +138,6 @@ pub(crate) fn runtime(source: c_int) -> Result<Runtime, Failure> {
         }
         other => Err(Failure::Invalid(format!("{other} is not an ap_source"))),
     }
-}
-
-fn find_mapping(handle: u64) -> Result<Shared<AnyMapping>, Failure> {
-    let found = lock(&MAPPINGS).get(&handle).cloned();
-    found.ok_or(Failure::BadMapping(handle))
 }
 
 /// Publishes the bytes of a device region of a pool created over virtual memory
@@ -209,9 +254,9 @@ pub unsafe extern "C" fn ap_share_process_id(source: c_int, out: *mut i32) -> St
 }
 
 /// Opens memory another process published: imports it through the runtime behind `source`
-/// and maps it on `device`, in a reservation of this process's own. A process the exporter did not let in
-/// gets [`Status::ShareRefused`], memory no longer exported [`Status::ShareGone`], a text that
-/// is not a descriptor [`Status::Config`].
+/// and maps it on `device`, in a reservation of this process's own. A process the exporter
+/// did not let in gets [`Status::ShareRefused`], memory no longer exported
+/// [`Status::ShareGone`], a text that is not a descriptor [`Status::Config`].
 ///
 /// # Safety
 /// `descriptor` is NULL or a NUL-terminated string; `out` is NULL or valid for a write.
@@ -230,11 +275,7 @@ pub unsafe extern "C" fn ap_share_open(
             Runtime::Sim(r) => AnyMapping::Sim(SharedMapping::open(r, device, &desc)?),
             Runtime::Acl(r) => AnyMapping::Acl(SharedMapping::open(r, device, &desc)?),
         };
-        let handle = next_handle();
-        lock(&MAPPINGS).insert(handle, Arc::new(Mutex::new(m)));
-        // SAFETY: non-null, and the caller gives a writable u64.
-        unsafe { out.as_ptr().write(handle) };
-        Ok(())
+        MAPPINGS.file(m, out)
     })
 }
 
@@ -264,15 +305,15 @@ const_assert_eq!(std::mem::size_of::<MappingInfo>(), 32);
 pub unsafe extern "C" fn ap_mapping_get_info(mapping: u64, out: *mut MappingInfo) -> Status {
     run(|| {
         let out = non_null(out, "out")?;
-        let m = find_mapping(mapping)?;
-        let m = lock(&m);
-        let info = with_mapping!(&*m, x => MappingInfo {
-            addr: x.addr() as u64,
-            len: x.len(),
-            exporter_addr: (x.descriptor().base as u64).wrapping_add(x.descriptor().offset),
-            exporter: x.descriptor().exporter,
-            reserved: 0,
-        });
+        let info = MAPPINGS.with(mapping, |m| {
+            Ok(with_mapping!(m, x => MappingInfo {
+                addr: x.addr() as u64,
+                len: x.len(),
+                exporter_addr: (x.descriptor().base as u64).wrapping_add(x.descriptor().offset),
+                exporter: x.descriptor().exporter,
+                reserved: 0,
+            }))
+        })?;
         // SAFETY: non-null, and the caller gives a writable ap_mapping_info.
         unsafe { out.as_ptr().write(info) };
         Ok(())
@@ -291,11 +332,11 @@ pub unsafe extern "C" fn ap_mapping_read(
     len: u64,
 ) -> Status {
     run(|| {
-        let m = find_mapping(mapping)?;
-        // SAFETY: as this function's contract.
-        let out = unsafe { host_bytes_mut(dst, offset, len)? };
-        let m = lock(&m);
-        Ok(with_mapping!(&*m, x => x.read(offset, out))?)
+        MAPPINGS.with(mapping, |m| {
+            // SAFETY: as this function's contract.
+            let out = unsafe { host_bytes_mut(dst, offset, len)? };
+            Ok(with_mapping!(m, x => x.read(offset, out))?)
+        })
     })
 }
 
@@ -311,11 +352,11 @@ pub unsafe extern "C" fn ap_mapping_write(
     len: u64,
 ) -> Status {
     run(|| {
-        let m = find_mapping(mapping)?;
-        // SAFETY: as this function's contract.
-        let data = unsafe { host_bytes(src, offset, len)? };
-        let m = lock(&m);
-        Ok(with_mapping!(&*m, x => x.write(offset, data))?)
+        MAPPINGS.with(mapping, |m| {
+            // SAFETY: as this function's contract.
+            let data = unsafe { host_bytes(src, offset, len)? };
+            Ok(with_mapping!(m, x => x.write(offset, data))?)
+        })
     })
 }
 
@@ -324,11 +365,5 @@ pub unsafe extern "C" fn ap_mapping_write(
 /// status says which): what it would not let go stays held until the process ends.
 #[no_mangle]
 pub extern "C" fn ap_mapping_close(mapping: u64) -> Status {
-    run(|| {
-        let found = lock(&MAPPINGS).remove(&mapping);
-        let m = found.ok_or(Failure::BadMapping(mapping))?;
-        // A read or write under way on another thread finishes first.
-        let mut m = lock(&m);
-        Ok(with_mapping!(&mut *m, x => x.try_close())?)
-    })
+    run(|| MAPPINGS.close(mapping, |m| Ok(with_mapping!(m, x => x.try_close())?)))
 }
