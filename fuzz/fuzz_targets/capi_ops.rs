@@ -315,6 +315,15 @@ impl Model {
             .then_some(r)
     }
 
+    /// What a call on stream `s` alone answers.
+    fn stream_status(&self, s: u64) -> Status {
+        if self.stream_live(s) {
+            Status::Ok
+        } else {
+            Status::BadStream
+        }
+    }
+
     fn stream_live(&self, s: u64) -> bool {
         self.streams.contains(&s)
     }
@@ -705,11 +714,7 @@ fn run(vmm: bool, ops: Vec<Op>) {
             }
             Op::StreamDestroy(i) => {
                 let s = m.stream(i);
-                let want = if m.stream_live(s) {
-                    Status::Ok
-                } else {
-                    Status::BadStream
-                };
+                let want = m.stream_status(s);
                 assert_eq!(ap_stream_destroy(pool, s), want);
                 if want == Status::Ok {
                     m.streams.retain(|&x| x != s);
@@ -719,11 +724,7 @@ fn run(vmm: bool, ops: Vec<Op>) {
             }
             Op::StreamSync(i) => {
                 let s = m.stream(i);
-                let want = if m.stream_live(s) {
-                    Status::Ok
-                } else {
-                    Status::BadStream
-                };
+                let want = m.stream_status(s);
                 assert_eq!(ap_stream_synchronize(pool, s), want);
                 m.stream_done(s);
             }
