@@ -14,9 +14,12 @@
 # address: the unit tests and every suite but loom's. Leaks are checked except in the suites
 #   that unload the drop-in: it keeps the simulator it builds on first use for the life of
 #   the process, as a runtime keeps its process-wide state, and unloading it loses that.
-# Both also run the C interface's unit tests and `c_api` (its functions called from Rust, on
-# threads, with a pool destroyed under a working thread). Its `c_program` suite is left out:
-# the C program it builds is not instrumented, and a sanitized library cannot be loaded into it.
+# Both also run the C interface's unit tests, `c_api` (its functions called from Rust, on
+# threads, with a pool destroyed under a working thread) and `c_program` (the C programs, one
+# pair of them as two processes). A sanitized library needs the sanitizer's runtime in the
+# executable that loads it, so each C program is compiled with the same sanitizer by cc and
+# linked with the runtime archive rustc links into its own executables
+# (ASCEND_POOL_C_SANITIZER_RT); a probe program proves the reports reach the tests.
 # Usage: .ci/sanitize.sh thread|address   (about 5 and 4 minutes on 2 cores)
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
@@ -30,7 +33,12 @@ export CARGO_TARGET_DIR=target/sanitize-$kind
 cargo +nightly build -Zbuild-std --target "$target" -p acl-sim
 export ASCEND_POOL_SIM_LIB="$PWD/$CARGO_TARGET_DIR/$target/debug/libascendcl.so"
 test_suites() { cargo +nightly test -Zbuild-std --target "$target" -p ascend-pool "$@"; }
-capi_suites() { cargo +nightly test -Zbuild-std --target "$target" -p ascend-pool-capi --lib --test c_api; }
+export ASCEND_POOL_C_SANITIZER=$kind
+ASCEND_POOL_C_SANITIZER_RT="$(rustc +nightly --print sysroot)/lib/rustlib/$target/lib/librustc-nightly_rt.${kind:0:1}san.a"
+export ASCEND_POOL_C_SANITIZER_RT
+capi_suites() {
+  cargo +nightly test -Zbuild-std --target "$target" -p ascend-pool-capi --lib --test c_api --test c_program
+}
 # Every suite but loom's, so a new one is covered without an edit here; those that load the
 # drop-in are the ones that include its helper.
 suites=$(basename -s .rs tests/*.rs | grep -v '^loom_')

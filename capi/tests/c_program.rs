@@ -2,7 +2,8 @@
 //! `libascend_pool_capi.so` with the system C compiler, then runs it on the simulator and, as
 //! an AscendCL program would run on a device, over the drop-in `libascendcl.so`. Builds
 //! `tests/c/share.c` and runs it as two processes sharing device memory. The header is also
-//! compiled as C++.
+//! compiled as C++. Under `.ci/sanitize.sh` every program is built with the sanitizer, and
+//! `tests/c/sanitizer_probe.c` proves its reports fail the suite.
 
 #[path = "../../tests/common/dropin.rs"]
 mod common_dropin;
@@ -23,8 +24,27 @@ fn include_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../include")
 }
 
+/// The sanitizer `.ci/sanitize.sh` runs these tests under, and the runtime archive to link
+/// into the C programs (the one rustc links into its own sanitized executables).
+///
+/// The library this suite loads is then instrumented and calls into that runtime, which only
+/// an executable can carry: so each C program is compiled with the same sanitizer and linked
+/// with the archive, exporting its symbols for the library (and the drop-in it loads).
+fn sanitizer() -> Option<(String, PathBuf)> {
+    let kind = std::env::var("ASCEND_POOL_C_SANITIZER").ok()?;
+    let runtime = std::env::var_os("ASCEND_POOL_C_SANITIZER_RT")
+        .map(PathBuf::from)
+        .expect("ASCEND_POOL_C_SANITIZER needs ASCEND_POOL_C_SANITIZER_RT, the runtime archive");
+    assert!(
+        matches!(kind.as_str(), "address" | "thread") && runtime.is_file(),
+        "sanitizer {kind:?} with runtime {}",
+        runtime.display()
+    );
+    Some((kind, runtime))
+}
+
 /// Compiles C `source` into `exe` against the header and the crate's library, with every
-/// warning an error.
+/// warning an error; under [`sanitizer`], instrumented and linked with its runtime.
 fn compile(source: &Path, exe: &Path) {
     let deps = deps_dir();
     assert!(
@@ -32,18 +52,41 @@ fn compile(source: &Path, exe: &Path) {
         "libascend_pool_capi.so is not in {}",
         deps.display()
     );
-    let out = Command::new("cc")
-        .args(["-std=c11", "-O1", "-Wall", "-Wextra", "-Werror", "-I"])
-        .arg(include_dir())
-        .arg(source)
-        .arg("-L")
+    let mut cc = Command::new("cc");
+    cc.args(["-std=c11", "-O1", "-Wall", "-Wextra", "-Werror", "-I"])
+        .arg(include_dir());
+    let object = exe.with_extension("o");
+    let sanitizer = sanitizer();
+    if let Some((kind, _)) = &sanitizer {
+        // Compiled apart: linking with `-fsanitize` would bring the C compiler's runtime,
+        // a second one beside the library's.
+        cc.arg(format!("-fsanitize={kind}"))
+            .args(["-g", "-fno-omit-frame-pointer", "-c", "-o"])
+            .arg(&object);
+    }
+    cc.arg(source);
+    if sanitizer.is_some() {
+        run_cc(cc, source);
+        cc = Command::new("cc");
+        cc.arg(&object);
+    }
+    cc.arg("-L")
         .arg(&deps)
         .arg("-lascend_pool_capi")
-        .arg(format!("-Wl,-rpath,{}", deps.display()))
-        .arg("-o")
-        .arg(exe)
-        .output()
-        .expect("run the C compiler (cc)");
+        .arg(format!("-Wl,-rpath,{}", deps.display()));
+    if let Some((_, runtime)) = &sanitizer {
+        cc.arg("-Wl,--whole-archive")
+            .arg(runtime)
+            .args(["-Wl,--no-whole-archive", "-Wl,--export-dynamic"])
+            .args(["-lpthread", "-ldl", "-lm", "-lrt"]);
+    }
+    cc.arg("-o").arg(exe);
+    run_cc(cc, source);
+}
+
+/// Runs the C compiler on `source`'s behalf; it must succeed.
+fn run_cc(mut cc: Command, source: &Path) {
+    let out = cc.output().expect("run the C compiler (cc)");
     assert!(
         out.status.success(),
         "{} does not compile:\n{}",
@@ -292,4 +335,34 @@ fn two_c_processes_share_device_memory() {
 #[test]
 fn two_c_processes_share_device_memory_over_the_dropin_libascendcl() {
     share("acl", &[("ASCEND_POOL_ACL_LIB", common_dropin::dropin())]);
+}
+
+/// Under `.ci/sanitize.sh`, the sanitizer is live in the C programs this suite runs: a
+/// library write past the end of a caller's buffer (AddressSanitizer) or a race between
+/// two of a program's threads (ThreadSanitizer) is reported and fails the program. Without a
+/// sanitizer there is nothing to prove.
+#[test]
+fn the_sanitizer_reports_bugs_in_the_c_programs() {
+    let Some((kind, _)) = sanitizer() else {
+        return;
+    };
+    static EXE: OnceLock<PathBuf> = OnceLock::new();
+    let (arg, report) = match kind.as_str() {
+        "address" => ("library", "ERROR: AddressSanitizer: heap-buffer-overflow"),
+        _ => ("race", "WARNING: ThreadSanitizer: data race"),
+    };
+    let out = command_for(built("sanitizer_probe", &EXE))
+        .arg(arg)
+        .output()
+        .expect("run the probe");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains(report),
+        "{kind}: {}\n{err}",
+        out.status
+    );
+    if arg == "library" {
+        // The write is reported where the library made it.
+        assert!(err.contains("ap_last_error"), "{err}");
+    }
 }
