@@ -121,7 +121,8 @@ typedef struct ap_stats {
 /* The status's name, e.g. "AP_ERR_BAD_REGION"; a static string. */
 const char *ap_status_name(int status);
 /* Copies the message of this thread's last failure into buf (NUL-terminated, cut to cap) and
- * returns its full length; 0 when the thread's last call succeeded. buf may be NULL if cap is 0. */
+ * returns its full length; 0 when the thread's last call succeeded (or, in a thread-local
+ * destructor, when the message has gone with the thread). buf may be NULL if cap is 0. */
 size_t ap_last_error(char *buf, size_t cap);
 
 /* A pool over `source`. `conf` is in ASCEND_POOL_CONF syntax ("chunk_size:64m,limit:2g");
@@ -129,7 +130,8 @@ size_t ap_last_error(char *buf, size_t cap);
 ap_status ap_pool_create(ap_source source, const char *conf, ap_pool *out);
 /* Destroys a pool: its streams are synchronized and destroyed, its live regions and buffer
  * handles freed (their number in *freed_regions, which may be NULL), its blocks returned to
- * the source. */
+ * the source. Calls on the pool already running on other threads finish first; later ones get
+ * AP_ERR_BAD_POOL. */
 ap_status ap_pool_destroy(ap_pool pool, uint64_t *freed_regions);
 ap_status ap_pool_stats(ap_pool pool, ap_kind kind, ap_stats *out);
 /* Checks every invariant of every chunk; AP_ERR_INVALID_STATE names the first broken one. */

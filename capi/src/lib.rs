@@ -1,8 +1,8 @@
 //! The C interface to ascend-pool: `libascend_pool_capi.so`, declared in `include/ascend_pool.h`.
 //!
 //! A C or C++ program (a video pipeline, an inference server) gets pools, regions and streams
-//! as 64-bit handles. Handles come from one process-wide counter, so none is 0 and none is
-//! ever reused: a freed region, a destroyed pool or stream, or a handle of another pool is
+//! as 64-bit handles. Handles come from one process-wide counter (a block at a time for each
+//! thread), so none is 0 and none is ever reused: a freed region, a destroyed pool or stream, or a handle of another pool is
 //! refused with a status ([`Status::BadRegion`], [`Status::BadPool`], [`Status::BadStream`])
 //! instead of touching memory. Every function returns a [`Status`]; on failure
 //! [`ap_last_error`] gives the message, and the pool is left as it was. Panics are caught at
@@ -38,13 +38,13 @@ use ascend_pool::source::acl::AclSource;
 use ascend_pool::source::BlockSource;
 use ascend_pool::{MemKind, Pool, PoolConfig, SimSource};
 use static_assertions::const_assert_eq;
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock, Mutex, MutexGuard, RwLock, Weak};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard, RwLock};
 
 /// What every function returns; `ap_status` in the header, with the same values.
 #[repr(i32)]
@@ -277,7 +277,8 @@ const_assert_eq!(std::mem::size_of::<Stats>(), 16 * 8);
 const_assert_eq!(std::mem::size_of::<SegmentInfo>(), 40);
 const_assert_eq!(std::mem::size_of::<Status>(), std::mem::size_of::<c_int>());
 
-/// Region tables per pool: a handle's table is `handle % SHARDS`.
+/// Region tables per pool: a handle's table is its block's number (the handle over
+/// [`HANDLE_BLOCK`]) modulo `SHARDS`, so a thread's run of handles stays in one table.
 pub const SHARDS: usize = 16;
 
 /// A region as the pool handed it out; the handle table keeps its type.
@@ -303,14 +304,16 @@ macro_rules! with_region {
 
 type Shared<T> = Arc<Mutex<T>>;
 
+mod lookup;
 mod mbuf;
 mod share;
+use lookup::{entry, next_handle, HANDLE_BLOCK};
 pub use mbuf::*;
 pub use share::*;
 
 /// Hashes handles, which the process hands out itself: no adversary picks them, so SipHash's
 /// cost buys nothing. SplitMix64's finalizer (two multiplies) spreads them as a random hash
-/// would, though a shard's handles share their residue mod [`SHARDS`] and follow one another.
+/// would, though a shard's handles come in runs of consecutive numbers.
 #[derive(Debug, Default, Clone, Copy)]
 struct HandleHasher(u64);
 
@@ -349,23 +352,18 @@ struct Entry {
     pool: Arc<Pool>,
     /// The publishing side of a source over virtual memory.
     publisher: Option<Arc<dyn share::Publish>>,
-    /// Cleared by `ap_pool_destroy` before it empties the tables, each under its lock: a call
-    /// that got hold of the entry a moment earlier (from another thread) answers
+    /// Cleared by `ap_pool_destroy` before it empties the tables, each under its lock. The
+    /// destroy waits for the calls that announced the pool (see `lookup`); a call without a
+    /// slot, which holds a counted reference instead, may still run, and answers
     /// [`Status::BadPool`] from then on, for a handle the destroy took away as for a new one.
     alive: AtomicBool,
     /// The pool's own handle.
     id: u64,
 }
 
-/// Live pools. Read-locked when a thread calls with a pool other than its last one, written
-/// only to create and destroy.
+/// Live pools. Read-locked when a thread calls with a pool other than its last one (or after a
+/// destroy), written only to create and destroy.
 static POOLS: LazyLock<RwLock<Handles<Arc<Entry>>>> = LazyLock::new(Default::default);
-/// The next handle of any kind: never 0, never reused.
-static NEXT_HANDLE: AtomicU64 = AtomicU64::new(1);
-
-fn next_handle() -> u64 {
-    NEXT_HANDLE.fetch_add(1, Ordering::Relaxed)
-}
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // Calls run under catch_unwind; a panic never leaves a table half-changed.
@@ -454,7 +452,9 @@ fn run(f: impl FnOnce() -> Result<(), Failure>) -> Status {
             (Status::Panic, format!("internal error: {what}"))
         }
     };
-    LAST_ERROR.with(|m| {
+    // Gone only for a call from a thread-local destructor, after this one's: the status
+    // still tells.
+    let _ = LAST_ERROR.try_with(|m| {
         let mut m = m.borrow_mut();
         // A success after a success writes nothing.
         if !(message.is_empty() && m.is_empty()) {
@@ -462,44 +462,6 @@ fn run(f: impl FnOnce() -> Result<(), Failure>) -> Status {
         }
     });
     status
-}
-
-thread_local! {
-    /// The pool this thread last called with. Upgrading its weak handle is one atomic
-    /// operation, where the shared table costs a lock, a clone and an unlock; it holds no
-    /// memory of a destroyed pool (the entry goes when its last call ends).
-    static LAST_POOL: Cell<Option<(u64, Weak<Entry>)>> = const { Cell::new(None) };
-}
-
-fn entry(pool: u64) -> Result<Arc<Entry>, Failure> {
-    let last = LAST_POOL.take();
-    let cached = match &last {
-        Some((id, weak)) if *id == pool => weak.upgrade(),
-        _ => None,
-    };
-    let e = match cached {
-        Some(e) => {
-            LAST_POOL.set(last);
-            e
-        }
-        None => {
-            let found = POOLS
-                .read()
-                .unwrap_or_else(|p| p.into_inner())
-                .get(&pool)
-                .cloned();
-            let Some(e) = found else {
-                LAST_POOL.set(last);
-                return Err(Failure::BadPool(pool));
-            };
-            LAST_POOL.set(Some((pool, Arc::downgrade(&e))));
-            e
-        }
-    };
-    if !e.alive.load(Ordering::Acquire) {
-        return Err(Failure::BadPool(pool));
-    }
-    Ok(e)
 }
 
 fn non_null<T>(p: *mut T, what: &'static str) -> Result<NonNull<T>, Failure> {
@@ -520,7 +482,7 @@ fn mem_kind(pool: &Pool, kind: c_int) -> Result<MemKind, Failure> {
 
 impl Entry {
     fn table(&self, handle: u64) -> &Mutex<Handles<Shared<AnyRegion>>> {
-        &self.regions[(handle % SHARDS as u64) as usize]
+        &self.regions[((handle / HANDLE_BLOCK) % SHARDS as u64) as usize]
     }
 
     /// `missing` for a handle not in a table, unless the pool is being destroyed.
@@ -597,25 +559,35 @@ pub extern "C" fn ap_status_name(status: c_int) -> *const c_char {
 }
 
 /// Copies this thread's last failure message into `buf` (cut to `cap - 1` bytes and
-/// NUL-terminated) and returns its full length in bytes; 0 when the last call succeeded.
+/// NUL-terminated) and returns its full length in bytes; 0 when the last call succeeded, or
+/// when the thread is exiting and its message has gone (a call from a thread-local
+/// destructor).
 ///
 /// # Safety
 /// `buf` is NULL or valid for writes of `cap` bytes.
 #[no_mangle]
 pub unsafe extern "C" fn ap_last_error(buf: *mut c_char, cap: usize) -> usize {
-    LAST_ERROR.with(|m| {
-        let m = m.borrow();
-        if !buf.is_null() && cap > 0 {
-            let n = m.len().min(cap - 1);
-            // SAFETY: the caller gives `cap` writable bytes at `buf`; n + 1 <= cap, and the
-            // message is a separate allocation.
-            unsafe {
-                std::ptr::copy_nonoverlapping(m.as_ptr(), buf.cast::<u8>(), n);
-                buf.add(n).write(0);
+    LAST_ERROR
+        .try_with(|m| {
+            let m = m.borrow();
+            if !buf.is_null() && cap > 0 {
+                let n = m.len().min(cap - 1);
+                // SAFETY: the caller gives `cap` writable bytes at `buf`; n + 1 <= cap, and the
+                // message is a separate allocation.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(m.as_ptr(), buf.cast::<u8>(), n);
+                    buf.add(n).write(0);
+                }
             }
-        }
-        m.len()
-    })
+            m.len()
+        })
+        .unwrap_or_else(|_| {
+            if !buf.is_null() && cap > 0 {
+                // SAFETY: the caller gives `cap >= 1` writable bytes at `buf`.
+                unsafe { buf.write(0) };
+            }
+            0
+        })
 }
 
 /// Creates a pool over `source` ([`SOURCE_SIM`], [`SOURCE_ACL`], or their virtual memory:
@@ -687,6 +659,8 @@ pub unsafe extern "C" fn ap_pool_destroy(pool: u64, freed_regions: *mut u64) -> 
             .unwrap_or_else(|p| p.into_inner())
             .remove(&pool)
             .ok_or(Failure::BadPool(pool))?;
+        // No call that found the entry is still running after this.
+        lookup::retire(pool);
         entry.alive.store(false, Ordering::Release);
         // Work still queued on a region runs first, so its free completes at once.
         let streams: Vec<_> = lock(&entry.streams).drain().map(|(_, s)| s).collect();
@@ -1413,16 +1387,16 @@ mod tests {
         }
     }
 
-    /// A shard's handles share their residue mod 16; the hash must still spread them over a
-    /// table's buckets (its low bits) and tags (its top seven bits), as a random hash would.
+    /// A shard's handles come in runs of consecutive numbers (one thread's block); the hash
+    /// must still spread them over a table's buckets (its low bits) and tags (its top seven
+    /// bits), as a random hash would.
     #[test]
     fn one_shards_handles_spread_over_a_tables_buckets() {
         use std::collections::HashSet;
         use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
         let build = BuildHasherDefault::<HandleHasher>::default();
-        let hashes: Vec<u64> = (1..=1024u64)
-            .map(|k| build.hash_one(k * SHARDS as u64 + 3))
-            .collect();
+        let block = 3 * HANDLE_BLOCK;
+        let hashes: Vec<u64> = (block..block + 1024).map(|h| build.hash_one(h)).collect();
         let buckets: HashSet<u64> = hashes.iter().map(|h| h & 1023).collect();
         let tags: HashSet<u64> = hashes.iter().map(|h| h >> 57).collect();
         // A random hash fills about 647 of 1,024 buckets and all 128 tags.

@@ -557,6 +557,90 @@ fn a_pool_destroyed_under_a_working_thread_answers_bad_pool() {
     assert_eq!(seen, [Status::Ok as i32, Status::BadPool as i32].into());
 }
 
+/// What a thread-local destructor got from the library, as [`a_thread_local_destructor_can_still_call`] reads it.
+#[derive(Debug, Default, PartialEq)]
+struct AtExit {
+    free: Option<Status>,
+    second_free: Option<Status>,
+    message_len: usize,
+    message: String,
+    alloc: Option<Status>,
+    free_of_new: Option<Status>,
+}
+
+/// A thread-local value whose destructor frees a region through the C functions, and records
+/// what it got.
+struct FreeAtExit {
+    target: std::cell::Cell<(u64, u64)>,
+    out: std::cell::RefCell<Option<std::sync::mpsc::Sender<AtExit>>>,
+}
+
+impl Drop for FreeAtExit {
+    fn drop(&mut self) {
+        let (pool, region) = self.target.get();
+        let mut got = AtExit {
+            free: Some(ap_free(pool, region)),
+            second_free: Some(ap_free(pool, region)),
+            ..AtExit::default()
+        };
+        let mut buf = [b'x'; 64];
+        // SAFETY: 64 writable bytes.
+        got.message_len = unsafe { ap_last_error(buf.as_mut_ptr().cast(), buf.len()) };
+        got.message = CStr::from_bytes_until_nul(&buf)
+            .map(|m| m.to_string_lossy().into_owned())
+            .unwrap_or_else(|_| "(no NUL)".into());
+        let mut r = 0;
+        // SAFETY: a writable handle.
+        got.alloc = Some(unsafe { ap_alloc(pool, KIND_DEVICE, 4096, &mut r) });
+        got.free_of_new = Some(ap_free(pool, r));
+        if let Some(tx) = self.out.borrow_mut().take() {
+            let _ = tx.send(got);
+        }
+    }
+}
+
+thread_local! {
+    static FREE_AT_EXIT: FreeAtExit = const {
+        FreeAtExit {
+            target: std::cell::Cell::new((0, 0)),
+            out: std::cell::RefCell::new(None),
+        }
+    };
+}
+
+/// A C++ `thread_local` or a pthread key destructor may free its regions as its thread exits,
+/// after the library's own thread-locals have gone (made at the thread's first call, so
+/// destroyed before a value made earlier). The calls still answer: the free frees, a second
+/// free is refused, and an allocation and its free work, with no message left to read.
+#[test]
+fn a_thread_local_destructor_can_still_call() {
+    let pool = pool_with("");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        // Made before the thread's first call into the library.
+        FREE_AT_EXIT.with(|f| *f.out.borrow_mut() = Some(tx));
+        let region = alloc(pool, KIND_DEVICE, 4096).unwrap();
+        FREE_AT_EXIT.with(|f| f.target.set((pool, region)));
+    })
+    .join()
+    .unwrap();
+    let got = rx.recv().unwrap();
+    assert_eq!(
+        got,
+        AtExit {
+            free: Some(Status::Ok),
+            second_free: Some(Status::BadRegion),
+            // The thread's message went with its thread-locals: an empty string, length 0.
+            message_len: 0,
+            message: String::new(),
+            alloc: Some(Status::Ok),
+            free_of_new: Some(Status::Ok),
+        }
+    );
+    assert!(stats(pool).iter().all(|s| s.live_regions == 0));
+    assert_eq!(destroy(pool), 0);
+}
+
 #[test]
 fn an_overrun_into_the_padding_is_reported_on_free() {
     let pool = pool_with("debug:1");
