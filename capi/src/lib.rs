@@ -2,11 +2,11 @@
 //!
 //! A C or C++ program (a video pipeline, an inference server) gets pools, regions and streams
 //! as 64-bit handles. Handles come from one process-wide counter (a block at a time for each
-//! thread), so none is 0 and none is ever reused: a freed region, a destroyed pool or stream, or a handle of another pool is
-//! refused with a status ([`Status::BadRegion`], [`Status::BadPool`], [`Status::BadStream`])
-//! instead of touching memory. Every function returns a [`Status`]; on failure
-//! [`ap_last_error`] gives the message, and the pool is left as it was. Panics are caught at
-//! the boundary ([`Status::Panic`]).
+//! thread), so none is 0 and none is ever reused: a freed region, a destroyed pool or stream,
+//! or a handle of another pool is refused with a status ([`Status::BadRegion`],
+//! [`Status::BadPool`], [`Status::BadStream`]) instead of touching memory. Every function
+//! returns a [`Status`]; on failure [`ap_last_error`] gives the message, and the pool is left
+//! as it was. Panics are caught at the boundary ([`Status::Panic`]).
 //!
 //! The functions are the Rust ones behind a lookup: a region handle names a typed region in
 //! its pool's table, and a copy is [`Pool::copy_from_host`] and so on, with its bounds,
@@ -277,8 +277,9 @@ const_assert_eq!(std::mem::size_of::<Stats>(), 16 * 8);
 const_assert_eq!(std::mem::size_of::<SegmentInfo>(), 40);
 const_assert_eq!(std::mem::size_of::<Status>(), std::mem::size_of::<c_int>());
 
-/// Region tables per pool: a handle's table is its block's number (the handle over
-/// [`HANDLE_BLOCK`]) modulo `SHARDS`, so a thread's run of handles stays in one table.
+/// Region tables per pool: a handle's table is its block's number (the handle over the 1,024
+/// handles a thread takes at a time) modulo `SHARDS`, so a thread's run of handles stays in
+/// one table.
 pub const SHARDS: usize = 16;
 
 /// A region as the pool handed it out; the handle table keeps its type.

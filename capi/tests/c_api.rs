@@ -557,7 +557,8 @@ fn a_pool_destroyed_under_a_working_thread_answers_bad_pool() {
     assert_eq!(seen, [Status::Ok as i32, Status::BadPool as i32].into());
 }
 
-/// What a thread-local destructor got from the library, as [`a_thread_local_destructor_can_still_call`] reads it.
+/// What a thread-local destructor got from the library, as
+/// [`a_thread_local_destructor_can_still_call`] reads it.
 #[derive(Debug, Default, PartialEq)]
 struct AtExit {
     free: Option<Status>,
