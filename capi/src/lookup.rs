@@ -149,7 +149,7 @@ pub(crate) fn entry(pool: u64) -> Result<EntryRef, Failure> {
         let found = match c.last.get() {
             Some((id, e, seen)) if id == pool && seen == destroyed => Some(e),
             _ => {
-                let e = lookup(pool).map(|e| Arc::as_ptr(&e));
+                let e = lookup(pool, Arc::as_ptr);
                 if let Some(e) = e {
                     c.last.set(Some((pool, e, destroyed)));
                 }
@@ -167,7 +167,7 @@ pub(crate) fn entry(pool: u64) -> Result<EntryRef, Failure> {
     let held = match held {
         Ok(held) => held,
         // This thread's slot is gone (a call from a thread-local destructor).
-        Err(_) => lookup(pool).map(|e| EntryRef(Held::Counted(e))),
+        Err(_) => lookup(pool, |e| EntryRef(Held::Counted(Arc::clone(e)))),
     };
     let e = held.ok_or(Failure::BadPool(pool))?;
     if !e.alive.load(Ordering::Acquire) {
@@ -176,14 +176,15 @@ pub(crate) fn entry(pool: u64) -> Result<EntryRef, Failure> {
     Ok(e)
 }
 
-fn lookup(pool: u64) -> Option<Arc<Entry>> {
+/// `found` of `pool`'s entry in the table, under its read lock; `None` when it is not there.
+fn lookup<T>(pool: u64, found: impl FnOnce(&Arc<Entry>) -> T) -> Option<T> {
     #[cfg(test)]
     tests::LOOKUPS.with(|n| n.set(n.get() + 1));
     POOLS
         .read()
         .unwrap_or_else(|p| p.into_inner())
         .get(&pool)
-        .cloned()
+        .map(found)
 }
 
 /// For `ap_pool_destroy`, once it has taken `pool` out of the table: counts the destruction

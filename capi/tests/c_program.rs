@@ -55,21 +55,23 @@ fn compile(source: &Path, exe: &Path) {
     let mut cc = Command::new("cc");
     cc.args(["-std=c11", "-O1", "-Wall", "-Wextra", "-Werror", "-I"])
         .arg(include_dir());
-    let object = exe.with_extension("o");
     let sanitizer = sanitizer();
-    if let Some((kind, _)) = &sanitizer {
-        // Compiled apart: linking with `-fsanitize` would bring the C compiler's runtime,
-        // a second one beside the library's.
-        cc.arg(format!("-fsanitize={kind}"))
-            .args(["-g", "-fno-omit-frame-pointer", "-c", "-o"])
-            .arg(&object);
-    }
-    cc.arg(source);
-    if sanitizer.is_some() {
-        run_cc(cc, source);
-        cc = Command::new("cc");
-        cc.arg(&object);
-    }
+    let input = match &sanitizer {
+        None => source.to_path_buf(),
+        Some((kind, _)) => {
+            // Compiled apart: linking with `-fsanitize` would bring the C compiler's runtime,
+            // a second one beside the library's.
+            let object = exe.with_extension("o");
+            cc.arg(format!("-fsanitize={kind}"))
+                .args(["-g", "-fno-omit-frame-pointer", "-c", "-o"])
+                .arg(&object)
+                .arg(source);
+            run_cc(cc, source);
+            cc = Command::new("cc");
+            object
+        }
+    };
+    cc.arg(input);
     cc.arg("-L")
         .arg(&deps)
         .arg("-lascend_pool_capi")
