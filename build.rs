@@ -65,6 +65,7 @@ const FUNCTIONS: &[&str] = &[
     "acltdtSetBufUserData",
     "acltdtGetBufUserData",
     "acltdtCopyBufRef",
+    "HcommWriteOnThread",
 ];
 
 /// Constants (macros or enum values) the crate uses, as bindgen allowlist patterns.
@@ -108,7 +109,11 @@ fn main() {
     let origin = match &toolkit {
         Some(include) => {
             let mut wrapper = String::from("#include <acl/acl.h>\n");
-            for extra in ["acl/ops/acl_dvpp.h", "acl/acl_tdt_queue.h"] {
+            for extra in [
+                "acl/ops/acl_dvpp.h",
+                "acl/acl_tdt_queue.h",
+                "hccl/hcomm_primitives.h",
+            ] {
                 if include.join(extra).is_file() {
                     wrapper.push_str(&format!("#include <{extra}>\n"));
                 }

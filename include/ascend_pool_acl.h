@@ -239,6 +239,18 @@ aclError acltdtSetBufUserData(acltdtBuf buf, const void *dataPtr, size_t size, s
 aclError acltdtGetBufUserData(const acltdtBuf buf, void *dataPtr, size_t size, size_t offset);
 aclError acltdtCopyBufRef(const acltdtBuf buf, acltdtBuf *newBuf);
 
+/* ---- one-sided communication (HCOMM, libhcomm.so) ---------------------- */
+
+/* A communication thread (its work runs on the stream it was acquired with) and a channel
+ * to one remote rank, both acquired through the communicator. */
+typedef uint64_t ThreadHandle;
+typedef uint64_t ChannelHandle;
+
+/* Queues a write of len bytes from local src to dst in the remote rank's registered memory;
+ * returns an HcclResult (0 on success). */
+int32_t HcommWriteOnThread(ThreadHandle thread, ChannelHandle channel, void *dst,
+                           const void *src, uint64_t len);
+
 #ifdef __cplusplus
 }
 #endif

@@ -43,11 +43,21 @@ impl AclError {
     pub const RT_DEVICE_OOM: AclError = AclError(207_018);
     /// `ACL_ERROR_RT_DEVICE_MEM_ERROR`.
     pub const RT_DEVICE_MEM_ERROR: AclError = AclError(507_053);
+    /// `HCCL_E_PARA` (an `HcclResult`, which HCCL and HCOMM calls return; AscendCL's own
+    /// codes start at 100000, so the two never meet): a parameter the call refuses.
+    pub const HCCL_E_PARA: AclError = AclError(1);
+    /// `HCCL_E_PTR`: a null pointer.
+    pub const HCCL_E_PTR: AclError = AclError(2);
+    /// `HCCL_E_NOT_FOUND`: a handle or registration the library does not know.
+    pub const HCCL_E_NOT_FOUND: AclError = AclError(6);
 
     /// The documented name of the code, if it is one the library knows.
     pub const fn name(self) -> Option<&'static str> {
         Some(match self.0 {
             0 => "ACL_SUCCESS",
+            1 => "HCCL_E_PARA",
+            2 => "HCCL_E_PTR",
+            6 => "HCCL_E_NOT_FOUND",
             100_000 => "ACL_ERROR_INVALID_PARAM",
             200_000 => "ACL_ERROR_BAD_ALLOC",
             200_003 => "ACL_ERROR_MEMORY_ADDRESS_UNALIGNED",

@@ -22,6 +22,7 @@
 #![warn(missing_docs, missing_debug_implementations, rust_2018_idioms)]
 
 pub mod align;
+pub mod comm;
 pub mod engine;
 pub mod error;
 pub mod kind;

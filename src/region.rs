@@ -155,7 +155,7 @@ impl Segment {
     }
 
     /// Before queuing work on `stream`: orders it after the previous owner's work.
-    fn settle_for_stream(&self, stream: StreamHandle) -> Result<()> {
+    pub(crate) fn settle_for_stream(&self, stream: StreamHandle) -> Result<()> {
         let after = self.after.lock().unwrap_or_else(|p| p.into_inner());
         match *after {
             Some((origin, ev)) if origin != stream => self.source().stream_wait_event(stream, ev),
@@ -182,7 +182,7 @@ impl Segment {
 
     /// [`record_stream`](Self::record_stream) for a stream already checked to be this
     /// source's.
-    fn note_stream(&self, stream: StreamHandle) {
+    pub(crate) fn note_stream(&self, stream: StreamHandle) {
         let mut s = self.streams.lock().unwrap_or_else(|p| p.into_inner());
         if !s.contains(&stream) {
             s.push(stream);
@@ -339,7 +339,7 @@ impl Drop for Stream {
 }
 
 /// Checks `offset + len <= capacity` without overflow.
-fn check_bounds(offset: u64, len: u64, capacity: u64) -> Result<()> {
+pub(crate) fn check_bounds(offset: u64, len: u64, capacity: u64) -> Result<()> {
     match offset.checked_add(len) {
         Some(end) if end <= capacity && len > 0 => Ok(()),
         _ => Err(Error::OutOfBounds {
@@ -494,7 +494,7 @@ impl Pool {
 
     /// A stream of another source: its handle means nothing to this one (or names another
     /// stream of this one), so work must not be queued under it.
-    fn own_stream(&self, stream: &Stream) -> Result<()> {
+    pub(crate) fn own_stream(&self, stream: &Stream) -> Result<()> {
         if Arc::ptr_eq(&stream.source, self.source()) {
             Ok(())
         } else {
@@ -502,7 +502,7 @@ impl Pool {
         }
     }
 
-    fn same_source(&self, r: &impl Region) -> Result<()> {
+    pub(crate) fn same_source(&self, r: &impl Region) -> Result<()> {
         if Arc::ptr_eq(r.segment().pool(), &self.inner)
             || Arc::ptr_eq(r.segment().source(), self.source())
         {

@@ -252,7 +252,92 @@ fn the_drop_in_exports_virtual_memory_sharing_and_mbuf() {
         "aclrtReserveMemAddress",
         "aclrtMemImportFromShareableHandle",
         "acltdtAllocBuf",
+        "HcommWriteOnThread",
     ] {
         assert!(acl.supports(func), "{func}");
+    }
+}
+
+#[test]
+fn one_sided_writes_reach_the_drop_in_and_land() {
+    use ascend_pool::comm::{CommThread, RemoteWindow, WINDOW_GRANULE};
+    use ascend_pool::source::{ChannelHandle, CommThreadHandle};
+    use ascend_pool::{Pool, PoolConfig, Region};
+    use std::ffi::c_void;
+    use std::sync::Arc;
+
+    let acl: Arc<dyn BlockSource> = Arc::new(open());
+    let rank0 = Pool::new(acl.clone(), PoolConfig::default().with_device(0)).unwrap();
+    let rank1 = Pool::new(acl.clone(), PoolConfig::default().with_device(1)).unwrap();
+    let stream = rank0.create_stream().unwrap();
+    // The real runtime's threads come from the communicator, not from the pool.
+    assert!(matches!(
+        rank0.acquire_comm_thread(&stream),
+        Err(Error::NotSupported { .. })
+    ));
+
+    // The drop-in's own set-up functions stand in for the communicator's.
+    // SAFETY: the same library the source loaded; the prototypes are the drop-in's.
+    let lib = unsafe { libloading::Library::new(dropin()) }.unwrap();
+    type Thread = unsafe extern "C" fn(*mut c_void, *mut u64) -> i32;
+    type Channel = unsafe extern "C" fn(i32, i32, *mut u64) -> i32;
+    type Register = unsafe extern "C" fn(i32, *mut c_void, u64) -> i32;
+    // SAFETY: symbols of the drop-in with these prototypes.
+    let (acquire_thread, acquire_channel, register) = unsafe {
+        (
+            *lib.get::<Thread>(b"ascendSimAcquireThread\0").unwrap(),
+            *lib.get::<Channel>(b"ascendSimAcquireChannel\0").unwrap(),
+            *lib.get::<Register>(b"ascendSimRegisterWindow\0").unwrap(),
+        )
+    };
+    let window = rank1
+        .alloc_device_aligned(WINDOW_GRANULE, WINDOW_GRANULE)
+        .unwrap();
+    let (mut thread, mut channel) = (0u64, 0u64);
+    // SAFETY: live out-pointers; the stream handle is the drop-in's `aclrtStream`; the window
+    // is live device memory of device 1.
+    unsafe {
+        assert_eq!(
+            acquire_thread(stream.handle().0 as *mut c_void, &mut thread),
+            0
+        );
+        assert_eq!(acquire_channel(0, 1, &mut channel), 0);
+        assert_eq!(register(1, window.addr() as *mut c_void, WINDOW_GRANULE), 0);
+        assert_eq!(register(1, window.addr() as *mut c_void, 64), 1); // HCCL_E_PARA
+    }
+    // SAFETY: the thread was acquired on `stream`; the window is the far end's, registered.
+    let (thread, far) = unsafe {
+        (
+            CommThread::from_raw(CommThreadHandle(thread), &stream),
+            RemoteWindow::from_raw(ChannelHandle(channel), window.addr(), WINDOW_GRANULE),
+        )
+    };
+    let mut src = rank0.alloc_device(8192).unwrap();
+    rank0.copy_from_host(&mut src, 0, &[0x3C; 8192]).unwrap();
+    rank0
+        .write_remote(&thread, &far, 4096, &src, 0, 8192)
+        .unwrap();
+    drop(src);
+    stream.synchronize().unwrap();
+    let mut seen = vec![0u8; 8192 + 64];
+    rank1.copy_to_host(&window, 4096 - 64, &mut seen).unwrap();
+    assert!(seen[..64].iter().all(|&x| x == 0));
+    assert!(seen[64..].iter().all(|&x| x == 0x3C));
+
+    // The drop-in refuses what the pool cannot check: here, a window larger than registered.
+    let src = rank0.alloc_device(4096).unwrap();
+    // SAFETY: refused by the simulator before any byte moves.
+    let too_far = unsafe {
+        RemoteWindow::from_raw(ChannelHandle(channel), window.addr(), 2 * WINDOW_GRANULE)
+    };
+    let e = rank0
+        .write_remote(&thread, &too_far, WINDOW_GRANULE, &src, 0, 4096)
+        .unwrap_err();
+    assert_eq!(code(e), ("HcommWriteOnThread", AclError::HCCL_E_PARA.0));
+    drop((src, window));
+    for pool in [&rank0, &rank1] {
+        pool.synchronize().unwrap();
+        pool.validate().unwrap();
+        assert!(pool.leak_report().is_empty());
     }
 }

@@ -9,7 +9,10 @@
 //! the sharing of physical memory between processes (`aclrtMemExportToShareableHandle`,
 //! `aclrtMemImportFromShareableHandle`, `aclrtMemSetPidToShareableHandle`,
 //! `aclrtDeviceGetBareTgid`: real processes, see the simulator's `share` module) and
-//! shared buffers (`acltdt*Buf*`, on the current device).
+//! shared buffers (`acltdt*Buf*`, on the current device). It also exports HCOMM's
+//! `HcommWriteOnThread`, over the simulator's communicator of one rank per device, and three
+//! functions of its own to set that communicator up (`ascendSimAcquireThread`,
+//! `ascendSimAcquireChannel`, `ascendSimRegisterWindow`), which no real library has.
 //!
 //! Behaviour beyond the simulator's own:
 //! - `aclInit` answers `ACL_ERROR_REPEAT_INITIALIZE` (100002) when already initialised;
@@ -40,7 +43,9 @@ use std::sync::{Mutex, OnceLock};
 
 use ascend_pool::source::sim::{MbufHandle, SimConfig, SimSource, USER_DATA_BYTES};
 use ascend_pool::source::vmm::{PhysicalHandle, PhysicalMemProp};
-use ascend_pool::source::{BlockSource, DeviceId, EventHandle, MemcpyKind, StreamHandle};
+use ascend_pool::source::{
+    BlockSource, ChannelHandle, CommThreadHandle, DeviceId, EventHandle, MemcpyKind, StreamHandle,
+};
 use ascend_pool::{AclError, Error, MallocPolicy, MemKind};
 
 type AclResult = Result<(), i32>;
@@ -864,4 +869,88 @@ pub unsafe extern "C" fn acltdtCopyBufRef(buf: *const c_void, new_buf: *mut *mut
         // SAFETY: checked non-null; valid per the caller's contract.
         unsafe { put(new_buf, b.0 as *mut c_void) }
     })
+}
+
+// ---- one-sided communication (HCOMM) -------------------------------------------------------
+
+/// An `HcclResult` for a drop-in result: HCCL codes pass through, an AscendCL code (a panic,
+/// a simulator that failed to start) is `HCCL_E_INTERNAL`.
+fn hccl_code(code: c_int) -> i32 {
+    const HCCL_E_INTERNAL: i32 = 4;
+    if code >= AclError::INVALID_PARAM.0 {
+        HCCL_E_INTERNAL
+    } else {
+        code
+    }
+}
+
+/// `HcommWriteOnThread`: an `HcclResult`, checked as [`SimSource`] checks it (see
+/// `ascend_pool::source::sim`'s `comm` module): threads, channels and windows come from the
+/// `ascendSim*` functions below.
+#[no_mangle]
+pub unsafe extern "C" fn HcommWriteOnThread(
+    thread: u64,
+    channel: u64,
+    dst: *mut c_void,
+    src: *const c_void,
+    len: u64,
+) -> i32 {
+    hccl_code(run(|s| {
+        // SAFETY: the simulator checks both ranges against live blocks and the far end's
+        // windows before it queues the write.
+        acl(unsafe {
+            s.sim.write_on_thread(
+                CommThreadHandle(thread),
+                ChannelHandle(channel),
+                dst as usize,
+                src as usize,
+                len,
+            )
+        })
+    }))
+}
+
+/// Simulator only (no AscendCL or HCCL function): a communication thread whose writes run on
+/// `stream` (null: the current device's default stream), as `HcclThreadAcquireWithStream`
+/// gives one. Returns an `HcclResult`.
+#[no_mangle]
+pub unsafe extern "C" fn ascendSimAcquireThread(stream: *mut c_void, thread: *mut u64) -> i32 {
+    hccl_code(run(|s| {
+        if thread.is_null() {
+            return Err(AclError::HCCL_E_PTR.0);
+        }
+        let t = acl(s.sim.acquire_comm_thread(s.stream(stream)?))?;
+        // SAFETY: checked non-null; valid per the caller's contract.
+        unsafe { put(thread, t.0) }
+    }))
+}
+
+/// Simulator only: a channel from rank (device) `local` to rank `remote`, as
+/// `HcclChannelAcquire` opens one. Returns an `HcclResult`.
+#[no_mangle]
+pub unsafe extern "C" fn ascendSimAcquireChannel(
+    local: i32,
+    remote: i32,
+    channel: *mut u64,
+) -> i32 {
+    hccl_code(run(|s| {
+        if channel.is_null() {
+            return Err(AclError::HCCL_E_PTR.0);
+        }
+        let c = acl(s.sim.acquire_channel(local, remote))?;
+        // SAFETY: checked non-null; valid per the caller's contract.
+        unsafe { put(channel, c.0) }
+    }))
+}
+
+/// Simulator only: registers `len` bytes at `addr`, device memory of `device`, as a window
+/// other ranks may write; start and length must be multiples of 2 MiB. Returns an
+/// `HcclResult` (`HCCL_E_PARA` for any refusal).
+#[no_mangle]
+pub unsafe extern "C" fn ascendSimRegisterWindow(device: i32, addr: *mut c_void, len: u64) -> i32 {
+    hccl_code(run(|s| {
+        s.sim
+            .register_window(device, addr as usize, len)
+            .map_err(|_| AclError::HCCL_E_PARA.0)
+    }))
 }

@@ -47,6 +47,15 @@ pub struct StreamHandle(pub usize);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct EventHandle(pub usize);
 
+/// A communication thread (HCOMM's `ThreadHandle`): work queued on it runs in order on the
+/// stream it was acquired with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CommThreadHandle(pub u64);
+
+/// A communication channel to one remote rank (HCOMM's `ChannelHandle`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ChannelHandle(pub u64);
+
 /// `aclrtMemcpyKind`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u32)]
@@ -178,4 +187,40 @@ pub trait BlockSource: Send + Sync + std::fmt::Debug {
         count: u64,
         stream: StreamHandle,
     ) -> Result<()>;
+
+    /// A communication thread whose work runs on `stream`, as a communicator's
+    /// `HcclThreadAcquireWithStream` gives one. Only the simulator acquires threads itself;
+    /// on the real runtime the application's communicator does, and the handle comes in
+    /// through [`CommThread::from_raw`](crate::comm::CommThread::from_raw). The default
+    /// answers [`Error::NotSupported`](crate::Error::NotSupported).
+    fn acquire_comm_thread(&self, stream: StreamHandle) -> Result<CommThreadHandle> {
+        let _ = stream;
+        Err(crate::Error::NotSupported {
+            func: "HcclThreadAcquireWithStream",
+        })
+    }
+
+    /// Queues a one-sided write of `len` bytes from `src`, memory of this process, to `dst`,
+    /// memory of the remote rank `channel` leads to, on the stream `thread` runs on
+    /// (`HcommWriteOnThread`). Returns once queued. The default answers
+    /// [`Error::NotSupported`](crate::Error::NotSupported).
+    ///
+    /// # Safety
+    /// `src` must be valid for `len` bytes of this source's memory and stay untouched by the
+    /// host and valid until the thread's stream has passed the write; `dst..dst + len` must
+    /// lie in memory the remote rank registered for one-sided access and nothing else may use
+    /// meanwhile.
+    unsafe fn write_on_thread(
+        &self,
+        thread: CommThreadHandle,
+        channel: ChannelHandle,
+        dst: usize,
+        src: usize,
+        len: u64,
+    ) -> Result<()> {
+        let _ = (thread, channel, dst, src, len);
+        Err(crate::Error::NotSupported {
+            func: "HcommWriteOnThread",
+        })
+    }
 }

@@ -25,7 +25,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use crate::align::align_up;
 use crate::error::{AclError, Error, Result};
 use crate::kind::MemKind;
-use crate::source::{Block, BlockSource, DeviceId, EventHandle, MemcpyKind, StreamHandle};
+use crate::source::{
+    Block, BlockSource, ChannelHandle, CommThreadHandle, DeviceId, EventHandle, MemcpyKind,
+    StreamHandle,
+};
 
 /// `ACL_MEM_HANDLE_TYPE_NONE`: the only handle type `aclrtMallocPhysical` takes.
 pub const HANDLE_TYPE_NONE: u32 = 0;
@@ -736,6 +739,23 @@ impl<R: VmmRuntime + 'static> BlockSource for VmmSource<R> {
     ) -> Result<()> {
         // SAFETY: the caller upholds the contract, which is the runtime's.
         unsafe { self.runtime.memset_async(dst, max, value, count, stream) }
+    }
+
+    fn acquire_comm_thread(&self, stream: StreamHandle) -> Result<CommThreadHandle> {
+        self.runtime.acquire_comm_thread(stream)
+    }
+
+    unsafe fn write_on_thread(
+        &self,
+        thread: CommThreadHandle,
+        channel: ChannelHandle,
+        dst: usize,
+        src: usize,
+        len: u64,
+    ) -> Result<()> {
+        // SAFETY: the caller upholds the contract, which is the runtime's: mapped ranges are
+        // the runtime's own memory.
+        unsafe { self.runtime.write_on_thread(thread, channel, dst, src, len) }
     }
 }
 

@@ -488,5 +488,41 @@ macro_rules! conformance_suite {
             src.free_block(b).unwrap();
             assert_eq!(src.mem_info(0, MemKind::DEVICE).unwrap(), (free0, total));
         }
+
+        /// A one-sided write's ranges, kinds and handles are checked by the pool, before any
+        /// runtime call, whatever the source; a source without a communicator of its own
+        /// says so with `NotSupported`.
+        #[test]
+        fn one_sided_writes_are_checked_before_the_runtime() {
+            use ascend_pool::comm::{CommThread, RemoteWindow, WINDOW_GRANULE};
+            use ascend_pool::source::{ChannelHandle, CommThreadHandle};
+            let pool = pool();
+            let stream = pool.create_stream().unwrap();
+            let thread = match pool.acquire_comm_thread(&stream) {
+                Ok(t) => t,
+                // SAFETY: every write below is refused before the handle is used.
+                Err(Error::NotSupported { .. }) => unsafe { CommThread::from_raw(CommThreadHandle(1), &stream) },
+                Err(e) => panic!("acquiring a thread: {e}"),
+            };
+            let window = pool.alloc_device_aligned(WINDOW_GRANULE, WINDOW_GRANULE).unwrap();
+            assert_eq!(window.addr() as u64 % WINDOW_GRANULE, 0);
+            // SAFETY: as above; the range is this pool's own window.
+            let far = unsafe { RemoteWindow::from_raw(ChannelHandle(1), window.addr(), WINDOW_GRANULE) };
+            let src = pool.alloc_device(4096).unwrap();
+            let host = pool.alloc_host(4096).unwrap();
+            for (dst_off, src_off, len) in [(0, 0, 0), (WINDOW_GRANULE - 64, 0, 128), (0, 4032, 128), (u64::MAX, 0, 1)] {
+                assert!(matches!(pool.write_remote(&thread, &far, dst_off, &src, src_off, len), Err(Error::OutOfBounds { .. })));
+            }
+            assert!(matches!(pool.write_remote(&thread, &far, 0, &host, 0, 64), Err(Error::WrongKind { .. })));
+            let other = pool_with(64 << 20, PoolConfig::default());
+            let foreign = other.alloc_device(4096).unwrap();
+            assert!(matches!(pool.write_remote(&thread, &far, 0, &foreign, 0, 64), Err(Error::ForeignHandle)));
+            let foreign_stream = other.create_stream().unwrap();
+            assert!(matches!(pool.acquire_comm_thread(&foreign_stream), Err(Error::ForeignHandle)));
+            drop((src, host, window, foreign));
+            pool.synchronize().unwrap();
+            pool.validate().unwrap();
+            assert!(pool.leak_report().is_empty());
+        }
     };
 }

@@ -28,6 +28,8 @@ pub type aclrtMemAllocationType = ::std::os::raw::c_uint;
 pub type aclrtMemLocationType = ::std::os::raw::c_uint;
 /// Which granularity aclrtMemGetAllocationGranularity reports.
 pub type aclrtMemGranularityOptions = ::std::os::raw::c_uint;
+pub type ThreadHandle = u64;
+pub type ChannelHandle = u64;
 /// Device (or host) a physical allocation lives on.
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
@@ -340,6 +342,16 @@ pub struct AclApi {
         unsafe extern "C" fn(buf: acltdtBuf, newBuf: *mut acltdtBuf) -> aclError,
         ::libloading::Error,
     >,
+    pub HcommWriteOnThread: Result<
+        unsafe extern "C" fn(
+            thread: ThreadHandle,
+            channel: ChannelHandle,
+            dst: *mut ::std::os::raw::c_void,
+            src: *const ::std::os::raw::c_void,
+            len: u64,
+        ) -> i32,
+        ::libloading::Error,
+    >,
 }
 pub const ACL_SUCCESS: i32 = 0;
 pub const ACL_ERROR_INVALID_PARAM: i32 = 100000;
@@ -556,6 +568,7 @@ impl AclApi {
             .get(b"acltdtGetBufUserData\0")
             .map(|sym| *sym);
         let acltdtCopyBufRef = __library.get(b"acltdtCopyBufRef\0").map(|sym| *sym);
+        let HcommWriteOnThread = __library.get(b"HcommWriteOnThread\0").map(|sym| *sym);
         Ok(AclApi {
             __library,
             aclInit,
@@ -606,6 +619,7 @@ impl AclApi {
             acltdtSetBufUserData,
             acltdtGetBufUserData,
             acltdtCopyBufRef,
+            HcommWriteOnThread,
         })
     }
     pub unsafe fn aclInit(&self, configPath: *const ::std::os::raw::c_char) -> aclError {
@@ -1020,5 +1034,18 @@ impl AclApi {
             .acltdtCopyBufRef
             .as_ref()
             .expect("Expected function, got error."))(buf, newBuf)
+    }
+    pub unsafe fn HcommWriteOnThread(
+        &self,
+        thread: ThreadHandle,
+        channel: ChannelHandle,
+        dst: *mut ::std::os::raw::c_void,
+        src: *const ::std::os::raw::c_void,
+        len: u64,
+    ) -> i32 {
+        (self
+            .HcommWriteOnThread
+            .as_ref()
+            .expect("Expected function, got error."))(thread, channel, dst, src, len)
     }
 }

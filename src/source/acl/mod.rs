@@ -8,11 +8,15 @@
 //! 3. `$ASCEND_HOME_PATH/lib64/libascendcl.so`, then `$ASCEND_TOOLKIT_HOME/lib64/libascendcl.so`;
 //! 4. `libascendcl.so` on the default loader path (`LD_LIBRARY_PATH`, `ld.so.cache`).
 //!
+//! HCOMM's `HcommWriteOnThread` (one-sided writes) comes from `libhcomm.so` beside it, or the
+//! file `$ASCEND_POOL_HCOMM_LIB` names, else from the AscendCL library itself.
+//!
 //! The core symbols (init, devices, `aclrtMalloc`/`aclrtFree`, host memory, copies, fills,
 //! `aclrtGetMemInfo`, streams, events) must all be present, or loading fails with
 //! [`Error::LibraryLoad`] naming the library and the missing symbols. Everything else
 //! (`aclrtMallocAlign32`, `aclrtMallocCached`, DVPP, event queries, virtual memory, shareable
-//! handles, mbuf) is optional: a missing symbol answers [`Error::NotSupported`] when used.
+//! handles, mbuf, one-sided writes) is optional: a missing symbol answers
+//! [`Error::NotSupported`] when used.
 //!
 //! Every non-zero `aclError` becomes [`Error::Runtime`] with the function name and the raw code.
 //! Blocks, streams, events, reserved ranges, mappings, physical handles and mbufs are tracked,
@@ -34,7 +38,10 @@ use std::sync::Mutex;
 
 use crate::error::{AclError, Error, Result};
 use crate::kind::{MallocPolicy, MemKind};
-use crate::source::{Block, BlockSource, DeviceId, EventHandle, MemcpyKind, StreamHandle};
+use crate::source::{
+    Block, BlockSource, ChannelHandle, CommThreadHandle, DeviceId, EventHandle, MemcpyKind,
+    StreamHandle,
+};
 
 /// Environment variable naming the AscendCL library file to load.
 pub const LIB_ENV: &str = "ASCEND_POOL_ACL_LIB";
@@ -42,6 +49,11 @@ pub const LIB_ENV: &str = "ASCEND_POOL_ACL_LIB";
 pub const LIBRARY_NAME: &str = "libascendcl.so";
 /// File name of the library that holds the DVPP allocator on real CANN.
 pub const DVPP_LIBRARY_NAME: &str = "libacl_dvpp.so";
+/// File name of the library that holds HCOMM's one-sided writes (`HcommWriteOnThread`).
+pub const HCOMM_LIBRARY_NAME: &str = "libhcomm.so";
+/// Environment variable naming the HCOMM library file to load instead of the one beside the
+/// AscendCL library.
+pub const HCOMM_LIB_ENV: &str = "ASCEND_POOL_HCOMM_LIB";
 
 /// Symbols every AscendCL library must export for an [`AclSource`] to load.
 pub const REQUIRED_SYMBOLS: &[&str] = &[
@@ -187,6 +199,8 @@ pub struct AclSource {
     api: sys::AclApi,
     /// Functions of `libacl_dvpp.so`, when it was found; DVPP calls try it first.
     dvpp: Option<(String, sys::AclApi)>,
+    /// Functions of `libhcomm.so`, when it was found; one-sided writes try it first.
+    hcomm: Option<(String, sys::AclApi)>,
     /// Process-unique id of this source.
     id: u64,
     /// Key of the loaded runtime in [`CURRENT_DEVICE`].
@@ -201,6 +215,7 @@ impl std::fmt::Debug for AclSource {
         f.debug_struct("AclSource")
             .field("library", &self.library)
             .field("dvpp_library", &self.dvpp.as_ref().map(|(p, _)| p))
+            .field("hcomm_library", &self.hcomm.as_ref().map(|(p, _)| p))
             .field("live_blocks", &live.blocks.len())
             .field("streams", &live.streams.len())
             .field("events", &live.events.len())
@@ -271,6 +286,13 @@ impl AclSource {
             .then(|| open_api(&dvpp_path).ok())
             .flatten()
             .map(|api| (dvpp_path.display().to_string(), api));
+        let hcomm_path = std::env::var_os(HCOMM_LIB_ENV)
+            .map(PathBuf::from)
+            .unwrap_or_else(|| beside(path, HCOMM_LIBRARY_NAME));
+        let hcomm = (hcomm_path.as_path() != path)
+            .then(|| open_api(&hcomm_path).ok())
+            .flatten()
+            .map(|api| (hcomm_path.display().to_string(), api));
 
         let aclinit = sym!(api, aclInit);
         // SAFETY: `aclInit` takes an optional config path; NULL means "no config file".
@@ -284,6 +306,7 @@ impl AclSource {
             library,
             api,
             dvpp,
+            hcomm,
             id: NEXT_SOURCE_ID.fetch_add(1, Ordering::Relaxed),
             runtime_key,
             live: Mutex::new(Live::default()),
@@ -301,17 +324,22 @@ impl AclSource {
         self.dvpp.as_ref().map(|(p, _)| p.as_str())
     }
 
+    /// The HCOMM library loaded beside it (or from `$ASCEND_POOL_HCOMM_LIB`), if any
+    /// (otherwise `HcommWriteOnThread` comes from [`AclSource::library`], if it has one).
+    pub fn hcomm_library(&self) -> Option<&str> {
+        self.hcomm.as_ref().map(|(p, _)| p.as_str())
+    }
+
     /// Whether the loaded runtime exports `func` (one of the functions in
-    /// `include/ascend_pool_acl.h`); DVPP functions count when either library has them.
+    /// `include/ascend_pool_acl.h`); DVPP and HCOMM functions count when any of the loaded
+    /// libraries has them.
     pub fn supports(&self, func: &str) -> bool {
-        let in_dvpp = self
-            .dvpp
-            .as_ref()
-            .is_some_and(|(_, api)| all_presence(api).iter().any(|(n, p)| *n == func && *p));
-        in_dvpp
-            || all_presence(&self.api)
-                .iter()
-                .any(|(n, p)| *n == func && *p)
+        self.dvpp
+            .iter()
+            .chain(self.hcomm.iter())
+            .map(|(_, api)| api)
+            .chain(std::iter::once(&self.api))
+            .any(|api| all_presence(api).iter().any(|(n, p)| *n == func && *p))
     }
 
     /// Calls `aclFinalize`. Only for a process that is done with AscendCL altogether: the
@@ -491,12 +519,15 @@ impl AclSource {
     }
 }
 
-/// Where the DVPP library would be beside the runtime at `path`: in the same directory, or a
-/// bare name for the loader to search when `path` is one (its parent is then "").
+/// Where the DVPP library would be beside the runtime at `path`.
 fn dvpp_path_beside(path: &Path) -> PathBuf {
-    path.parent()
-        .unwrap_or(Path::new(""))
-        .join(DVPP_LIBRARY_NAME)
+    beside(path, DVPP_LIBRARY_NAME)
+}
+
+/// Where library `name` would be beside the runtime at `path`: in the same directory, or a
+/// bare name for the loader to search when `path` is one (its parent is then "").
+fn beside(path: &Path, name: &str) -> PathBuf {
+    path.parent().unwrap_or(Path::new("")).join(name)
 }
 
 /// Opens `path` and resolves every symbol of `include/ascend_pool_acl.h` it has.
@@ -533,7 +564,7 @@ fn all_presence(api: &sys::AclApi) -> Vec<(&'static str, bool)> {
         aclrtMemExportToShareableHandle, aclrtMemImportFromShareableHandle,
         aclrtMemSetPidToShareableHandle, aclrtDeviceGetBareTgid, acltdtAllocBuf, acltdtFreeBuf,
         acltdtGetBufData, acltdtSetBufDataLen, acltdtGetBufDataLen, acltdtSetBufUserData,
-        acltdtGetBufUserData, acltdtCopyBufRef,
+        acltdtGetBufUserData, acltdtCopyBufRef, HcommWriteOnThread,
     ));
     v
 }
@@ -830,6 +861,38 @@ impl BlockSource for AclSource {
                 count,
                 kind as u32,
                 stream.0 as sys::aclrtStream,
+            )
+        })
+    }
+
+    unsafe fn write_on_thread(
+        &self,
+        thread: CommThreadHandle,
+        channel: ChannelHandle,
+        dst: usize,
+        src: usize,
+        len: u64,
+    ) -> Result<()> {
+        let func = "HcommWriteOnThread";
+        let f = self
+            .hcomm
+            .iter()
+            .map(|(_, api)| api)
+            .chain(std::iter::once(&self.api))
+            .find_map(|api| api.HcommWriteOnThread.as_ref().ok().copied())
+            .ok_or(Error::NotSupported { func })?;
+        // The source range's device is made current, as for a copy from it.
+        self.use_device(self.device_for(&[src]))?;
+        // SAFETY: the caller guarantees `src` stays valid until the thread's stream passes the
+        // write and that `dst..dst + len` is registered memory of the remote rank (trait
+        // contract); the handles are passed through as the communicator gave them.
+        check(func, unsafe {
+            f(
+                thread.0,
+                channel.0,
+                dst as *mut c_void,
+                src as *const c_void,
+                len,
             )
         })
     }

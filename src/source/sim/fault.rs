@@ -88,6 +88,12 @@ pub enum AclFunc {
     GetBufUserData,
     /// `acltdtCopyBufRef`.
     CopyBufRef,
+    /// `HcclThreadAcquireWithStream`.
+    ThreadAcquireWithStream,
+    /// `HcclChannelAcquire`.
+    ChannelAcquire,
+    /// `HcommWriteOnThread`.
+    WriteOnThread,
 }
 
 impl AclFunc {
@@ -135,6 +141,9 @@ impl AclFunc {
             Self::SetBufUserData => "acltdtSetBufUserData",
             Self::GetBufUserData => "acltdtGetBufUserData",
             Self::CopyBufRef => "acltdtCopyBufRef",
+            Self::ThreadAcquireWithStream => "HcclThreadAcquireWithStream",
+            Self::ChannelAcquire => "HcclChannelAcquire",
+            Self::WriteOnThread => "HcommWriteOnThread",
         }
     }
 

@@ -26,6 +26,8 @@
 //! - **Sharing between processes** (`share.rs`): shareable handles that other, real
 //!   processes import only when whitelisted; see [`SimSource::export_to_shareable_handle`].
 //! - **Shared buffers** (`mbuf.rs`): `acltdtAllocBuf` and friends; see [`SimSource::alloc_buf`].
+//! - **One-sided writes** (`comm.rs`): every device a rank of one communicator, windows,
+//!   channels and `HcommWriteOnThread`; see [`SimSource::register_window`].
 //! - **Observability**: [`SimSource::stats`] counts calls and failures per function and
 //!   live bytes per device and kind; [`SimSource::inject_fault`] makes chosen calls fail.
 //!
@@ -60,6 +62,7 @@
 //! host may reuse a freed mapping's address, as the real runtime reuses device addresses).
 //! Huge-page granules (2 MiB, 1 GiB) are not simulated: rounding stops at 32 bytes.
 
+mod comm;
 mod fault;
 pub(crate) mod mapping;
 mod mbuf;
@@ -68,6 +71,7 @@ mod stats;
 mod stream;
 mod vmm;
 
+pub use comm::WINDOW_GRANULE;
 pub use fault::{AclFunc, Fault, FaultTimes};
 pub use mbuf::{MbufHandle, USER_DATA_BYTES};
 pub use share::NOT_WHITELISTED;
@@ -85,7 +89,10 @@ use self::stream::{Event, Gate, Op, Stream};
 use crate::align::{CarveRule, DEFAULT_ALIGN, MODEL_INPUT_ALIGN};
 use crate::error::{AclError, Error, Result};
 use crate::kind::MemKind;
-use crate::source::{Block, BlockSource, DeviceId, EventHandle, MemcpyKind, StreamHandle};
+use crate::source::{
+    Block, BlockSource, ChannelHandle, CommThreadHandle, DeviceId, EventHandle, MemcpyKind,
+    StreamHandle,
+};
 
 /// DVPP address space one process may use on Atlas A2/A3 and inference products: 16 GiB.
 pub const DVPP_ADDRESS_LIMIT: u64 = 16 << 30;
@@ -388,6 +395,8 @@ pub struct SimSource {
     next_handle: AtomicUsize,
     counters: Mutex<Counters>,
     faults: Mutex<FaultPlan>,
+    /// The simulated communicator: threads, channels and windows (`comm.rs`).
+    comm: Mutex<comm::CommState>,
 }
 
 impl std::fmt::Debug for SimSource {
@@ -451,6 +460,7 @@ impl SimSource {
             next_handle: AtomicUsize::new(1),
             counters: Mutex::new(Counters::default()),
             faults: Mutex::new(FaultPlan::default()),
+            comm: Mutex::new(comm::CommState::default()),
         })
     }
 
@@ -1084,6 +1094,22 @@ impl BlockSource for SimSource {
             };
             s.push(op).then_some(()).ok_or(AclError::RT_INVALID_HANDLE)
         })
+    }
+
+    fn acquire_comm_thread(&self, stream: StreamHandle) -> Result<CommThreadHandle> {
+        self.comm_thread(stream)
+    }
+
+    unsafe fn write_on_thread(
+        &self,
+        thread: CommThreadHandle,
+        channel: ChannelHandle,
+        dst: usize,
+        src: usize,
+        len: u64,
+    ) -> Result<()> {
+        // Both ranges are checked against live blocks and kept mapped until the write runs.
+        self.write_on(thread, channel, dst, src, len)
     }
 }
 

@@ -1,0 +1,203 @@
+//! One-sided writes into another rank's memory (HCOMM's `HcommWriteOnThread`), checked.
+//!
+//! A rank writes bytes of one of its regions straight into a window another rank registered,
+//! with no call on the far side. The communicator (HCCL) opens the channels and threads;
+//! this module makes the write itself safe to issue from a pool:
+//! - the source range is checked against a live region of the pool, and the region is
+//!   recorded on the thread's stream, so freeing it right after the call is safe: its memory
+//!   is reused only once the stream has passed the write;
+//! - the destination range is checked against the far end's window ([`RemoteWindow`]);
+//! - a thread of another source is refused, and a thread cannot outlive its stream.
+//!
+//! Windows are device memory with start and length at multiples of 2 MiB, as HCCL
+//! registers it: [`Pool::alloc_device_aligned`] with [`WINDOW_GRANULE`] gives one.
+//! Telling the far end that its window has been written (HCCL's notifications) stays
+//! with the communicator.
+//!
+//! On the simulator every device is a rank, so all ranks can run in one process:
+//!
+//! ```
+//! use std::sync::Arc;
+//! use ascend_pool::comm::{RemoteWindow, WINDOW_GRANULE};
+//! use ascend_pool::source::sim::{SimConfig, SimSource};
+//! use ascend_pool::{Pool, PoolConfig, Region};
+//!
+//! let sim = Arc::new(SimSource::new(SimConfig::default().with_devices(2))?);
+//! let rank0 = Pool::new(sim.clone(), PoolConfig::default().with_device(0))?;
+//! let rank1 = Pool::new(sim.clone(), PoolConfig::default().with_device(1))?;
+//!
+//! // Rank 1 registers a window; rank 0 opens a channel to it.
+//! let window = rank1.alloc_device_aligned(WINDOW_GRANULE, WINDOW_GRANULE)?;
+//! sim.register_window(1, window.addr(), WINDOW_GRANULE)?;
+//! let channel = sim.acquire_channel(0, 1)?;
+//! let far = RemoteWindow::of_sim(&sim, channel)?.remove(0);
+//!
+//! // Rank 0 writes 4 KiB of a region into the window, at offset 64 KiB.
+//! let stream = rank0.create_stream()?;
+//! let thread = rank0.acquire_comm_thread(&stream)?;
+//! let mut src = rank0.alloc_device(4096)?;
+//! rank0.copy_from_host(&mut src, 0, &[7u8; 4096])?;
+//! rank0.write_remote(&thread, &far, 64 << 10, &src, 0, 4096)?;
+//! drop(src); // safe: its memory is reused only after the stream has passed the write
+//! stream.synchronize()?;
+//!
+//! let mut seen = [0u8; 4096];
+//! rank1.copy_to_host(&window, 64 << 10, &mut seen)?;
+//! assert_eq!(seen, [7u8; 4096]);
+//! # Ok::<(), ascend_pool::Error>(())
+//! ```
+
+use crate::error::{Error, Result};
+use crate::pool::Pool;
+use crate::region::{check_bounds, AsyncCopySafe, Stream};
+use crate::source::sim::SimSource;
+use crate::source::{ChannelHandle, CommThreadHandle};
+
+pub use crate::source::sim::WINDOW_GRANULE;
+
+/// A communication thread: one-sided writes queued on it run in order on its stream.
+///
+/// It borrows the stream, so the stream outlives it.
+#[derive(Debug, Clone, Copy)]
+pub struct CommThread<'s> {
+    raw: CommThreadHandle,
+    stream: &'s Stream,
+}
+
+impl<'s> CommThread<'s> {
+    /// A thread the application's communicator acquired on `stream`
+    /// (`HcclThreadAcquireWithStream`).
+    ///
+    /// # Safety
+    /// `raw` must be a live thread of the communicator whose work runs on `stream`, and stay
+    /// live while this value exists: the pool reuses a source region once `stream` has
+    /// passed the write, so a write running elsewhere could read memory already reused.
+    pub unsafe fn from_raw(raw: CommThreadHandle, stream: &'s Stream) -> Self {
+        Self { raw, stream }
+    }
+
+    /// The raw handle.
+    pub fn handle(&self) -> CommThreadHandle {
+        self.raw
+    }
+
+    /// The stream its writes run on.
+    pub fn stream(&self) -> &'s Stream {
+        self.stream
+    }
+}
+
+/// A window of a remote rank, reached through a channel: the far end of a one-sided write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RemoteWindow {
+    channel: ChannelHandle,
+    addr: usize,
+    len: u64,
+}
+
+impl RemoteWindow {
+    /// The window of `len` bytes at `addr` that the rank at the far end of `channel`
+    /// registered (`HcclChannelGetHcclBuffer` tells a caller where it is).
+    ///
+    /// # Safety
+    /// `addr..addr + len` must be memory the far end registered for one-sided writes and
+    /// keeps registered, with nothing else using the bytes a write targets until the write
+    /// has run: the pool checks writes against this range and nothing else.
+    pub unsafe fn from_raw(channel: ChannelHandle, addr: usize, len: u64) -> Self {
+        Self { channel, addr, len }
+    }
+
+    /// The windows the far end of `channel` registered with the simulator, in address
+    /// order. Safe: the simulator checks every write against the windows and blocks live
+    /// when it runs.
+    pub fn of_sim(sim: &SimSource, channel: ChannelHandle) -> Result<Vec<Self>> {
+        Ok(sim
+            .channel_windows(channel)?
+            .into_iter()
+            .map(|(addr, len)| Self { channel, addr, len })
+            .collect())
+    }
+
+    /// The channel that leads to it.
+    pub fn channel(&self) -> ChannelHandle {
+        self.channel
+    }
+
+    /// Its start in the far end's memory.
+    pub fn addr(&self) -> usize {
+        self.addr
+    }
+
+    /// Its length in bytes.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Whether it has no bytes (no write fits in it).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Pool {
+    /// A communication thread whose writes run on `stream`, acquired from the block source.
+    /// Only the simulator acquires threads; with the real runtime, the communicator does
+    /// (see [`CommThread::from_raw`]), and this answers [`Error::NotSupported`].
+    pub fn acquire_comm_thread<'s>(&self, stream: &'s Stream) -> Result<CommThread<'s>> {
+        self.own_stream(stream)?;
+        let raw = self.source().acquire_comm_thread(stream.handle())?;
+        Ok(CommThread { raw, stream })
+    }
+
+    /// Queues a one-sided write of `len` bytes of `src` from `src_offset` into `dst` at
+    /// `dst_offset`, on `thread` (`HcommWriteOnThread`), and returns at once.
+    ///
+    /// `src` is recorded on the thread's stream, so dropping it before the write has run
+    /// is safe. The far end learns of the write through the communicator's notifications.
+    ///
+    /// # Errors
+    /// - [`Error::OutOfBounds`] when either range leaves its region or window, or `len`
+    ///   is 0;
+    /// - [`Error::WrongKind`] when `src` is host memory;
+    /// - [`Error::ForeignHandle`] when `src` or the thread's stream belongs to another source;
+    /// - [`Error::Runtime`] (`HcommWriteOnThread` and its `HcclResult`) when the
+    ///   communication library refuses, and [`Error::NotSupported`] when there is none.
+    pub fn write_remote(
+        &self,
+        thread: &CommThread<'_>,
+        dst: &RemoteWindow,
+        dst_offset: u64,
+        src: &impl AsyncCopySafe,
+        src_offset: u64,
+        len: u64,
+    ) -> Result<()> {
+        let stream = thread.stream;
+        self.own_stream(stream)?;
+        self.same_source(src)?;
+        check_bounds(dst_offset, len, dst.len)?;
+        check_bounds(src_offset, len, src.len())?;
+        if !src.kind().is_device() {
+            return Err(Error::WrongKind {
+                expected: "device memory",
+                got: src.kind(),
+            });
+        }
+        let seg = src.segment();
+        seg.settle_for_stream(stream.handle())?;
+        seg.note_stream(stream.handle());
+        // SAFETY: the source range was checked against a live region of this pool's source,
+        // recorded on the thread's stream, so its memory is not reused before the stream
+        // passes the write; `from_raw`'s callers vouch that the thread runs on that stream
+        // and that the checked destination range is the far end's registered window (the
+        // simulator's windows are checked by the simulator itself).
+        unsafe {
+            self.source().write_on_thread(
+                thread.raw,
+                dst.channel,
+                dst.addr + dst_offset as usize,
+                src.addr() + src_offset as usize,
+                len,
+            )
+        }
+    }
+}

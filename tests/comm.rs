@@ -1,0 +1,312 @@
+//! One-sided writes between ranks (`Pool::write_remote`) on the simulator, every device a
+//! rank: bytes land where asked, a source region freed right after the call is not reused
+//! before the write has run, and every bad input is a typed error that leaves both pools
+//! valid and holding nothing.
+
+use std::sync::Arc;
+
+use ascend_pool::comm::{CommThread, RemoteWindow, WINDOW_GRANULE};
+use ascend_pool::source::sim::{AclFunc, Fault, SimConfig, SimSource};
+use ascend_pool::source::{BlockSource, ChannelHandle, CommThreadHandle};
+use ascend_pool::{AclError, DeviceRegion, Error, Pool, PoolConfig, Region};
+
+const KIB: u64 = 1 << 10;
+
+struct Ranks {
+    sim: Arc<SimSource>,
+    rank0: Pool,
+    rank1: Pool,
+}
+
+/// Two ranks; copies cost real time (1 GB/s) so a write still queued is visible.
+fn ranks() -> Ranks {
+    let config = SimConfig::default()
+        .with_devices(2)
+        .with_copy_bandwidth(1_000_000_000);
+    let sim = Arc::new(SimSource::new(config).unwrap());
+    let rank0 = Pool::new(sim.clone(), PoolConfig::default().with_device(0)).unwrap();
+    let rank1 = Pool::new(sim.clone(), PoolConfig::default().with_device(1)).unwrap();
+    Ranks { sim, rank0, rank1 }
+}
+
+impl Ranks {
+    /// A window of `len` bytes registered by rank 1, and rank 0's view of it.
+    fn window(&self, len: u64) -> (DeviceRegion, RemoteWindow) {
+        let w = self
+            .rank1
+            .alloc_device_aligned(len, WINDOW_GRANULE)
+            .unwrap();
+        self.sim.register_window(1, w.addr(), len).unwrap();
+        let channel = self.sim.acquire_channel(0, 1).unwrap();
+        let far = RemoteWindow::of_sim(&self.sim, channel).unwrap();
+        let far = far.into_iter().find(|f| f.addr() == w.addr()).unwrap();
+        (w, far)
+    }
+
+    fn filled(&self, len: u64, byte: u8) -> DeviceRegion {
+        let mut r = self.rank0.alloc_device(len).unwrap();
+        self.rank0
+            .copy_from_host(&mut r, 0, &vec![byte; len as usize])
+            .unwrap();
+        r
+    }
+
+    /// Both pools valid and holding no segment once their streams' work has run.
+    fn intact(&self) {
+        for pool in [&self.rank0, &self.rank1] {
+            pool.synchronize().unwrap();
+            pool.validate().unwrap();
+            assert!(pool.leak_report().is_empty(), "{:?}", pool.leak_report());
+        }
+    }
+}
+
+fn read(pool: &Pool, r: &impl Region, offset: u64, len: u64) -> Vec<u8> {
+    let mut out = vec![0u8; len as usize];
+    pool.copy_to_host(r, offset, &mut out).unwrap();
+    out
+}
+
+#[test]
+fn writes_land_in_order_at_the_offsets_asked_for() {
+    let t = ranks();
+    let (window, far) = t.window(2 * WINDOW_GRANULE);
+    assert_eq!(far.len(), 2 * WINDOW_GRANULE);
+    let stream = t.rank0.create_stream().unwrap();
+    let thread = t.rank0.acquire_comm_thread(&stream).unwrap();
+    let a = t.filled(64 * KIB, 0xA1);
+    let b = t.filled(64 * KIB, 0xB2);
+    // The second write overlaps the first's tail: order on the stream decides.
+    t.rank0
+        .write_remote(&thread, &far, 0, &a, 0, 64 * KIB)
+        .unwrap();
+    t.rank0
+        .write_remote(&thread, &far, 32 * KIB, &b, 0, 64 * KIB)
+        .unwrap();
+    // Part of a source region, to the window's last bytes.
+    let end = 2 * WINDOW_GRANULE;
+    t.rank0
+        .write_remote(&thread, &far, end - 100, &a, 1000, 100)
+        .unwrap();
+    stream.synchronize().unwrap();
+    let got = read(&t.rank1, &window, 0, 96 * KIB);
+    assert!(got[..32 * KIB as usize].iter().all(|&x| x == 0xA1));
+    assert!(got[32 * KIB as usize..].iter().all(|&x| x == 0xB2));
+    assert_eq!(read(&t.rank1, &window, end - 101, 1), [0]);
+    assert!(read(&t.rank1, &window, end - 100, 100)
+        .iter()
+        .all(|&x| x == 0xA1));
+    drop((a, b, window));
+    t.intact();
+}
+
+#[test]
+fn a_source_freed_after_the_call_is_not_reused_before_the_write_runs() {
+    let t = ranks();
+    let (window, far) = t.window(WINDOW_GRANULE);
+    let stream = t.rank0.create_stream().unwrap();
+    let thread = t.rank0.acquire_comm_thread(&stream).unwrap();
+    let src = t.filled(256 * KIB, 0x5A);
+    let (start, len) = (src.addr(), src.len());
+    let hold = t.sim.hold_stream(stream.handle()).unwrap();
+    t.rank0
+        .write_remote(&thread, &far, 0, &src, 0, len)
+        .unwrap();
+    drop(src);
+    // Same shape again, filled with other bytes at once: it must be other memory.
+    let again = t.filled(256 * KIB, 0x00);
+    let (a, b) = (again.addr(), again.addr() + again.len() as usize);
+    assert!(
+        b <= start || a >= start + len as usize,
+        "reused under the write"
+    );
+    hold.release();
+    stream.synchronize().unwrap();
+    assert!(read(&t.rank1, &window, 0, len).iter().all(|&x| x == 0x5A));
+    drop((again, window));
+    t.intact();
+}
+
+#[test]
+fn bad_input_is_refused_before_the_runtime_and_leaves_the_pools_intact() {
+    let t = ranks();
+    let (window, far) = t.window(WINDOW_GRANULE);
+    let stream = t.rank0.create_stream().unwrap();
+    let thread = t.rank0.acquire_comm_thread(&stream).unwrap();
+    let src = t.filled(4 * KIB, 1);
+    let host = t.rank0.alloc_host(4 * KIB).unwrap();
+    let before = t.sim.stats().calls(AclFunc::WriteOnThread);
+    let w = |dst_off, src_r: &DeviceRegion, src_off, len| {
+        t.rank0
+            .write_remote(&thread, &far, dst_off, src_r, src_off, len)
+    };
+    for (dst_off, src_off, len) in [
+        (0, 0, 0),                     // nothing to write
+        (WINDOW_GRANULE - 64, 0, 128), // past the window's end
+        (0, 4 * KIB - 64, 128),        // past the region's end
+        (u64::MAX, 0, 2),              // offset overflows
+        (0, u64::MAX - 1, 4),          // source offset overflows
+        (0, 0, 4 * KIB + 1),           // longer than the region
+    ] {
+        assert!(
+            matches!(
+                w(dst_off, &src, src_off, len),
+                Err(Error::OutOfBounds { .. })
+            ),
+            "{dst_off} {src_off} {len}"
+        );
+    }
+    assert!(matches!(
+        t.rank0.write_remote(&thread, &far, 0, &host, 0, 64),
+        Err(Error::WrongKind { .. })
+    ));
+    // A stream of another source, and a region of another source.
+    let other = Pool::new(Arc::new(SimSource::default()), PoolConfig::default()).unwrap();
+    let foreign_stream = other.create_stream().unwrap();
+    assert!(matches!(
+        t.rank0.acquire_comm_thread(&foreign_stream),
+        Err(Error::ForeignHandle)
+    ));
+    // SAFETY: refused before the handle is used.
+    let foreign = unsafe { CommThread::from_raw(thread.handle(), &foreign_stream) };
+    assert!(matches!(
+        t.rank0.write_remote(&foreign, &far, 0, &src, 0, 64),
+        Err(Error::ForeignHandle)
+    ));
+    let alien = other.alloc_device(4 * KIB).unwrap();
+    assert!(matches!(
+        t.rank0.write_remote(&thread, &far, 0, &alien, 0, 64),
+        Err(Error::ForeignHandle)
+    ));
+    assert_eq!(t.sim.stats().calls(AclFunc::WriteOnThread), before);
+    drop((src, host, window, alien));
+    other.validate().unwrap();
+    t.intact();
+}
+
+/// The `HcclResult` of a refused write.
+fn refusal(r: ascend_pool::Result<()>) -> AclError {
+    match r {
+        Err(Error::Runtime {
+            func: "HcommWriteOnThread",
+            code,
+        }) => code,
+        other => panic!("expected HcommWriteOnThread's refusal, got {other:?}"),
+    }
+}
+
+#[test]
+fn the_simulator_refuses_what_the_communicator_would() {
+    let t = ranks();
+    let (window, far) = t.window(WINDOW_GRANULE);
+    let src = t.filled(4 * KIB, 3);
+    let stream0 = t.rank0.create_stream().unwrap();
+    let thread = t.rank0.acquire_comm_thread(&stream0).unwrap();
+
+    // Memory the far end did not register: a window that is not there.
+    let unregistered = t.rank1.alloc_device(WINDOW_GRANULE).unwrap();
+    // SAFETY: the simulator checks the range against the far end's windows.
+    let bogus = unsafe { RemoteWindow::from_raw(far.channel(), unregistered.addr(), 4 * KIB) };
+    let code = refusal(t.rank0.write_remote(&thread, &bogus, 0, &src, 0, 64));
+    assert_eq!(code, AclError::HCCL_E_PARA);
+
+    // A channel this simulator never opened.
+    // SAFETY: as above.
+    let lost = unsafe { RemoteWindow::from_raw(ChannelHandle(999), far.addr(), far.len()) };
+    let code = refusal(t.rank0.write_remote(&thread, &lost, 0, &src, 0, 64));
+    assert_eq!(code, AclError::HCCL_E_NOT_FOUND);
+
+    // A thread on rank 1's stream cannot use rank 0's channel.
+    let stream1 = t.rank1.create_stream().unwrap();
+    let thread1 = t.rank1.acquire_comm_thread(&stream1).unwrap();
+    let src1 = t.rank1.alloc_device(4 * KIB).unwrap();
+    let code = refusal(t.rank1.write_remote(&thread1, &far, 0, &src1, 0, 64));
+    assert_eq!(code, AclError::HCCL_E_PARA);
+
+    // An unknown thread on a stream of the right source.
+    // SAFETY: the simulator checks the handle.
+    let ghost = unsafe { CommThread::from_raw(CommThreadHandle(12345), &stream0) };
+    let code = refusal(t.rank0.write_remote(&ghost, &far, 0, &src, 0, 64));
+    assert_eq!(code, AclError::HCCL_E_NOT_FOUND);
+
+    // Once deregistered, the window takes no more writes.
+    t.rank0.write_remote(&thread, &far, 0, &src, 0, 64).unwrap();
+    stream0.synchronize().unwrap();
+    t.sim.deregister_window(window.addr()).unwrap();
+    let code = refusal(t.rank0.write_remote(&thread, &far, 0, &src, 0, 64));
+    assert_eq!(code, AclError::HCCL_E_PARA);
+    assert!(matches!(
+        t.sim.deregister_window(window.addr()),
+        Err(Error::Invalid(_))
+    ));
+
+    // A fault the runtime planned arrives as it is, and the pool keeps nothing.
+    t.sim
+        .register_window(1, window.addr(), WINDOW_GRANULE)
+        .unwrap();
+    t.sim
+        .inject_fault(Fault::next(AclFunc::WriteOnThread, AclError::HCCL_E_PTR, 1));
+    let code = refusal(t.rank0.write_remote(&thread, &far, 0, &src, 0, 64));
+    assert_eq!(code, AclError::HCCL_E_PTR);
+    t.rank0.write_remote(&thread, &far, 0, &src, 0, 64).unwrap();
+    stream0.synchronize().unwrap();
+    drop((src, src1, unregistered, window));
+    t.intact();
+}
+
+#[test]
+fn windows_follow_hccl_registration_rules() {
+    let t = ranks();
+    let w = t
+        .rank1
+        .alloc_device_aligned(2 * WINDOW_GRANULE, WINDOW_GRANULE)
+        .unwrap();
+    let a = w.addr();
+    let g = WINDOW_GRANULE;
+    for (addr, len) in [(a + 64, g), (a, g + 32)] {
+        assert!(matches!(
+            t.sim.register_window(1, addr, len),
+            Err(Error::Misaligned { required, .. }) if required == g
+        ));
+    }
+    for (device, addr, len) in [(1, a, 0), (0, a, g), (1, a, 4 * g), (1, 0x20_0000_0000, g)] {
+        assert!(
+            matches!(
+                t.sim.register_window(device, addr, len),
+                Err(Error::Invalid(_))
+            ),
+            "{device} {addr:#x} {len}"
+        );
+    }
+    t.sim.register_window(1, a + g as usize, g).unwrap();
+    // Overlaps the one just registered.
+    assert!(matches!(
+        t.sim.register_window(1, a, 2 * g),
+        Err(Error::Invalid(_))
+    ));
+    t.sim.register_window(1, a, g).unwrap();
+    let channel = t.sim.acquire_channel(0, 1).unwrap();
+    assert_eq!(
+        t.sim.channel_windows(channel).unwrap(),
+        vec![(a, g), (a + g as usize, g)]
+    );
+    // Rank 0 registered nothing.
+    let back = t.sim.acquire_channel(1, 0).unwrap();
+    assert!(t.sim.channel_windows(back).unwrap().is_empty());
+    for (local, remote) in [(0, 0), (0, 2), (-1, 1)] {
+        assert!(matches!(
+            t.sim.acquire_channel(local, remote),
+            Err(Error::Runtime { code, .. }) if code == AclError::HCCL_E_PARA
+        ));
+    }
+    assert!(matches!(
+        t.sim.channel_windows(ChannelHandle(777)),
+        Err(Error::Runtime { code, .. }) if code == AclError::HCCL_E_NOT_FOUND
+    ));
+    // A destroyed stream gives no thread.
+    let stream = t.sim.create_stream(0).unwrap();
+    t.sim.destroy_stream(stream).unwrap();
+    assert!(t.sim.acquire_comm_thread(stream).is_err());
+    drop(w);
+    t.intact();
+}
