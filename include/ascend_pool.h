@@ -186,6 +186,21 @@ ap_status ap_copy_async(ap_pool pool, ap_region dst, uint64_t dst_offset, ap_reg
                         uint64_t src_offset, uint64_t len, ap_stream stream);
 ap_status ap_memset_async(ap_pool pool, ap_region dst, uint64_t offset, uint8_t value,
                           uint64_t len, ap_stream stream);
+/* The runtime's own handle of `stream` (an aclrtStream over libascendcl.so), for a library
+ * that queues work on the same stream, e.g. HCCL's HcclThreadAcquireWithStream. */
+ap_status ap_stream_native(ap_pool pool, ap_stream stream, uint64_t *out);
+
+/* One-sided write (HCOMM's HcommWriteOnThread): queues len bytes of `src` from src_offset
+ * into the far end's window, window_len bytes at window_addr, at dst_offset, on the
+ * communicator's `thread`, acquired on this stream's native handle; `channel` leads to the
+ * rank that registered the window. The pool checks both ranges (AP_ERR_OUT_OF_BOUNDS, also
+ * for len 0), refuses host memory (AP_ERR_WRONG_KIND), and records `src` on the stream, so it
+ * may be freed at once. The handles and the window come from HCCL and are not checked here:
+ * a thread on another stream could read `src` after its memory is reused. HCOMM's refusals
+ * are AP_ERR_RUNTIME, with its HcclResult in ap_last_error; no HCOMM is AP_ERR_NOT_SUPPORTED. */
+ap_status ap_write_remote(ap_pool pool, uint64_t thread, ap_stream stream, uint64_t channel,
+                          uint64_t window_addr, uint64_t window_len, uint64_t dst_offset,
+                          ap_region src, uint64_t src_offset, uint64_t len);
 
 /* Sharing device memory between processes. A pool created over AP_SOURCE_VMM_SIM or
  * AP_SOURCE_VMM_ACL publishes a device region as a descriptor, a NUL-terminated text (answered

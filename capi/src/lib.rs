@@ -305,9 +305,11 @@ macro_rules! with_region {
 
 type Shared<T> = Arc<Mutex<T>>;
 
+mod comm;
 mod lookup;
 mod mbuf;
 mod share;
+pub use comm::*;
 use lookup::{entry, next_handle, HANDLE_BLOCK};
 pub use mbuf::*;
 pub use share::*;

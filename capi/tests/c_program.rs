@@ -175,6 +175,23 @@ fn a_c_pipeline_runs_over_the_dropin_libascendcl() {
 }
 
 #[test]
+fn one_sided_writes_from_c_over_the_dropin_libascendcl() {
+    static EXE: OnceLock<PathBuf> = OnceLock::new();
+    let out = command_for(built("onesided", &EXE))
+        .env("ASCEND_POOL_ACL_LIB", common_dropin::dropin())
+        .output()
+        .expect("run the one-sided program");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "onesided failed ({}):\n{stderr}",
+        out.status
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "ok\n");
+    assert!(stderr.is_empty(), "onesided:\n{stderr}");
+}
+
+#[test]
 fn a_missing_libascendcl_is_a_status_not_a_crash() {
     let out = command()
         .args(["acl", "1"])
