@@ -72,6 +72,9 @@ fn writes_land_in_order_at_the_offsets_asked_for() {
     let t = ranks();
     let (window, far) = t.window(2 * WINDOW_GRANULE);
     assert_eq!(far.len(), 2 * WINDOW_GRANULE);
+    assert!(!far.is_empty());
+    // SAFETY: never written to.
+    assert!(unsafe { RemoteWindow::from_raw(far.channel(), far.addr(), 0) }.is_empty());
     let stream = t.rank0.create_stream().unwrap();
     let thread = t.rank0.acquire_comm_thread(&stream).unwrap();
     let a = t.filled(64 * KIB, 0xA1);
@@ -223,6 +226,23 @@ fn the_simulator_refuses_what_the_communicator_would() {
     let code = refusal(t.rank1.write_remote(&thread1, &far, 0, &src1, 0, 64));
     assert_eq!(code, AclError::HCCL_E_PARA);
 
+    // A source region on the far rank's device, though of the same simulator.
+    let code = refusal(t.rank0.write_remote(&thread, &far, 0, &src1, 0, 64));
+    assert_eq!(code, AclError::HCCL_E_PARA);
+
+    // Past the end of the registered window, though still in the far rank's live memory
+    // (the window's region takes twice its length), and a null destination.
+    // SAFETY: the simulator checks the range against the far end's windows.
+    let wide = unsafe { RemoteWindow::from_raw(far.channel(), far.addr(), 2 * WINDOW_GRANULE) };
+    for offset in [WINDOW_GRANULE - 32, WINDOW_GRANULE] {
+        let code = refusal(t.rank0.write_remote(&thread, &wide, offset, &src, 0, 64));
+        assert_eq!(code, AclError::HCCL_E_PARA, "{offset}");
+    }
+    // SAFETY: as above.
+    let null = unsafe { RemoteWindow::from_raw(far.channel(), 0, 4 * KIB) };
+    let code = refusal(t.rank0.write_remote(&thread, &null, 0, &src, 0, 64));
+    assert_eq!(code, AclError::HCCL_E_PTR);
+
     // An unknown thread on a stream of the right source.
     // SAFETY: the simulator checks the handle.
     let ghost = unsafe { CommThread::from_raw(CommThreadHandle(12345), &stream0) };
@@ -278,13 +298,13 @@ fn windows_follow_hccl_registration_rules() {
             "{device} {addr:#x} {len}"
         );
     }
+    // Two windows side by side, then one over both.
+    t.sim.register_window(1, a, g).unwrap();
     t.sim.register_window(1, a + g as usize, g).unwrap();
-    // Overlaps the one just registered.
     assert!(matches!(
         t.sim.register_window(1, a, 2 * g),
         Err(Error::Invalid(_))
     ));
-    t.sim.register_window(1, a, g).unwrap();
     let channel = t.sim.acquire_channel(0, 1).unwrap();
     assert_eq!(
         t.sim.channel_windows(channel).unwrap(),

@@ -43,6 +43,8 @@
 //! | async device-to-device copy with an address not 64-aligned | `ACL_ERROR_RT_ADDR_UNALIGNED` (107008) |
 //! | unknown or destroyed stream or event | `ACL_ERROR_RT_INVALID_HANDLE` (107017) |
 //! | a stream worker thread cannot be started | `ACL_ERROR_RT_FAILURE` (500003) |
+//! | `HcommWriteOnThread` outside the far end's windows or the thread's device, of length 0; a channel from a rank to itself | `HCCL_E_PARA` (1, an `HcclResult`) |
+//! | `HcommWriteOnThread` with an unknown thread or channel, or a thread whose stream is gone | `HCCL_E_NOT_FOUND` (6) |
 //!
 //! Every error is an [`Error::Runtime`] whose `func` names the AscendCL function the call
 //! stands for (see [`AclFunc`]): `aclrtMalloc`, `aclrtMallocAlign32`, `aclrtMallocCached`,

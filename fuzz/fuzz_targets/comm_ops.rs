@@ -1,0 +1,239 @@
+//! One-sided writes between two ranks of the simulator, driven the way a pipeline drives
+//! them: source regions of any size are made and filled, written into two windows of the far
+//! rank at any offsets and lengths, and freed at once, while the stream is held back now and
+//! then (so writes queue up behind freed regions and new ones are made meanwhile), windows are
+//! deregistered and registered again, and the runtime refuses a write now and then.
+//!
+//! Every call answers what a shadow model predicts: out-of-bounds ranges and host sources are
+//! refused by the pool, writes into a deregistered window and planned faults by the runtime,
+//! and a refused write changes nothing. After each synchronization the windows hold exactly
+//! the shadow's bytes: a source region whose memory were reused before its queued write ran
+//! would show as other bytes there. At the end both pools are valid and hold nothing.
+#![no_main]
+
+use arbitrary::Arbitrary;
+use ascend_pool::comm::{RemoteWindow, WINDOW_GRANULE};
+use ascend_pool::source::sim::{AclFunc, Fault, SimConfig, SimSource};
+use ascend_pool::{AclError, DeviceRegion, Error, HostRegion, Pool, PoolConfig, Region};
+use libfuzzer_sys::fuzz_target;
+use std::sync::Arc;
+
+const WINDOWS: usize = 2;
+const WLEN: u64 = WINDOW_GRANULE;
+/// Source regions alive at once, at most.
+const SOURCES: usize = 12;
+const MAX_OPS: usize = 96;
+
+/// A length or offset: small, anywhere in a window, or past everything.
+#[derive(Arbitrary, Debug, Clone, Copy)]
+enum Num {
+    Small(u16),
+    InWindow(u32),
+    Near(u8),
+    Raw(u64),
+}
+
+impl Num {
+    fn get(self) -> u64 {
+        match self {
+            Self::Small(n) => u64::from(n),
+            Self::InWindow(n) => u64::from(n) % (WLEN + 1),
+            Self::Near(n) => u64::MAX - u64::from(n),
+            Self::Raw(v) => v,
+        }
+    }
+}
+
+#[derive(Arbitrary, Debug)]
+enum Op {
+    /// A source region of `len` bytes (1 to 512 KiB), filled with the next byte value.
+    Alloc {
+        len: u32,
+        host: bool,
+    },
+    Free {
+        src: u8,
+    },
+    Write {
+        src: u8,
+        window: u8,
+        dst_offset: Num,
+        src_offset: Num,
+        len: Num,
+    },
+    Hold,
+    Release,
+    Sync,
+    Toggle {
+        window: u8,
+    },
+    Fault,
+}
+
+struct Source {
+    region: Result<DeviceRegion, HostRegion>,
+    fill: u8,
+    len: u64,
+}
+
+fn window_bytes(pool: &Pool, w: &DeviceRegion) -> Vec<u8> {
+    let mut out = vec![0u8; WLEN as usize];
+    pool.copy_to_host(w, 0, &mut out).expect("read a window");
+    out
+}
+
+fuzz_target!(|ops: Vec<Op>| {
+    let sim = Arc::new(
+        SimSource::new(SimConfig::default().with_devices(2)).expect("a simulator of two ranks"),
+    );
+    let rank0 = Pool::new(sim.clone(), PoolConfig::default().with_device(0)).expect("rank 0");
+    let rank1 = Pool::new(sim.clone(), PoolConfig::default().with_device(1)).expect("rank 1");
+    let channel = sim.acquire_channel(0, 1).expect("a channel");
+    let mut windows = Vec::new();
+    for _ in 0..WINDOWS {
+        let mut w = rank1
+            .alloc_device_aligned(WLEN, WINDOW_GRANULE)
+            .expect("a window");
+        rank1.memset(&mut w, 0, 0, WLEN).expect("clear a window");
+        sim.register_window(1, w.addr(), WLEN).expect("register");
+        windows.push(w);
+    }
+    // The simulator lists windows by address; the shadow goes by the order they were made.
+    let listed = RemoteWindow::of_sim(&sim, channel).expect("windows");
+    let far: Vec<RemoteWindow> = windows
+        .iter()
+        .map(|w| {
+            *listed
+                .iter()
+                .find(|f| f.addr() == w.addr())
+                .expect("listed")
+        })
+        .collect();
+    let mut shadow = vec![vec![0u8; WLEN as usize]; WINDOWS];
+    let mut registered = [true; WINDOWS];
+    let stream = rank0.create_stream().expect("a stream");
+    let thread = rank0.acquire_comm_thread(&stream).expect("a thread");
+    let mut sources: Vec<Source> = Vec::new();
+    let mut hold = None;
+    let mut fault_armed = false;
+    let mut next_fill = 1u8;
+
+    for op in ops.into_iter().take(MAX_OPS) {
+        match op {
+            Op::Alloc { len, host } => {
+                if sources.len() == SOURCES {
+                    continue;
+                }
+                let len = u64::from(len) % (512 << 10) + 1;
+                let fill = next_fill;
+                next_fill = next_fill.wrapping_add(1).max(1);
+                let bytes = vec![fill; len as usize];
+                let region = if host {
+                    let mut h = rank0.alloc_host(len).expect("host memory");
+                    h.as_mut_slice().copy_from_slice(&bytes);
+                    Err(h)
+                } else {
+                    let mut d = rank0.alloc_device(len).expect("device memory");
+                    rank0.copy_from_host(&mut d, 0, &bytes).expect("fill");
+                    Ok(d)
+                };
+                sources.push(Source { region, fill, len });
+            }
+            Op::Free { src } => {
+                if !sources.is_empty() {
+                    let i = src as usize % sources.len();
+                    drop(sources.swap_remove(i));
+                }
+            }
+            Op::Write {
+                src,
+                window,
+                dst_offset,
+                src_offset,
+                len,
+            } => {
+                if sources.is_empty() {
+                    continue;
+                }
+                let s = &sources[src as usize % sources.len()];
+                let w = window as usize % WINDOWS;
+                let (dst_offset, src_offset, len) = (dst_offset.get(), src_offset.get(), len.get());
+                let got = match &s.region {
+                    Ok(d) => rank0.write_remote(&thread, &far[w], dst_offset, d, src_offset, len),
+                    Err(h) => rank0.write_remote(&thread, &far[w], dst_offset, h, src_offset, len),
+                };
+                let fits =
+                    |off: u64, cap: u64| len > 0 && off.checked_add(len).is_some_and(|e| e <= cap);
+                if !fits(dst_offset, WLEN) || !fits(src_offset, s.len) {
+                    assert!(matches!(got, Err(Error::OutOfBounds { .. })), "{got:?}");
+                } else if s.region.is_err() {
+                    assert!(matches!(got, Err(Error::WrongKind { .. })), "{got:?}");
+                } else if fault_armed {
+                    fault_armed = false;
+                    assert!(
+                        matches!(got, Err(Error::Runtime { code, .. }) if code == AclError::HCCL_E_PTR),
+                        "{got:?}"
+                    );
+                } else if !registered[w] {
+                    assert!(
+                        matches!(got, Err(Error::Runtime { code, .. }) if code == AclError::HCCL_E_PARA),
+                        "{got:?}"
+                    );
+                } else {
+                    got.expect("a write inside a registered window");
+                    let d = dst_offset as usize;
+                    shadow[w][d..d + len as usize].fill(s.fill);
+                }
+            }
+            Op::Hold => {
+                if hold.is_none() {
+                    hold = Some(sim.hold_stream(stream.handle()).expect("hold the stream"));
+                }
+            }
+            Op::Release => drop(hold.take()),
+            Op::Sync => {
+                drop(hold.take());
+                stream.synchronize().expect("synchronize");
+                for (w, window) in windows.iter().enumerate() {
+                    assert!(
+                        window_bytes(&rank1, window) == shadow[w],
+                        "window {w} differs"
+                    );
+                }
+            }
+            Op::Toggle { window } => {
+                let w = window as usize % WINDOWS;
+                if registered[w] {
+                    sim.deregister_window(windows[w].addr())
+                        .expect("deregister");
+                } else {
+                    sim.register_window(1, windows[w].addr(), WLEN)
+                        .expect("register again");
+                }
+                registered[w] = !registered[w];
+            }
+            Op::Fault => {
+                if !fault_armed {
+                    sim.inject_fault(Fault::next(AclFunc::WriteOnThread, AclError::HCCL_E_PTR, 1));
+                    fault_armed = true;
+                }
+            }
+        }
+    }
+
+    drop(hold.take());
+    drop(sources);
+    stream.synchronize().expect("synchronize");
+    for (w, window) in windows.iter().enumerate() {
+        assert!(
+            window_bytes(&rank1, window) == shadow[w],
+            "window {w} differs at the end"
+        );
+    }
+    drop(windows);
+    for pool in [&rank0, &rank1] {
+        pool.synchronize().expect("pending frees complete");
+        pool.validate().expect("a valid pool");
+        assert!(pool.leak_report().is_empty());
+    }
+});
