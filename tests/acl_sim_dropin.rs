@@ -258,12 +258,36 @@ fn the_drop_in_exports_virtual_memory_sharing_and_mbuf() {
     }
 }
 
+/// Sets up the communicator of the drop-in at `lib` with its own `ascendSim*` functions, which
+/// stand in for HCCL's: a thread on the native `stream`, a channel from rank 0 to rank 1, and
+/// `len` bytes at `window` (device 1's memory) registered. Returns `(thread, channel)`.
+fn set_up_comm(lib: &std::path::Path, stream: usize, window: usize, len: u64) -> (u64, u64) {
+    use std::ffi::c_void;
+    // SAFETY: a drop-in library; loading it again only takes another reference.
+    let lib = unsafe { libloading::Library::new(lib) }.unwrap();
+    type Thread = unsafe extern "C" fn(*mut c_void, *mut u64) -> i32;
+    type Channel = unsafe extern "C" fn(i32, i32, *mut u64) -> i32;
+    type Register = unsafe extern "C" fn(i32, *mut c_void, u64) -> i32;
+    let (mut thread, mut channel) = (0u64, 0u64);
+    // SAFETY: symbols of the drop-in with these prototypes; live out-pointers; the stream
+    // handle is the drop-in's `aclrtStream`, the window live device memory of device 1.
+    unsafe {
+        let acquire_thread = lib.get::<Thread>(b"ascendSimAcquireThread\0").unwrap();
+        let acquire_channel = lib.get::<Channel>(b"ascendSimAcquireChannel\0").unwrap();
+        let register = lib.get::<Register>(b"ascendSimRegisterWindow\0").unwrap();
+        assert_eq!(acquire_thread(stream as *mut c_void, &mut thread), 0);
+        assert_eq!(acquire_channel(0, 1, &mut channel), 0);
+        assert_eq!(register(1, window as *mut c_void, len), 0);
+        assert_eq!(register(1, window as *mut c_void, 64), 1); // HCCL_E_PARA
+    }
+    (thread, channel)
+}
+
 #[test]
 fn one_sided_writes_reach_the_drop_in_and_land() {
     use ascend_pool::comm::{CommThread, RemoteWindow, WINDOW_GRANULE};
     use ascend_pool::source::{ChannelHandle, CommThreadHandle};
     use ascend_pool::{Pool, PoolConfig, Region};
-    use std::ffi::c_void;
     use std::sync::Arc;
 
     let acl: Arc<dyn BlockSource> = Arc::new(open());
@@ -276,35 +300,11 @@ fn one_sided_writes_reach_the_drop_in_and_land() {
         Err(Error::NotSupported { .. })
     ));
 
-    // The drop-in's own set-up functions stand in for the communicator's.
-    // SAFETY: the same library the source loaded; the prototypes are the drop-in's.
-    let lib = unsafe { libloading::Library::new(dropin()) }.unwrap();
-    type Thread = unsafe extern "C" fn(*mut c_void, *mut u64) -> i32;
-    type Channel = unsafe extern "C" fn(i32, i32, *mut u64) -> i32;
-    type Register = unsafe extern "C" fn(i32, *mut c_void, u64) -> i32;
-    // SAFETY: symbols of the drop-in with these prototypes.
-    let (acquire_thread, acquire_channel, register) = unsafe {
-        (
-            *lib.get::<Thread>(b"ascendSimAcquireThread\0").unwrap(),
-            *lib.get::<Channel>(b"ascendSimAcquireChannel\0").unwrap(),
-            *lib.get::<Register>(b"ascendSimRegisterWindow\0").unwrap(),
-        )
-    };
     let window = rank1
         .alloc_device_aligned(WINDOW_GRANULE, WINDOW_GRANULE)
         .unwrap();
-    let (mut thread, mut channel) = (0u64, 0u64);
-    // SAFETY: live out-pointers; the stream handle is the drop-in's `aclrtStream`; the window
-    // is live device memory of device 1.
-    unsafe {
-        assert_eq!(
-            acquire_thread(stream.handle().0 as *mut c_void, &mut thread),
-            0
-        );
-        assert_eq!(acquire_channel(0, 1, &mut channel), 0);
-        assert_eq!(register(1, window.addr() as *mut c_void, WINDOW_GRANULE), 0);
-        assert_eq!(register(1, window.addr() as *mut c_void, 64), 1); // HCCL_E_PARA
-    }
+    let native = stream.handle().0;
+    let (thread, channel) = set_up_comm(dropin(), native, window.addr(), WINDOW_GRANULE);
     // SAFETY: the thread was acquired on `stream`; the window is the far end's, registered.
     let (thread, far) = unsafe {
         (
@@ -340,4 +340,51 @@ fn one_sided_writes_reach_the_drop_in_and_land() {
         pool.validate().unwrap();
         assert!(pool.leak_report().is_empty());
     }
+}
+
+#[test]
+fn one_sided_writes_go_to_a_libhcomm_beside_the_runtime() {
+    use ascend_pool::comm::{CommThread, RemoteWindow, WINDOW_GRANULE};
+    use ascend_pool::source::{ChannelHandle, CommThreadHandle};
+    use ascend_pool::{Pool, PoolConfig, Region};
+    use std::sync::Arc;
+
+    // Without one, HcommWriteOnThread comes from the runtime itself.
+    assert_eq!(open().hcomm_library(), None);
+
+    // A second copy of the drop-in as libhcomm.so: its simulator is another one, which knows
+    // no thread of the first, so a write through it is refused there.
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("hcomm-beside-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (main, hcomm) = (dir.join("libascendcl.so"), dir.join("libhcomm.so"));
+    std::fs::copy(dropin(), &main).unwrap();
+    std::fs::copy(dropin(), &hcomm).unwrap();
+    let acl: Arc<dyn BlockSource> = Arc::new(AclSource::open(&main).unwrap());
+    let rank0 = Pool::new(acl.clone(), PoolConfig::default().with_device(0)).unwrap();
+    let rank1 = Pool::new(acl, PoolConfig::default().with_device(1)).unwrap();
+    let stream = rank0.create_stream().unwrap();
+    let window = rank1
+        .alloc_device_aligned(WINDOW_GRANULE, WINDOW_GRANULE)
+        .unwrap();
+    // A write the runtime's own simulator would take...
+    let native = stream.handle().0;
+    let (thread, channel) = set_up_comm(&main, native, window.addr(), WINDOW_GRANULE);
+    let src = rank0.alloc_device(4096).unwrap();
+    // SAFETY: the thread was acquired on `stream`; the window is registered.
+    let (thread, far) = unsafe {
+        (
+            CommThread::from_raw(CommThreadHandle(thread), &stream),
+            RemoteWindow::from_raw(ChannelHandle(channel), window.addr(), WINDOW_GRANULE),
+        )
+    };
+    // ...goes to libhcomm.so, whose simulator knows no such thread.
+    let e = rank0
+        .write_remote(&thread, &far, 0, &src, 0, 64)
+        .unwrap_err();
+    assert_eq!(
+        code(e),
+        ("HcommWriteOnThread", AclError::HCCL_E_NOT_FOUND.0)
+    );
+    drop((src, window));
 }
