@@ -32,4 +32,15 @@ extern int failures;
         }                                                                                     \
     } while (0)
 
+/* Live regions of every kind in `pool`. */
+static inline uint64_t live_regions(ap_pool pool) {
+    uint64_t n = 0;
+    for (int k = AP_KIND_DEVICE; k <= AP_KIND_HOST; k++) {
+        ap_stats s;
+        EXPECT(ap_pool_stats(pool, (ap_kind)k, &s), AP_OK);
+        n += s.live_regions;
+    }
+    return n;
+}
+
 #endif /* AP_TEST_EXPECT_H */

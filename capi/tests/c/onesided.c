@@ -23,16 +23,6 @@ typedef int32_t (*acquire_thread_fn)(void *stream, uint64_t *thread);
 typedef int32_t (*acquire_channel_fn)(int32_t local, int32_t remote, uint64_t *channel);
 typedef int32_t (*register_window_fn)(int32_t device, void *addr, uint64_t len);
 
-static uint64_t live(ap_pool pool) {
-    uint64_t n = 0;
-    for (int k = AP_KIND_DEVICE; k <= AP_KIND_HOST; k++) {
-        ap_stats s;
-        EXPECT(ap_pool_stats(pool, (ap_kind)k, &s), AP_OK);
-        n += s.live_regions;
-    }
-    return n;
-}
-
 int main(void) {
     const char *path = getenv("ASCEND_POOL_ACL_LIB");
     void *lib = path ? dlopen(path, RTLD_NOW) : NULL;
@@ -121,7 +111,7 @@ int main(void) {
     for (int r = 0; r < 2; r++) {
         ap_pool p = r ? rank1 : rank0;
         EXPECT(ap_pool_validate(p), AP_OK);
-        CHECK(live(p) == 0);
+        CHECK(live_regions(p) == 0);
         uint64_t freed = 1;
         EXPECT(ap_pool_destroy(p, &freed), AP_OK);
         CHECK(freed == 0);

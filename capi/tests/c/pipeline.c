@@ -20,16 +20,6 @@ int failures;
 
 enum { FRAME = 1920 * 1080 * 3 / 2 };
 
-static uint64_t live(ap_pool pool) {
-    uint64_t n = 0;
-    for (int k = AP_KIND_DEVICE; k <= AP_KIND_HOST; k++) {
-        ap_stats s;
-        EXPECT(ap_pool_stats(pool, (ap_kind)k, &s), AP_OK);
-        n += s.live_regions;
-    }
-    return n;
-}
-
 int main(int argc, char **argv) {
     if (argc != 3 || (strcmp(argv[1], "sim") && strcmp(argv[1], "acl"))) {
         fprintf(stderr, "usage: %s sim|acl FRAMES\n", argv[0]);
@@ -86,7 +76,7 @@ int main(int argc, char **argv) {
     }
     EXPECT(ap_stream_synchronize(pool, stream), AP_OK);
     EXPECT(ap_pool_validate(pool), AP_OK);
-    uint64_t before = live(pool);
+    uint64_t before = live_regions(pool);
 
     /* Bad input: each refused with its status, nothing allocated, the pool intact. */
     ap_region r = 0, dead;
@@ -121,7 +111,7 @@ int main(int argc, char **argv) {
     EXPECT(ap_pool_destroy(other, NULL), AP_OK);
     EXPECT(ap_pool_validate(other), AP_ERR_BAD_POOL);
 
-    CHECK(live(pool) == before + 1);
+    CHECK(live_regions(pool) == before + 1);
     EXPECT(ap_pool_validate(pool), AP_OK);
     char msg[8];
     EXPECT(ap_free(pool, dead), AP_ERR_BAD_REGION);
