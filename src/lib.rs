@@ -15,6 +15,7 @@
 //! - [`region`]: typed regions and validated copies, the public face;
 //! - [`share`]: device memory published by one process and opened by another, over the
 //!   virtual-memory source ([`source::vmm`]); [`mbuf`]: shared buffers on top;
+//! - [`comm`]: one-sided writes of a region into another rank's registered window;
 //! - [`trace`] and [`peers`]: tools — allocation traces, a validating reader, a replay driver
 //!   (the whole pool on the simulator, or one range per kind), and other range allocators
 //!   behind the same replay trait for comparison; [`svg`]: pictures of a pool and a replay;
