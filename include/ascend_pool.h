@@ -5,6 +5,12 @@
  * so a freed, destroyed or foreign handle is refused with a status instead of touching memory.
  * Every function returns an ap_status; on failure ap_last_error() tells what happened, and the
  * pool is left as it was. All functions may be called from any thread.
+ *
+ * A process made by fork() keeps its parent's handles but none of its other threads (nor, on
+ * hardware, its device context): every call there on a pool, mapping or shared buffer the
+ * parent made answers AP_ERR_FORKED, and destroying or closing one only forgets the handle.
+ * The child makes pools of its own as any process does, even when the fork came while other
+ * threads were inside calls.
  */
 #ifndef ASCEND_POOL_H
 #define ASCEND_POOL_H
@@ -44,8 +50,11 @@ typedef enum ap_status {
     AP_ERR_SHARE_GONE = 23,         /* the published memory is no longer exported */
     AP_ERR_SHARE_ACCESS_FIXED = 24, /* memory first published to any process (or to listed
                                        ones) asked for under the other access */
-    AP_ERR_BAD_BUFFER = 25          /* not a live buffer of this pool, or not an open buffer
+    AP_ERR_BAD_BUFFER = 25,         /* not a live buffer of this pool, or not an open buffer
                                        of another process */
+    AP_ERR_FORKED = 26              /* a pool, mapping or buffer the process this one was
+                                       forked from made: it is that process's; destroying or
+                                       closing it here only forgets the handle */
 } ap_status;
 
 /* Memory kinds: which AscendCL call the pool's blocks come from. */
@@ -131,7 +140,8 @@ ap_status ap_pool_create(ap_source source, const char *conf, ap_pool *out);
 /* Destroys a pool: its streams are synchronized and destroyed, its live regions and buffer
  * handles freed (their number in *freed_regions, which may be NULL), its blocks returned to
  * the source. Calls on the pool already running on other threads finish first; later ones get
- * AP_ERR_BAD_POOL. */
+ * AP_ERR_BAD_POOL. In a child made by fork() after the pool was made, only the handle goes
+ * (nothing freed, *freed_regions 0, AP_OK). */
 ap_status ap_pool_destroy(ap_pool pool, uint64_t *freed_regions);
 ap_status ap_pool_stats(ap_pool pool, ap_kind kind, ap_stats *out);
 /* Checks every invariant of every chunk; AP_ERR_INVALID_STATE names the first broken one. */

@@ -105,11 +105,14 @@ pub enum Status {
     /// Not a live buffer: freed, another pool's, or never handed out; or not an open buffer
     /// of another process.
     BadBuffer = 25,
+    /// A handle made by the process this one was forked from: it belongs to that process.
+    /// Destroying or closing it only forgets it.
+    Forked = 26,
 }
 
 impl Status {
     /// Every status, in value order (`ap_status_name` indexes it).
-    pub const ALL: [Status; 26] = [
+    pub const ALL: [Status; 27] = [
         Status::Ok,
         Status::NullArgument,
         Status::InvalidArgument,
@@ -136,6 +139,7 @@ impl Status {
         Status::ShareGone,
         Status::ShareAccessFixed,
         Status::BadBuffer,
+        Status::Forked,
     ];
 
     fn name(self) -> &'static CStr {
@@ -166,6 +170,7 @@ impl Status {
             Status::ShareGone => c"AP_ERR_SHARE_GONE",
             Status::ShareAccessFixed => c"AP_ERR_SHARE_ACCESS_FIXED",
             Status::BadBuffer => c"AP_ERR_BAD_BUFFER",
+            Status::Forked => c"AP_ERR_FORKED",
         }
     }
 
@@ -306,6 +311,7 @@ macro_rules! with_region {
 type Shared<T> = Arc<Mutex<T>>;
 
 mod comm;
+mod fork;
 mod lookup;
 mod mbuf;
 mod share;
@@ -362,6 +368,9 @@ struct Entry {
     alive: AtomicBool,
     /// The pool's own handle.
     id: u64,
+    /// The fork generation the pool was made in: in a child made by `fork` after that, the
+    /// pool is the parent's (see `fork`).
+    forks: u64,
 }
 
 /// Live pools. Read-locked when a thread calls with a pool other than its last one (or after a
@@ -385,6 +394,8 @@ enum Failure {
     BadBuffer(u64),
     /// A pool whose source cannot publish.
     NotShared(u64),
+    /// A pool, mapping or buffer of the process this one was forked from.
+    Forked(u64),
     /// The answer needs `needed` items where the caller gave room for `cap`.
     TooSmall {
         needed: usize,
@@ -411,6 +422,7 @@ impl Failure {
             Failure::BadMapping(_) => Status::BadMapping,
             Failure::BadBuffer(_) => Status::BadBuffer,
             Failure::NotShared(_) => Status::NotSupported,
+            Failure::Forked(_) => Status::Forked,
             Failure::Lib(e) => Status::of(e),
         }
     }
@@ -424,6 +436,10 @@ impl Failure {
             Failure::BadStream(h) => format!("stream {h} is not a live stream of this pool"),
             Failure::BadMapping(h) => format!("mapping {h} is not an open mapping"),
             Failure::BadBuffer(h) => format!("buffer {h} is not a live buffer here"),
+            Failure::Forked(h) => format!(
+                "handle {h} was made before this process was forked: it belongs to the parent \
+                 process (make a pool of this process's own)"
+            ),
             Failure::NotShared(h) => format!(
                 "pool {h} cannot publish: create it over virtual memory \
                  (AP_SOURCE_VMM_SIM or AP_SOURCE_VMM_ACL)"
@@ -634,6 +650,7 @@ pub unsafe extern "C" fn ap_pool_create(
             publisher,
             alive: AtomicBool::new(true),
             id: handle,
+            forks: fork::generation(),
         };
         POOLS
             .write()
@@ -662,6 +679,18 @@ pub unsafe extern "C" fn ap_pool_destroy(pool: u64, freed_regions: *mut u64) -> 
             .unwrap_or_else(|p| p.into_inner())
             .remove(&pool)
             .ok_or(Failure::BadPool(pool))?;
+        if !fork::ours(entry.forks) {
+            // The parent's pool, which a call cut short by the fork may hold for good: no
+            // waiting for calls, and nothing freed (on hardware the memory is the parent
+            // context's). Only the handle goes.
+            lookup::forget();
+            std::mem::forget(entry);
+            if let Some(out) = NonNull::new(freed_regions) {
+                // SAFETY: non-null, and the caller gives a writable u64.
+                unsafe { out.as_ptr().write(0) };
+            }
+            return Ok(());
+        }
         // No call that found the entry is still running after this.
         lookup::retire(pool);
         entry.alive.store(false, Ordering::Release);

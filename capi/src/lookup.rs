@@ -173,6 +173,10 @@ pub(crate) fn entry(pool: u64) -> Result<EntryRef, Failure> {
     if !e.alive.load(Ordering::Acquire) {
         return Err(Failure::BadPool(pool));
     }
+    // A pool of the process this one was forked from (see `crate::fork`).
+    if !crate::fork::ours(e.forks) {
+        return Err(Failure::Forked(pool));
+    }
     Ok(e)
 }
 
@@ -185,6 +189,23 @@ fn lookup<T>(pool: u64, found: impl FnOnce(&Arc<Entry>) -> T) -> Option<T> {
         .unwrap_or_else(|p| p.into_inner())
         .get(&pool)
         .map(found)
+}
+
+/// The guards of the pool table's lock and the slots' (for `crate::fork`). Taken one at a
+/// time: no call holds one of them while it waits for another.
+pub(crate) fn fork_guards() -> Vec<Box<dyn std::any::Any>> {
+    vec![
+        Box::new(POOLS.write().unwrap_or_else(|p| p.into_inner())),
+        Box::new(super::lock(&SLOTS)),
+        Box::new(super::lock(&FREE_SLOTS)),
+    ]
+}
+
+/// For `ap_pool_destroy` of a pool the parent process made, once it has taken it out of the
+/// table: counts the destruction (so that no thread's last lookup finds it again), and waits
+/// for nothing, since a call the fork cut short never finishes (see `crate::fork`).
+pub(crate) fn forget() {
+    DESTROYED.fetch_add(1, Ordering::SeqCst);
 }
 
 /// For `ap_pool_destroy`, once it has taken `pool` out of the table: counts the destruction

@@ -63,6 +63,11 @@ macro_rules! with_shared {
 /// Opened buffers.
 static SHARED: Opened<AnyShared> = Opened::new(Failure::BadBuffer);
 
+/// The guard of the opened buffers' table, for `crate::fork`.
+pub(crate) fn fork_guard() -> Box<dyn std::any::Any> {
+    SHARED.fork_guard()
+}
+
 impl Entry {
     /// Another handle on the buffer `handle` names in this pool.
     fn mbuf(&self, handle: u64) -> Result<Mbuf, Failure> {

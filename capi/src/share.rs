@@ -65,9 +65,15 @@ macro_rules! with_mapping {
 /// What this process opened of another's memory, by handle, for the whole process. Each is
 /// locked while a call uses it, so a close waits for a read under way on another thread.
 pub(crate) struct Opened<T> {
-    table: LazyLock<Mutex<Handles<Shared<T>>>>,
+    table: LazyLock<Mutex<Handles<Filed<T>>>>,
     /// The failure for a handle not in the table.
     missing: fn(u64) -> Failure,
+}
+
+/// One opened item, and the fork generation it was opened in (see `crate::fork`).
+struct Filed<T> {
+    generation: u64,
+    item: Shared<T>,
 }
 
 impl<T> Opened<T> {
@@ -81,7 +87,11 @@ impl<T> Opened<T> {
     /// Files `value` under a new handle and writes the handle to `out`.
     pub(crate) fn file(&self, value: T, out: NonNull<u64>) -> Result<(), Failure> {
         let handle = next_handle();
-        lock(&self.table).insert(handle, Arc::new(Mutex::new(value)));
+        let filed = Filed {
+            generation: crate::fork::generation(),
+            item: Arc::new(Mutex::new(value)),
+        };
+        lock(&self.table).insert(handle, filed);
         // SAFETY: the callers checked `out`, a writable u64 of the caller's.
         unsafe { out.as_ptr().write(handle) };
         Ok(())
@@ -93,28 +103,52 @@ impl<T> Opened<T> {
         handle: u64,
         f: impl FnOnce(&mut T) -> Result<R, Failure>,
     ) -> Result<R, Failure> {
-        let found = lock(&self.table).get(&handle).cloned();
-        let item = found.ok_or((self.missing)(handle))?;
+        let found = lock(&self.table)
+            .get(&handle)
+            .map(|f| (f.generation, Arc::clone(&f.item)));
+        let (generation, item) = found.ok_or((self.missing)(handle))?;
+        // Opened by the process this one was forked from: its lock may be held for good.
+        if !crate::fork::ours(generation) {
+            return Err(Failure::Forked(handle));
+        }
         let mut item = lock(&item);
         f(&mut item)
     }
 
     /// Takes `handle` out of the table and runs `close` on what it named, once no other call
-    /// uses it.
+    /// uses it. What the process this one was forked from opened is only forgotten: it is
+    /// that process's to close.
     pub(crate) fn close(
         &self,
         handle: u64,
         close: impl FnOnce(&mut T) -> Result<(), Failure>,
     ) -> Result<(), Failure> {
         let found = lock(&self.table).remove(&handle);
-        let item = found.ok_or((self.missing)(handle))?;
-        let mut item = lock(&item);
+        let filed = found.ok_or((self.missing)(handle))?;
+        if !crate::fork::ours(filed.generation) {
+            std::mem::forget(filed.item);
+            return Ok(());
+        }
+        let mut item = lock(&filed.item);
         close(&mut item)
+    }
+
+    /// The guard of the table's lock, for `crate::fork`.
+    pub(crate) fn fork_guard(&'static self) -> Box<dyn std::any::Any>
+    where
+        T: 'static,
+    {
+        Box::new(lock(&self.table))
     }
 }
 
 /// Open mappings.
 static MAPPINGS: Opened<AnyMapping> = Opened::new(Failure::BadMapping);
+
+/// The guards of the mappings' table and of the loaded runtime, for `crate::fork`.
+pub(crate) fn fork_guards() -> [Box<dyn std::any::Any>; 2] {
+    [MAPPINGS.fork_guard(), Box::new(lock(&ACL_RUNTIME))]
+}
 
 /// The runtime this process opens mappings with, one per kind of source for the process (the
 /// library is loaded once; a failed load is tried again on the next call).

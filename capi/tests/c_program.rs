@@ -191,6 +191,27 @@ fn one_sided_writes_from_c_over_the_dropin_libascendcl() {
     assert!(stderr.is_empty(), "onesided:\n{stderr}");
 }
 
+/// Children made by `fork` while two threads are inside calls on the parent's pools
+/// (`tests/c/fork.c`): the parent's handles answer `AP_ERR_FORKED`, destroying the parent's
+/// pool neither hangs on a call the fork cut short nor frees anything, the child's own pools
+/// work, and the parent's pool is as it was. Before the fork handlers, children hung on locks
+/// a parent thread held at the fork (several of 24 per run).
+#[test]
+fn forked_children_refuse_the_parents_handles_and_make_pools_of_their_own() {
+    static EXE: OnceLock<PathBuf> = OnceLock::new();
+    let out = command_for(built("fork", &EXE))
+        .output()
+        .expect("run the fork program");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "fork failed ({}):\n{stderr}",
+        out.status
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "ok\n");
+    assert!(stderr.is_empty(), "fork:\n{stderr}");
+}
+
 #[test]
 fn a_missing_libascendcl_is_a_status_not_a_crash() {
     let out = command()
