@@ -251,6 +251,16 @@ typedef uint64_t ChannelHandle;
 int32_t HcommWriteOnThread(ThreadHandle thread, ChannelHandle channel, void *dst,
                            const void *src, uint64_t len);
 
+/* The channels' notifications, which order a write before the remote rank's reads: queue on
+ * the thread's stream the record of notification remoteNotifyIdx at the far end of the
+ * channel, or a wait (timeout in ms, 0 for ever) for notification localNotifyIdx of the
+ * channel; indices below the channel's notifyNum. The library does not call them (the
+ * application's communicator does); the drop-in libascendcl.so exports them. */
+int32_t HcommChannelNotifyRecordOnThread(ThreadHandle thread, ChannelHandle channel,
+                                         uint32_t remoteNotifyIdx);
+int32_t HcommChannelNotifyWaitOnThread(ThreadHandle thread, ChannelHandle channel,
+                                       uint32_t localNotifyIdx, uint32_t timeout);
+
 #ifdef __cplusplus
 }
 #endif

@@ -11,10 +11,14 @@
 //!
 //! Windows are device memory with start and length at multiples of 2 MiB, as HCCL
 //! registers it: [`Pool::alloc_device_aligned`] with [`WINDOW_GRANULE`] gives one.
-//! Telling the far end that its window has been written (HCCL's notifications) stays
-//! with the communicator.
+//! Telling the far end that its window has been written (HCCL's notifications,
+//! `HcommChannelNotifyRecordOnThread` and `HcommChannelNotifyWaitOnThread`) stays with the
+//! communicator; on the simulator, [`SimSource::notify_record_on_thread`] and
+//! [`SimSource::notify_wait_on_thread`] stand in for it.
 //!
-//! On the simulator every device is a rank, so all ranks can run in one process:
+//! On the simulator every device is a rank, so all ranks can run in one process. Here rank
+//! 0 writes and then records a notification; rank 1's stream waits for it before it copies
+//! what was written:
 //!
 //! ```
 //! use std::sync::Arc;
@@ -32,17 +36,27 @@
 //! let channel = sim.acquire_channel(0, 1)?;
 //! let far = RemoteWindow::of_sim(&sim, channel)?.remove(0);
 //!
-//! // Rank 0 writes 4 KiB of a region into the window, at offset 64 KiB.
+//! // Rank 0 writes 4 KiB of a region into the window, at offset 64 KiB, then records
+//! // notification 0 of the channel's far end.
 //! let stream = rank0.create_stream()?;
 //! let thread = rank0.acquire_comm_thread(&stream)?;
 //! let mut src = rank0.alloc_device(4096)?;
 //! rank0.copy_from_host(&mut src, 0, &[7u8; 4096])?;
 //! rank0.write_remote(&thread, &far, 64 << 10, &src, 0, 4096)?;
 //! drop(src); // safe: its memory is reused only after the stream has passed the write
-//! stream.synchronize()?;
+//! sim.notify_record_on_thread(thread.handle(), channel, 0)?;
+//!
+//! // Rank 1's stream waits for the notification (0 ms: for ever), then copies.
+//! let stream1 = rank1.create_stream()?;
+//! let thread1 = rank1.acquire_comm_thread(&stream1)?;
+//! let back = sim.acquire_channel(1, 0)?;
+//! sim.notify_wait_on_thread(thread1.handle(), back, 0, 0)?;
+//! let mut copy = rank1.alloc_device(4096)?;
+//! rank1.copy_async(&mut copy, 0, &window, 64 << 10, 4096, &stream1)?;
+//! stream1.synchronize()?;
 //!
 //! let mut seen = [0u8; 4096];
-//! rank1.copy_to_host(&window, 64 << 10, &mut seen)?;
+//! rank1.copy_to_host(&copy, 0, &mut seen)?;
 //! assert_eq!(seen, [7u8; 4096]);
 //! # Ok::<(), ascend_pool::Error>(())
 //! ```
@@ -153,7 +167,8 @@ impl Pool {
     /// `dst_offset`, on `thread` (`HcommWriteOnThread`), and returns at once.
     ///
     /// `src` is recorded on the thread's stream, so dropping it before the write has run
-    /// is safe. The far end learns of the write through the communicator's notifications.
+    /// is safe. The far end learns of the write through the communicator's notifications
+    /// (on the simulator, [`SimSource::notify_record_on_thread`]).
     ///
     /// # Errors
     /// - [`Error::OutOfBounds`] when either range leaves its region or window, or `len`

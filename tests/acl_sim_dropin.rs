@@ -256,6 +256,17 @@ fn the_drop_in_exports_virtual_memory_sharing_and_mbuf() {
     ] {
         assert!(acl.supports(func), "{func}");
     }
+    // What the library never calls, for applications written against HCOMM.
+    // SAFETY: the drop-in; loading it again only takes another reference.
+    let lib = unsafe { libloading::Library::new(dropin()) }.unwrap();
+    for func in [
+        "HcommChannelNotifyRecordOnThread",
+        "HcommChannelNotifyWaitOnThread",
+    ] {
+        // SAFETY: only looked up, never called.
+        let found = unsafe { lib.get::<unsafe extern "C" fn()>(func.as_bytes()) };
+        assert!(found.is_ok(), "{func}");
+    }
 }
 
 /// Sets up the communicator of the drop-in at `lib` with its own `ascendSim*` functions, which

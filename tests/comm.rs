@@ -330,3 +330,174 @@ fn windows_follow_hccl_registration_rules() {
     drop(w);
     t.intact();
 }
+
+/// The `HcclResult` (or AscendCL code) and function of a refusal.
+fn refused(e: Error) -> (&'static str, i32) {
+    match e {
+        Error::Runtime { func, code } => (func, code.0),
+        other => panic!("expected a runtime refusal, got {other:?}"),
+    }
+}
+
+/// The seed's pattern: rank 0 writes and then records a notification; rank 1's stream
+/// waits for it and then copies what was written. Rank 0's stream is held, so without the
+/// wait rank 1's copy would run first and read a window still empty.
+#[test]
+fn a_wait_holds_the_far_ends_stream_until_the_record_behind_the_write() {
+    let t = ranks();
+    let (window, far) = t.window(WINDOW_GRANULE);
+    let (s0, s1) = (
+        t.rank0.create_stream().unwrap(),
+        t.rank1.create_stream().unwrap(),
+    );
+    let th0 = t.rank0.acquire_comm_thread(&s0).unwrap();
+    let th1 = t.rank1.acquire_comm_thread(&s1).unwrap();
+    let back = t.sim.acquire_channel(1, 0).unwrap();
+    let src = t.filled(256 * KIB, 0x5A);
+    let mut copy = t.rank1.alloc_device(256 * KIB).unwrap();
+
+    let hold = t.sim.hold_stream(s0.handle()).unwrap();
+    t.rank0
+        .write_remote(&th0, &far, 0, &src, 0, 256 * KIB)
+        .unwrap();
+    t.sim
+        .notify_record_on_thread(th0.handle(), far.channel(), 2)
+        .unwrap();
+    t.sim
+        .notify_wait_on_thread(th1.handle(), back, 2, 0)
+        .unwrap();
+    t.rank1
+        .copy_async(&mut copy, 0, &window, 0, 256 * KIB, &s1)
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    assert_eq!(
+        t.sim.pending_ops(s1.handle()).unwrap(),
+        2,
+        "the wait let the copy run"
+    );
+    hold.release();
+    s1.synchronize().unwrap();
+    assert!(read(&t.rank1, &copy, 0, 256 * KIB)
+        .iter()
+        .all(|&x| x == 0x5A));
+    s0.synchronize().unwrap();
+    drop((src, copy, window));
+    t.intact();
+}
+
+/// Each record lets one wait through; a wait no record answers fails the stream's task
+/// after its timeout, and the next synchronize (only that one) says so.
+#[test]
+fn a_wait_no_record_answers_times_out_and_the_next_synchronize_reports_it() {
+    let t = ranks();
+    let (s0, s1) = (
+        t.rank0.create_stream().unwrap(),
+        t.rank1.create_stream().unwrap(),
+    );
+    let th0 = t.rank0.acquire_comm_thread(&s0).unwrap();
+    let th1 = t.rank1.acquire_comm_thread(&s1).unwrap();
+    let (fwd, back) = (
+        t.sim.acquire_channel(0, 1).unwrap(),
+        t.sim.acquire_channel(1, 0).unwrap(),
+    );
+    // Recorded before anyone waits: the record waits for its wait.
+    t.sim.notify_record_on_thread(th0.handle(), fwd, 0).unwrap();
+    s0.synchronize().unwrap();
+    t.sim
+        .notify_wait_on_thread(th1.handle(), back, 0, 0)
+        .unwrap();
+    s1.synchronize().unwrap();
+    // That record is used up: the next wait times out.
+    let started = std::time::Instant::now();
+    t.sim
+        .notify_wait_on_thread(th1.handle(), back, 0, 30)
+        .unwrap();
+    let e = s1.synchronize().unwrap_err();
+    assert!(started.elapsed() >= std::time::Duration::from_millis(30));
+    assert_eq!(
+        refused(e),
+        ("aclrtSynchronizeStream", AclError::RT_FAILURE.0)
+    );
+    s1.synchronize().unwrap();
+    // Another index, and the other direction, are other notifications.
+    t.sim.notify_record_on_thread(th0.handle(), fwd, 1).unwrap();
+    t.sim
+        .notify_wait_on_thread(th0.handle(), fwd, 1, 30)
+        .unwrap();
+    assert!(s0.synchronize().is_err());
+    t.sim
+        .notify_wait_on_thread(th1.handle(), back, 1, 0)
+        .unwrap();
+    s1.synchronize().unwrap();
+    // A device's synchronize reports a failed task of any of its streams, instead of the
+    // stream's own.
+    t.sim
+        .notify_wait_on_thread(th1.handle(), back, 5, 1)
+        .unwrap();
+    assert_eq!(
+        refused(t.sim.synchronize_device(1).unwrap_err()),
+        ("aclrtSynchronizeDevice", AclError::RT_FAILURE.0)
+    );
+    s1.synchronize().unwrap();
+    t.sim.synchronize_device(1).unwrap();
+    t.intact();
+}
+
+/// A wait for ever on a stream that is then destroyed gives up instead of hanging.
+#[test]
+fn a_wait_for_ever_gives_up_when_its_stream_is_destroyed() {
+    let t = ranks();
+    let s1 = t.sim.create_stream(1).unwrap();
+    let th1 = t.sim.acquire_comm_thread(s1).unwrap();
+    let back = t.sim.acquire_channel(1, 0).unwrap();
+    t.sim.notify_wait_on_thread(th1, back, 3, 0).unwrap();
+    assert_eq!(t.sim.pending_ops(s1).unwrap(), 1);
+    t.sim.destroy_stream(s1).unwrap();
+    // The thread's stream is gone.
+    assert_eq!(
+        refused(t.sim.notify_record_on_thread(th1, back, 3).unwrap_err()),
+        (
+            "HcommChannelNotifyRecordOnThread",
+            AclError::HCCL_E_NOT_FOUND.0
+        )
+    );
+}
+
+#[test]
+fn notifications_refuse_unknown_handles_indices_and_devices() {
+    let t = ranks();
+    let s0 = t.rank0.create_stream().unwrap();
+    let th0 = t.rank0.acquire_comm_thread(&s0).unwrap().handle();
+    let fwd = t.sim.acquire_channel(0, 1).unwrap();
+    let two = t.sim.acquire_channel_with(0, 1, 2).unwrap();
+    let back = t.sim.acquire_channel(1, 0).unwrap();
+    let (record, wait) = (
+        "HcommChannelNotifyRecordOnThread",
+        "HcommChannelNotifyWaitOnThread",
+    );
+    let para = AclError::HCCL_E_PARA.0;
+    let not_found = AclError::HCCL_E_NOT_FOUND.0;
+    let r = |th, ch, i| refused(t.sim.notify_record_on_thread(th, ch, i).unwrap_err());
+    let w = |th, ch, i| refused(t.sim.notify_wait_on_thread(th, ch, i, 10).unwrap_err());
+    assert_eq!(r(CommThreadHandle(999), fwd, 0), (record, not_found));
+    assert_eq!(w(th0, ChannelHandle(999), 0), (wait, not_found));
+    let last = ascend_pool::source::sim::CHANNEL_NOTIFIES - 1;
+    assert_eq!(r(th0, fwd, last + 1), (record, para));
+    assert_eq!(w(th0, two, 2), (wait, para));
+    // A channel from rank 1 used by a thread of rank 0.
+    assert_eq!(r(th0, back, 0), (record, para));
+    assert_eq!(w(th0, back, 0), (wait, para));
+    // Planned faults fail the call itself.
+    t.sim.inject_fault(Fault::next(
+        AclFunc::ChannelNotifyWaitOnThread,
+        AclError::HCCL_E_PTR,
+        1,
+    ));
+    assert_eq!(w(th0, fwd, 0), (wait, AclError::HCCL_E_PTR.0));
+    // None of them queued anything.
+    assert_eq!(t.sim.pending_ops(s0.handle()).unwrap(), 0);
+    t.sim.notify_record_on_thread(th0, two, 1).unwrap();
+    t.sim.notify_record_on_thread(th0, fwd, last).unwrap();
+    s0.synchronize().unwrap();
+    t.intact();
+}

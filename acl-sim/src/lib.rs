@@ -10,7 +10,8 @@
 //! `aclrtMemImportFromShareableHandle`, `aclrtMemSetPidToShareableHandle`,
 //! `aclrtDeviceGetBareTgid`: real processes, see the simulator's `share` module) and
 //! shared buffers (`acltdt*Buf*`, on the current device). It also exports HCOMM's
-//! `HcommWriteOnThread`, over the simulator's communicator of one rank per device, and three
+//! `HcommWriteOnThread` and the channels' notifications (`HcommChannelNotifyRecordOnThread`,
+//! `HcommChannelNotifyWaitOnThread`), over the simulator's communicator of one rank per device, and three
 //! functions of its own to set that communicator up (`ascendSimAcquireThread`,
 //! `ascendSimAcquireChannel`, `ascendSimRegisterWindow`), which no real library has.
 //!
@@ -907,6 +908,45 @@ pub unsafe extern "C" fn HcommWriteOnThread(
                 len,
             )
         })
+    }))
+}
+
+/// `HcommChannelNotifyRecordOnThread`: queues on `thread`'s stream the record of notification
+/// `remote_notify_idx` of the far end of `channel`. An `HcclResult` (see
+/// `SimSource::notify_record_on_thread`).
+#[no_mangle]
+pub extern "C" fn HcommChannelNotifyRecordOnThread(
+    thread: u64,
+    channel: u64,
+    remote_notify_idx: u32,
+) -> i32 {
+    hccl_code(run(|s| {
+        acl(s.sim.notify_record_on_thread(
+            CommThreadHandle(thread),
+            ChannelHandle(channel),
+            remote_notify_idx,
+        ))
+    }))
+}
+
+/// `HcommChannelNotifyWaitOnThread`: queues on `thread`'s stream a wait for notification
+/// `local_notify_idx` of `channel`, for at most `timeout` ms (0: for ever); a wait that
+/// times out fails the stream's next `aclrtSynchronizeStream`. An `HcclResult` (see
+/// `SimSource::notify_wait_on_thread`).
+#[no_mangle]
+pub extern "C" fn HcommChannelNotifyWaitOnThread(
+    thread: u64,
+    channel: u64,
+    local_notify_idx: u32,
+    timeout: u32,
+) -> i32 {
+    hccl_code(run(|s| {
+        acl(s.sim.notify_wait_on_thread(
+            CommThreadHandle(thread),
+            ChannelHandle(channel),
+            local_notify_idx,
+            timeout,
+        ))
     }))
 }
 

@@ -4,16 +4,22 @@
 //! then (so writes queue up behind freed regions and new ones are made meanwhile), windows are
 //! deregistered and registered again, and the runtime refuses a write now and then.
 //!
+//! Notifications go alongside: rank 0 records them after its writes, rank 1's stream waits
+//! for them (only for one a record already queued will answer, so no wait is left hanging),
+//! and a wait no record can answer times out.
+//!
 //! Every call answers what a shadow model predicts: out-of-bounds ranges and host sources are
 //! refused by the pool, writes into a deregistered window and planned faults by the runtime,
-//! and a refused write changes nothing. After each synchronization the windows hold exactly
-//! the shadow's bytes: a source region whose memory were reused before its queued write ran
-//! would show as other bytes there. At the end both pools are valid and hold nothing.
+//! notification indices past the channel's by the runtime, and a refused write changes
+//! nothing. After each synchronization the windows hold exactly the shadow's bytes: a source
+//! region whose memory were reused before its queued write ran would show as other bytes
+//! there. Rank 1's stream then passes every wait, and a wait that timed out is reported by
+//! exactly one synchronize. At the end both pools are valid and hold nothing.
 #![no_main]
 
 use arbitrary::Arbitrary;
 use ascend_pool::comm::{RemoteWindow, WINDOW_GRANULE};
-use ascend_pool::source::sim::{AclFunc, Fault, SimConfig, SimSource};
+use ascend_pool::source::sim::{AclFunc, Fault, SimConfig, SimSource, CHANNEL_NOTIFIES};
 use ascend_pool::{AclError, DeviceRegion, Error, HostRegion, Pool, PoolConfig, Region};
 use libfuzzer_sys::fuzz_target;
 use std::sync::Arc;
@@ -68,6 +74,23 @@ enum Op {
         window: u8,
     },
     Fault,
+    /// Rank 0 records notification `index` (past the channel's at times).
+    Record {
+        index: u8,
+    },
+    /// Rank 1's stream waits for notification `index`, if a queued record will answer it.
+    Wait {
+        index: u8,
+    },
+    /// Rank 1 waits for notification `index` with a timeout when nothing can answer it.
+    TimedOut {
+        index: u8,
+    },
+}
+
+/// A notification index: mostly valid, past the channel's now and then.
+fn notify_index(index: u8) -> u32 {
+    u32::from(index) % (CHANNEL_NOTIFIES + 2)
 }
 
 struct Source {
@@ -113,6 +136,13 @@ fuzz_target!(|ops: Vec<Op>| {
     let mut registered = [true; WINDOWS];
     let stream = rank0.create_stream().expect("a stream");
     let thread = rank0.acquire_comm_thread(&stream).expect("a thread");
+    let stream1 = rank1.create_stream().expect("rank 1's stream");
+    let thread1 = rank1
+        .acquire_comm_thread(&stream1)
+        .expect("rank 1's thread");
+    let back = sim.acquire_channel(1, 0).expect("the channel back");
+    // Records queued less waits queued, per index: what later waits can still take.
+    let mut available = vec![0u64; CHANNEL_NOTIFIES as usize];
     let mut sources: Vec<Source> = Vec::new();
     let mut hold = None;
     let mut fault_armed = false;
@@ -194,6 +224,9 @@ fuzz_target!(|ops: Vec<Op>| {
             Op::Sync => {
                 drop(hold.take());
                 stream.synchronize().expect("synchronize");
+                stream1
+                    .synchronize()
+                    .expect("every wait of rank 1 answered");
                 for (w, window) in windows.iter().enumerate() {
                     assert!(
                         window_bytes(&rank1, window) == shadow[w],
@@ -212,6 +245,55 @@ fuzz_target!(|ops: Vec<Op>| {
                 }
                 registered[w] = !registered[w];
             }
+            Op::Record { index } => {
+                let i = notify_index(index);
+                let got = sim.notify_record_on_thread(thread.handle(), channel, i);
+                if i >= CHANNEL_NOTIFIES {
+                    assert!(
+                        matches!(got, Err(Error::Runtime { code, .. }) if code == AclError::HCCL_E_PARA),
+                        "{got:?}"
+                    );
+                } else {
+                    got.expect("a record");
+                    available[i as usize] += 1;
+                }
+            }
+            Op::Wait { index } => {
+                let i = notify_index(index);
+                if i < CHANNEL_NOTIFIES && available[i as usize] == 0 {
+                    continue;
+                }
+                let got = sim.notify_wait_on_thread(thread1.handle(), back, i, 0);
+                if i >= CHANNEL_NOTIFIES {
+                    assert!(
+                        matches!(got, Err(Error::Runtime { code, .. }) if code == AclError::HCCL_E_PARA),
+                        "{got:?}"
+                    );
+                } else {
+                    got.expect("a wait");
+                    available[i as usize] -= 1;
+                }
+            }
+            Op::TimedOut { index } => {
+                let i = notify_index(index) % CHANNEL_NOTIFIES;
+                // Every record already queued runs and is taken by rank 1's waits first.
+                drop(hold.take());
+                stream.synchronize().expect("synchronize");
+                stream1
+                    .synchronize()
+                    .expect("every wait of rank 1 answered");
+                if available[i as usize] > 0 {
+                    continue;
+                }
+                sim.notify_wait_on_thread(thread1.handle(), back, i, 1)
+                    .expect("a wait");
+                let got = stream1.synchronize();
+                assert!(
+                    matches!(got, Err(Error::Runtime { code, .. }) if code == AclError::RT_FAILURE),
+                    "{got:?}"
+                );
+                stream1.synchronize().expect("reported once");
+            }
             Op::Fault => {
                 if !fault_armed {
                     sim.inject_fault(Fault::next(AclFunc::WriteOnThread, AclError::HCCL_E_PTR, 1));
@@ -224,6 +306,9 @@ fuzz_target!(|ops: Vec<Op>| {
     drop(hold.take());
     drop(sources);
     stream.synchronize().expect("synchronize");
+    stream1
+        .synchronize()
+        .expect("every wait of rank 1 answered");
     for (w, window) in windows.iter().enumerate() {
         assert!(
             window_bytes(&rank1, window) == shadow[w],

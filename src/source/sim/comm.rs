@@ -1,4 +1,5 @@
-//! One-sided communication between ranks: HCOMM's `HcommWriteOnThread`, simulated.
+//! One-sided communication between ranks: HCOMM's `HcommWriteOnThread` and the channels'
+//! notifications, simulated.
 //!
 //! Every simulated device is a rank of one communicator, so a pipeline can develop its
 //! one-sided writes with all its ranks in one process, a pool per device:
@@ -10,16 +11,26 @@
 //! - [`BlockSource::acquire_comm_thread`] gives a thread whose work runs on a stream;
 //! - [`BlockSource::write_on_thread`] queues the write on that stream, checked like the
 //!   runtime checks a copy: the whole source range in live device memory of the thread's
-//!   device, the whole destination inside one window of the channel's far end.
+//!   device, the whole destination inside one window of the channel's far end;
+//! - [`SimSource::notify_record_on_thread`] and [`SimSource::notify_wait_on_thread`] are
+//!   the channels' notifications (`HcommChannelNotifyRecordOnThread`,
+//!   `HcommChannelNotifyWaitOnThread`), queued on a thread's stream like the writes: the
+//!   record sets notification `i` of the far end's channel back to this rank, and a wait on
+//!   notification `i` of a channel holds the thread's stream until the far end has recorded
+//!   it (each record lets one wait through), or fails the stream's task after the timeout.
+//!   A rank writes, then records; the far end waits, then reads what was written.
 //!
 //! Refusals are [`Error::Runtime`] with an `HcclResult` code: `HCCL_E_PARA` for a range,
-//! device or length the call refuses, `HCCL_E_NOT_FOUND` for an unknown thread, channel or
-//! window. Notifications (`HcommChannelNotifyRecordOnThread` and the waits) are not
-//! simulated: ranks in one process order their work with the streams' events.
+//! device, length or notification index the call refuses, `HCCL_E_NOT_FOUND` for an
+//! unknown thread, channel or window. A wait that times out makes the stream's next
+//! `aclrtSynchronizeStream` fail with `ACL_ERROR_RT_FAILURE`, once.
 
 use std::collections::{BTreeMap, HashMap};
 
-use super::stream::Op;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::stream::{Notify, Op};
 use super::{lock, AclFunc, SimSource};
 use crate::error::{AclError, Error, Result};
 use crate::source::{ChannelHandle, CommThreadHandle, DeviceId, StreamHandle};
@@ -27,13 +38,31 @@ use crate::source::{ChannelHandle, CommThreadHandle, DeviceId, StreamHandle};
 /// The granule HCCL registers memory in: a window's start and length are multiples of it.
 pub const WINDOW_GRANULE: u64 = 2 << 20;
 
+/// Notifications each way of a channel [`SimSource::acquire_channel`] opens. HCCL takes the
+/// number in each channel's description (`notifyNum`); this is the simulator's choice for a
+/// channel opened without one ([`SimSource::acquire_channel_with`] takes one).
+pub const CHANNEL_NOTIFIES: u32 = 8;
+
+/// A channel's ends and its notifications each way.
+#[derive(Debug, Clone, Copy)]
+struct Channel {
+    local: DeviceId,
+    remote: DeviceId,
+    /// Valid notification indices are `0..notifies`.
+    notifies: u32,
+}
+
 /// Threads, channels and windows of the simulated communicator.
 #[derive(Debug, Default)]
 pub(super) struct CommState {
     /// Each thread's stream. Ids are never reused, so a stale handle stays unknown.
     threads: HashMap<u64, StreamHandle>,
-    /// Each channel's two ranks, `(local, remote)`.
-    channels: HashMap<u64, (DeviceId, DeviceId)>,
+    /// Each channel, by id.
+    channels: HashMap<u64, Channel>,
+    /// Notifications by `(receiving rank, sending rank, index)`: a record through a
+    /// channel from `a` to `b` and a wait through a channel from `b` to `a` meet at
+    /// `(b, a, index)`. Made when first used.
+    notifies: HashMap<(DeviceId, DeviceId, u32), Arc<Notify>>,
     /// Registered windows by start address: `(device, len)`. Windows never overlap.
     windows: BTreeMap<usize, (DeviceId, u64)>,
     /// Last thread or channel id handed out (0 is never one).
@@ -115,16 +144,33 @@ impl SimSource {
     }
 
     /// A channel from rank `local` to rank `remote` (two simulated devices), as
-    /// `HcclChannelAcquire` opens one. Refused (`HCCL_E_PARA`) for a device the simulator
-    /// lacks or a channel from a rank to itself.
+    /// `HcclChannelAcquire` opens one, with [`CHANNEL_NOTIFIES`] notifications each way.
+    /// Refused (`HCCL_E_PARA`) for a device the simulator lacks or a channel from a rank to
+    /// itself.
     pub fn acquire_channel(&self, local: DeviceId, remote: DeviceId) -> Result<ChannelHandle> {
+        self.acquire_channel_with(local, remote, CHANNEL_NOTIFIES)
+    }
+
+    /// [`acquire_channel`](Self::acquire_channel) with `notifies` notifications each way
+    /// (the `notifyNum` of HCCL's channel description): indices `0..notifies`.
+    pub fn acquire_channel_with(
+        &self,
+        local: DeviceId,
+        remote: DeviceId,
+        notifies: u32,
+    ) -> Result<ChannelHandle> {
         self.call(AclFunc::ChannelAcquire, || {
             if !self.valid_device(local) || !self.valid_device(remote) || local == remote {
                 return Err(AclError::HCCL_E_PARA);
             }
             let mut comm = lock(&self.comm);
             let id = comm.next_id();
-            comm.channels.insert(id, (local, remote));
+            let channel = Channel {
+                local,
+                remote,
+                notifies,
+            };
+            comm.channels.insert(id, channel);
             Ok(ChannelHandle(id))
         })
     }
@@ -134,10 +180,14 @@ impl SimSource {
     /// (`HCCL_E_NOT_FOUND`) for a channel this simulator did not open.
     pub fn channel_windows(&self, channel: ChannelHandle) -> Result<Vec<(usize, u64)>> {
         let comm = lock(&self.comm);
-        let &(_, remote) = comm.channels.get(&channel.0).ok_or(Error::Runtime {
-            func: "HcclChannelGetHcclBuffer",
-            code: AclError::HCCL_E_NOT_FOUND,
-        })?;
+        let remote = comm
+            .channels
+            .get(&channel.0)
+            .ok_or(Error::Runtime {
+                func: "HcclChannelGetHcclBuffer",
+                code: AclError::HCCL_E_NOT_FOUND,
+            })?
+            .remote;
         Ok(comm
             .windows
             .iter()
@@ -170,7 +220,7 @@ impl SimSource {
             if dst == 0 || src == 0 {
                 return Err(AclError::HCCL_E_PTR);
             }
-            let (stream, (local, remote), in_window) = {
+            let (stream, Channel { local, remote, .. }, in_window) = {
                 let comm = lock(&self.comm);
                 let stream = *comm
                     .threads
@@ -180,7 +230,7 @@ impl SimSource {
                     .channels
                     .get(&channel.0)
                     .ok_or(AclError::HCCL_E_NOT_FOUND)?;
-                (stream, ends, comm.in_window(ends.1, dst, len))
+                (stream, ends, comm.in_window(ends.remote, dst, len))
             };
             // A thread whose stream is gone has nowhere to run.
             let s = self
@@ -211,5 +261,100 @@ impl SimSource {
             };
             s.push(op).then_some(()).ok_or(AclError::HCCL_E_NOT_FOUND)
         })
+    }
+
+    /// `HcommChannelNotifyRecordOnThread`: queues on `thread`'s stream the record of
+    /// notification `index` of the far end of `channel` (what the far end's wait on its
+    /// channel back to this rank takes). Returns once queued.
+    ///
+    /// # Errors
+    /// [`Error::Runtime`] with `HCCL_E_NOT_FOUND` for an unknown thread or channel, or a
+    /// thread whose stream is gone; `HCCL_E_PARA` for an index not below the channel's
+    /// notifications, or a thread on another device than the channel's near end.
+    pub fn notify_record_on_thread(
+        &self,
+        thread: CommThreadHandle,
+        channel: ChannelHandle,
+        index: u32,
+    ) -> Result<()> {
+        self.call(AclFunc::ChannelNotifyRecordOnThread, || {
+            self.queue_notify(
+                thread,
+                channel,
+                index,
+                |c| (c.remote, c.local),
+                Op::NotifyRecord,
+            )
+        })
+    }
+
+    /// `HcommChannelNotifyWaitOnThread`: queues on `thread`'s stream a wait for notification
+    /// `index` of `channel`, which the far end records through its channel back to this rank.
+    /// The stream runs nothing after the wait until the record has come, and each record
+    /// lets one wait through. `timeout_ms` is HCCL's: 0 waits for ever; otherwise a wait
+    /// still unanswered after that many milliseconds fails, and the stream's next
+    /// synchronize reports `ACL_ERROR_RT_FAILURE` (the stream then runs on). A wait that
+    /// never ends gives up when its stream is destroyed. Returns once queued.
+    ///
+    /// # Errors
+    /// As [`notify_record_on_thread`](Self::notify_record_on_thread).
+    pub fn notify_wait_on_thread(
+        &self,
+        thread: CommThreadHandle,
+        channel: ChannelHandle,
+        index: u32,
+        timeout_ms: u32,
+    ) -> Result<()> {
+        let timeout = (timeout_ms > 0).then(|| Duration::from_millis(u64::from(timeout_ms)));
+        self.call(AclFunc::ChannelNotifyWaitOnThread, || {
+            self.queue_notify(
+                thread,
+                channel,
+                index,
+                |c| (c.local, c.remote),
+                |notify| Op::NotifyWait { notify, timeout },
+            )
+        })
+    }
+
+    /// Checks `thread`, `channel` and `index` as both notification calls do, and queues the
+    /// op `make` builds for the notification at `(receiver, sender, index)`, the two ranks
+    /// `ranks` picks from the channel.
+    fn queue_notify(
+        &self,
+        thread: CommThreadHandle,
+        channel: ChannelHandle,
+        index: u32,
+        ranks: impl FnOnce(&Channel) -> (DeviceId, DeviceId),
+        make: impl FnOnce(Arc<Notify>) -> Op,
+    ) -> std::result::Result<(), AclError> {
+        let (stream, c) = {
+            let comm = lock(&self.comm);
+            let stream = *comm
+                .threads
+                .get(&thread.0)
+                .ok_or(AclError::HCCL_E_NOT_FOUND)?;
+            let c = *comm
+                .channels
+                .get(&channel.0)
+                .ok_or(AclError::HCCL_E_NOT_FOUND)?;
+            (stream, c)
+        };
+        let s = self
+            .stream(stream)
+            .map_err(|_| AclError::HCCL_E_NOT_FOUND)?;
+        if index >= c.notifies || s.device() != c.local {
+            return Err(AclError::HCCL_E_PARA);
+        }
+        let (receiver, sender) = ranks(&c);
+        let notify = Arc::clone(
+            lock(&self.comm)
+                .notifies
+                .entry((receiver, sender, index))
+                .or_default(),
+        );
+        s.push(make(notify))
+            .then_some(())
+            .ok_or(AclError::HCCL_E_NOT_FOUND)
     }
 }

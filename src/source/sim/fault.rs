@@ -94,6 +94,10 @@ pub enum AclFunc {
     ChannelAcquire,
     /// `HcommWriteOnThread`.
     WriteOnThread,
+    /// `HcommChannelNotifyRecordOnThread`.
+    ChannelNotifyRecordOnThread,
+    /// `HcommChannelNotifyWaitOnThread`.
+    ChannelNotifyWaitOnThread,
 }
 
 impl AclFunc {
@@ -144,6 +148,8 @@ impl AclFunc {
             Self::ThreadAcquireWithStream => "HcclThreadAcquireWithStream",
             Self::ChannelAcquire => "HcclChannelAcquire",
             Self::WriteOnThread => "HcommWriteOnThread",
+            Self::ChannelNotifyRecordOnThread => "HcommChannelNotifyRecordOnThread",
+            Self::ChannelNotifyWaitOnThread => "HcommChannelNotifyWaitOnThread",
         }
     }
 

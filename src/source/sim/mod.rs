@@ -27,7 +27,8 @@
 //!   processes import only when whitelisted; see [`SimSource::export_to_shareable_handle`].
 //! - **Shared buffers** (`mbuf.rs`): `acltdtAllocBuf` and friends; see [`SimSource::alloc_buf`].
 //! - **One-sided writes** (`comm.rs`): every device a rank of one communicator, windows,
-//!   channels and `HcommWriteOnThread`; see [`SimSource::register_window`].
+//!   channels, `HcommWriteOnThread` and the channels' notifications; see
+//!   [`SimSource::register_window`] and [`SimSource::notify_wait_on_thread`].
 //! - **Observability**: [`SimSource::stats`] counts calls and failures per function and
 //!   live bytes per device and kind; [`SimSource::inject_fault`] makes chosen calls fail.
 //!
@@ -42,9 +43,9 @@
 //! | free with the right function but a [`Block`] whose kind, size or device differ from what was handed out | `ACL_ERROR_INVALID_PARAM` (100000) |
 //! | async device-to-device copy with an address not 64-aligned | `ACL_ERROR_RT_ADDR_UNALIGNED` (107008) |
 //! | unknown or destroyed stream or event | `ACL_ERROR_RT_INVALID_HANDLE` (107017) |
-//! | a stream worker thread cannot be started | `ACL_ERROR_RT_FAILURE` (500003) |
-//! | `HcommWriteOnThread` outside the far end's windows or the thread's device, of length 0; a channel from a rank to itself | `HCCL_E_PARA` (1, an `HcclResult`) |
-//! | `HcommWriteOnThread` with an unknown thread or channel, or a thread whose stream is gone | `HCCL_E_NOT_FOUND` (6) |
+//! | a stream worker thread cannot be started; `aclrtSynchronizeStream` after a notification wait on the stream timed out | `ACL_ERROR_RT_FAILURE` (500003) |
+//! | `HcommWriteOnThread` outside the far end's windows or the thread's device, of length 0; a channel from a rank to itself; a notification index not below the channel's, or a thread on another device than the channel's near end | `HCCL_E_PARA` (1, an `HcclResult`) |
+//! | `HcommWriteOnThread` or a notification with an unknown thread or channel, or a thread whose stream is gone | `HCCL_E_NOT_FOUND` (6) |
 //!
 //! Every error is an [`Error::Runtime`] whose `func` names the AscendCL function the call
 //! stands for (see [`AclFunc`]): `aclrtMalloc`, `aclrtMallocAlign32`, `aclrtMallocCached`,
@@ -73,7 +74,7 @@ mod stats;
 mod stream;
 mod vmm;
 
-pub use comm::WINDOW_GRANULE;
+pub use comm::{CHANNEL_NOTIFIES, WINDOW_GRANULE};
 pub use fault::{AclFunc, Fault, FaultTimes};
 pub use mbuf::{MbufHandle, USER_DATA_BYTES};
 pub use share::NOT_WHITELISTED;
@@ -616,7 +617,9 @@ impl SimSource {
         Ok(s.pending())
     }
 
-    /// Waits for every stream of `device` (`aclrtSynchronizeDevice`).
+    /// Waits for every stream of `device` (`aclrtSynchronizeDevice`). A task that failed on
+    /// any of them since its last synchronize (a notification wait that timed out) makes it
+    /// fail with `ACL_ERROR_RT_FAILURE`, and is reported only here.
     pub fn synchronize_device(&self, device: DeviceId) -> Result<()> {
         if !self.valid_device(device) {
             return Err(Error::Runtime {
@@ -629,8 +632,16 @@ impl SimSource {
             .filter(|s| s.device() == device)
             .cloned()
             .collect();
+        let mut faulted = false;
         for s in streams {
             s.synchronize();
+            faulted |= s.take_fault();
+        }
+        if faulted {
+            return Err(Error::Runtime {
+                func: "aclrtSynchronizeDevice",
+                code: AclError::RT_FAILURE,
+            });
         }
         Ok(())
     }
@@ -953,7 +964,13 @@ impl BlockSource for SimSource {
 
     fn synchronize_stream(&self, stream: StreamHandle) -> Result<()> {
         self.call(AclFunc::SynchronizeStream, || {
-            self.stream(stream)?.synchronize();
+            let s = self.stream(stream)?;
+            s.synchronize();
+            // A task that failed since the last synchronize (a notification wait that
+            // timed out), reported once.
+            if s.take_fault() {
+                return Err(AclError::RT_FAILURE);
+            }
             Ok(())
         })
     }

@@ -4,11 +4,14 @@
 //! records: `recorded` is the sequence number of the most recent `aclrtRecordEvent`,
 //! `completed` the highest record a worker has passed. The event is complete when
 //! `completed >= recorded` (so an event never recorded is complete).
+//!
+//! A [`Notify`] is HCCL's notification between ranks: a record lets one wait through. A wait
+//! that times out fails its stream's task, and the stream's next synchronize reports it.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::mapping::{copy_bytes, fill_bytes, Mapping};
 
@@ -45,10 +48,23 @@ pub(super) enum Op {
     Wait { event: Arc<Event>, seq: u64 },
     /// Waits until the gate is opened.
     Gate(Arc<Gate>),
+    /// Lets one wait on `notify` through (`HcommChannelNotifyRecordOnThread`).
+    NotifyRecord(Arc<Notify>),
+    /// Waits until `notify` has been recorded, and takes that record
+    /// (`HcommChannelNotifyWaitOnThread`); gives up after `timeout` (`None`: never), or
+    /// once the stream is closing.
+    NotifyWait {
+        notify: Arc<Notify>,
+        timeout: Option<Duration>,
+    },
 }
 
+/// How long a notification wait sleeps between looks at whether its stream is closing.
+const WAIT_SLICE: Duration = Duration::from_millis(20);
+
 impl Op {
-    fn run(self) {
+    /// Runs the op on `shared`'s worker; `false` when the task failed.
+    fn run(self, shared: &StreamShared) -> bool {
         match self {
             Op::Delay(d) => sleep(d),
             Op::Copy {
@@ -81,6 +97,52 @@ impl Op {
             Op::Record { event, seq } => event.complete(seq),
             Op::Wait { event, seq } => event.wait_for(seq),
             Op::Gate(gate) => gate.wait(),
+            Op::NotifyRecord(notify) => notify.record(),
+            Op::NotifyWait { notify, timeout } => {
+                let deadline = timeout.map(|t| Instant::now() + t);
+                return notify.wait(deadline, || lock(&shared.queue).closing);
+            }
+        }
+        true
+    }
+}
+
+/// A notification: records not yet waited for. A record lets exactly one wait through.
+#[derive(Debug, Default)]
+pub(super) struct Notify {
+    records: Mutex<u64>,
+    cv: Condvar,
+}
+
+impl Notify {
+    fn record(&self) {
+        *lock(&self.records) += 1;
+        self.cv.notify_all();
+    }
+
+    /// Takes one record, waiting for it until `deadline` (`None`: for ever) or until
+    /// `give_up` says so; `false` when none came.
+    fn wait(&self, deadline: Option<Instant>, give_up: impl Fn() -> bool) -> bool {
+        let mut records = lock(&self.records);
+        loop {
+            if *records > 0 {
+                *records -= 1;
+                return true;
+            }
+            let now = Instant::now();
+            let slice = match deadline {
+                Some(d) if d <= now => return false,
+                Some(d) => (d - now).min(WAIT_SLICE),
+                None => WAIT_SLICE,
+            };
+            records = self
+                .cv
+                .wait_timeout(records, slice)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+            if *records == 0 && give_up() {
+                return false;
+            }
         }
     }
 }
@@ -103,6 +165,8 @@ struct Queue {
     completed: u64,
     /// No more ops will come: the worker exits once `ops` is empty.
     closing: bool,
+    /// A task failed (a notification wait timed out) since the last [`Stream::take_fault`].
+    faulted: bool,
 }
 
 #[derive(Default)]
@@ -185,6 +249,12 @@ impl Stream {
         }
     }
 
+    /// Whether a task failed since the last call, which clears it: the runtime reports a
+    /// failed task once, to the synchronize after it.
+    pub(super) fn take_fault(&self) -> bool {
+        std::mem::take(&mut lock(&self.shared.queue).faulted)
+    }
+
     /// Ops queued or running.
     pub(super) fn pending(&self) -> u64 {
         let q = lock(&self.shared.queue);
@@ -227,8 +297,9 @@ fn worker_loop(shared: &StreamShared) {
                 q = shared.cv.wait(q).unwrap_or_else(PoisonError::into_inner);
             }
         };
-        op.run();
+        let ok = op.run(shared);
         let mut q = lock(&shared.queue);
+        q.faulted |= !ok;
         q.completed += 1;
         shared.cv.notify_all();
     }
