@@ -401,3 +401,28 @@ pub unsafe extern "C" fn ap_mapping_write(
 pub extern "C" fn ap_mapping_close(mapping: u64) -> Status {
     run(|| MAPPINGS.close(mapping, |m| Ok(with_mapping!(m, x => x.try_close())?)))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// In the process that opened an item, `with` reaches it and a close runs its closer
+    /// (in a child made by `fork` the close only forgets it: `tests/c/fork.c`).
+    #[test]
+    fn a_close_in_the_opening_process_closes() {
+        static OPENED: Opened<u32> = Opened::new(Failure::BadMapping);
+        let mut handle = 0u64;
+        OPENED.file(7, NonNull::from(&mut handle)).unwrap();
+        assert_eq!(OPENED.with(handle, |v| Ok(*v)).unwrap(), 7);
+        let mut closed = None;
+        OPENED
+            .close(handle, |v| {
+                closed = Some(*v);
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(closed, Some(7));
+        let gone = OPENED.with(handle, |v| Ok(*v));
+        assert!(matches!(gone, Err(Failure::BadMapping(h)) if h == handle));
+    }
+}
