@@ -69,12 +69,9 @@ impl Counters {
     }
 }
 
-fn runtime_err(e: Error) -> (&'static str, i32) {
-    match e {
-        Error::Runtime { func, code } => (func, code.0),
-        other => panic!("expected a runtime error, got {other:?}"),
-    }
-}
+#[path = "common/runtime.rs"]
+mod common_runtime;
+use common_runtime::refusal as runtime_err;
 
 #[test]
 fn wrong_path_is_a_load_error_naming_the_path() {

@@ -18,12 +18,9 @@ fn open() -> AclSource {
     AclSource::open(dropin()).expect("the drop-in loads")
 }
 
-fn code(e: Error) -> (&'static str, i32) {
-    match e {
-        Error::Runtime { func, code } => (func, code.0),
-        other => panic!("expected a runtime error, got {other:?}"),
-    }
-}
+#[path = "common/runtime.rs"]
+mod common_runtime;
+use common_runtime::refusal as code;
 
 #[test]
 fn every_kind_allocates_with_its_alignment() {

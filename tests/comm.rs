@@ -1,7 +1,8 @@
 //! One-sided writes between ranks (`Pool::write_remote`) on the simulator, every device a
 //! rank: bytes land where asked, a source region freed right after the call is not reused
 //! before the write has run, and every bad input is a typed error that leaves both pools
-//! valid and holding nothing.
+//! valid and holding nothing. The channels' notifications (the simulator's) order a write
+//! before the far rank's reads.
 
 use std::sync::Arc;
 
@@ -9,6 +10,10 @@ use ascend_pool::comm::{CommThread, RemoteWindow, WINDOW_GRANULE};
 use ascend_pool::source::sim::{AclFunc, Fault, SimConfig, SimSource};
 use ascend_pool::source::{BlockSource, ChannelHandle, CommThreadHandle};
 use ascend_pool::{AclError, DeviceRegion, Error, Pool, PoolConfig, Region};
+
+#[path = "common/runtime.rs"]
+mod common_runtime;
+use common_runtime::refusal as refused;
 
 const KIB: u64 = 1 << 10;
 
@@ -329,14 +334,6 @@ fn windows_follow_hccl_registration_rules() {
     assert!(t.sim.acquire_comm_thread(stream).is_err());
     drop(w);
     t.intact();
-}
-
-/// The `HcclResult` (or AscendCL code) and function of a refusal.
-fn refused(e: Error) -> (&'static str, i32) {
-    match e {
-        Error::Runtime { func, code } => (func, code.0),
-        other => panic!("expected a runtime refusal, got {other:?}"),
-    }
 }
 
 /// The seed's pattern: rank 0 writes and then records a notification; rank 1's stream

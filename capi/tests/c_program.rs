@@ -117,6 +117,22 @@ fn command_for(exe: &Path) -> Command {
     cmd
 }
 
+/// Runs `cmd`, the program `name`, which must exit 0 having printed "ok" and nothing on
+/// stderr.
+fn passes(name: &str, mut cmd: Command) {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("run the {name} program: {e}"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "{name} failed ({}):\n{stderr}",
+        out.status
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "ok\n");
+    assert!(stderr.is_empty(), "{name}:\n{stderr}");
+}
+
 /// The pipeline program.
 fn command() -> Command {
     static EXE: OnceLock<PathBuf> = OnceLock::new();
@@ -177,18 +193,9 @@ fn a_c_pipeline_runs_over_the_dropin_libascendcl() {
 #[test]
 fn one_sided_writes_from_c_over_the_dropin_libascendcl() {
     static EXE: OnceLock<PathBuf> = OnceLock::new();
-    let out = command_for(built("onesided", &EXE))
-        .env("ASCEND_POOL_ACL_LIB", common_dropin::dropin())
-        .output()
-        .expect("run the one-sided program");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "onesided failed ({}):\n{stderr}",
-        out.status
-    );
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "ok\n");
-    assert!(stderr.is_empty(), "onesided:\n{stderr}");
+    let mut cmd = command_for(built("onesided", &EXE));
+    cmd.env("ASCEND_POOL_ACL_LIB", common_dropin::dropin());
+    passes("onesided", cmd);
 }
 
 /// Children made by `fork` while two threads are inside calls on the parent's pools
@@ -199,17 +206,7 @@ fn one_sided_writes_from_c_over_the_dropin_libascendcl() {
 #[test]
 fn forked_children_refuse_the_parents_handles_and_make_pools_of_their_own() {
     static EXE: OnceLock<PathBuf> = OnceLock::new();
-    let out = command_for(built("fork", &EXE))
-        .output()
-        .expect("run the fork program");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "fork failed ({}):\n{stderr}",
-        out.status
-    );
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "ok\n");
-    assert!(stderr.is_empty(), "fork:\n{stderr}");
+    passes("fork", command_for(built("fork", &EXE)));
 }
 
 #[test]

@@ -88,6 +88,11 @@ enum Op {
     },
 }
 
+/// Whether `got` is the runtime's refusal with `code`.
+fn runtime_refused(got: &ascend_pool::Result<()>, code: AclError) -> bool {
+    matches!(got, Err(Error::Runtime { code: c, .. }) if *c == code)
+}
+
 /// A notification index: mostly valid, past the channel's now and then.
 fn notify_index(index: u8) -> u32 {
     u32::from(index) % (CHANNEL_NOTIFIES + 2)
@@ -200,15 +205,9 @@ fuzz_target!(|ops: Vec<Op>| {
                     assert!(matches!(got, Err(Error::WrongKind { .. })), "{got:?}");
                 } else if fault_armed {
                     fault_armed = false;
-                    assert!(
-                        matches!(got, Err(Error::Runtime { code, .. }) if code == AclError::HCCL_E_PTR),
-                        "{got:?}"
-                    );
+                    assert!(runtime_refused(&got, AclError::HCCL_E_PTR), "{got:?}");
                 } else if !registered[w] {
-                    assert!(
-                        matches!(got, Err(Error::Runtime { code, .. }) if code == AclError::HCCL_E_PARA),
-                        "{got:?}"
-                    );
+                    assert!(runtime_refused(&got, AclError::HCCL_E_PARA), "{got:?}");
                 } else {
                     got.expect("a write inside a registered window");
                     let d = dst_offset as usize;
@@ -249,10 +248,7 @@ fuzz_target!(|ops: Vec<Op>| {
                 let i = notify_index(index);
                 let got = sim.notify_record_on_thread(thread.handle(), channel, i);
                 if i >= CHANNEL_NOTIFIES {
-                    assert!(
-                        matches!(got, Err(Error::Runtime { code, .. }) if code == AclError::HCCL_E_PARA),
-                        "{got:?}"
-                    );
+                    assert!(runtime_refused(&got, AclError::HCCL_E_PARA), "{got:?}");
                 } else {
                     got.expect("a record");
                     available[i as usize] += 1;
@@ -265,10 +261,7 @@ fuzz_target!(|ops: Vec<Op>| {
                 }
                 let got = sim.notify_wait_on_thread(thread1.handle(), back, i, 0);
                 if i >= CHANNEL_NOTIFIES {
-                    assert!(
-                        matches!(got, Err(Error::Runtime { code, .. }) if code == AclError::HCCL_E_PARA),
-                        "{got:?}"
-                    );
+                    assert!(runtime_refused(&got, AclError::HCCL_E_PARA), "{got:?}");
                 } else {
                     got.expect("a wait");
                     available[i as usize] -= 1;
@@ -288,10 +281,7 @@ fuzz_target!(|ops: Vec<Op>| {
                 sim.notify_wait_on_thread(thread1.handle(), back, i, 1)
                     .expect("a wait");
                 let got = stream1.synchronize();
-                assert!(
-                    matches!(got, Err(Error::Runtime { code, .. }) if code == AclError::RT_FAILURE),
-                    "{got:?}"
-                );
+                assert!(runtime_refused(&got, AclError::RT_FAILURE), "{got:?}");
                 stream1.synchronize().expect("reported once");
             }
             Op::Fault => {

@@ -75,6 +75,21 @@ impl CommState {
         self.last_id
     }
 
+    /// The stream `thread` runs on and the channel `channel` names (`HCCL_E_NOT_FOUND` for
+    /// either unknown).
+    fn endpoints(
+        &self,
+        thread: CommThreadHandle,
+        channel: ChannelHandle,
+    ) -> std::result::Result<(StreamHandle, Channel), AclError> {
+        let stream = self.threads.get(&thread.0);
+        let channel = self.channels.get(&channel.0);
+        stream
+            .copied()
+            .zip(channel.copied())
+            .ok_or(AclError::HCCL_E_NOT_FOUND)
+    }
+
     /// Whether `addr..addr + len` lies inside one window registered by `device`.
     fn in_window(&self, device: DeviceId, addr: usize, len: u64) -> bool {
         let Some((&start, &(owner, wlen))) = self.windows.range(..=addr).next_back() else {
@@ -222,14 +237,7 @@ impl SimSource {
             }
             let (stream, Channel { local, remote, .. }, in_window) = {
                 let comm = lock(&self.comm);
-                let stream = *comm
-                    .threads
-                    .get(&thread.0)
-                    .ok_or(AclError::HCCL_E_NOT_FOUND)?;
-                let ends = *comm
-                    .channels
-                    .get(&channel.0)
-                    .ok_or(AclError::HCCL_E_NOT_FOUND)?;
+                let (stream, ends) = comm.endpoints(thread, channel)?;
                 (stream, ends, comm.in_window(ends.remote, dst, len))
             };
             // A thread whose stream is gone has nowhere to run.
@@ -328,18 +336,7 @@ impl SimSource {
         ranks: impl FnOnce(&Channel) -> (DeviceId, DeviceId),
         make: impl FnOnce(Arc<Notify>) -> Op,
     ) -> std::result::Result<(), AclError> {
-        let (stream, c) = {
-            let comm = lock(&self.comm);
-            let stream = *comm
-                .threads
-                .get(&thread.0)
-                .ok_or(AclError::HCCL_E_NOT_FOUND)?;
-            let c = *comm
-                .channels
-                .get(&channel.0)
-                .ok_or(AclError::HCCL_E_NOT_FOUND)?;
-            (stream, c)
-        };
+        let (stream, c) = lock(&self.comm).endpoints(thread, channel)?;
         let s = self
             .stream(stream)
             .map_err(|_| AclError::HCCL_E_NOT_FOUND)?;
