@@ -47,10 +47,12 @@ single="buddy_placement engine_props trace_replay"
 args() { for t in "$@"; do echo "--test=$t"; done; }
 without() { grep -vxF -f <(printf '%s\n' $2) <<<"$1" || true; }
 if [ "$kind" = thread ]; then
+  # die_after_fork=0: the forked children of `tests/fork.rs` and `fork.c` start threads of
+  # their own (streams, the export service), which ThreadSanitizer otherwise ends at once.
+  tsan="halt_on_error=0 die_after_fork=0 suppressions=$PWD/.ci/tsan.supp ${TSAN_OPTIONS:-}"
   # shellcheck disable=SC2046 # one suite name per word
-  TSAN_OPTIONS="halt_on_error=0 suppressions=$PWD/.ci/tsan.supp ${TSAN_OPTIONS:-}" \
-    test_suites --lib $(args $(without "$suites" "$single"))
-  TSAN_OPTIONS="halt_on_error=0 suppressions=$PWD/.ci/tsan.supp ${TSAN_OPTIONS:-}" capi_suites
+  TSAN_OPTIONS="$tsan" test_suites --lib $(args $(without "$suites" "$single"))
+  TSAN_OPTIONS="$tsan" capi_suites
 else
   # shellcheck disable=SC2046
   ASAN_OPTIONS="detect_leaks=1 ${ASAN_OPTIONS:-}" \

@@ -224,6 +224,10 @@ pub enum Error {
         /// How it was exported: to any process (`true`) or to whitelisted ones.
         any_process: bool,
     },
+    /// A pool or simulator made by the process this one was forked from: a child made by
+    /// `fork` has none of its parent's device context, streams or locks (see
+    /// [`fork`](crate::fork)). The child makes its own.
+    Forked,
 }
 
 impl std::fmt::Display for Error {
@@ -309,6 +313,10 @@ impl std::fmt::Display for Error {
                     "shareable handle {handle:#x} was exported {how}; its access cannot change"
                 )
             }
+            Self::Forked => write!(
+                f,
+                "made by the process this one was forked from; a forked child makes its own"
+            ),
         }
     }
 }

@@ -19,13 +19,15 @@
 //! - [`trace`] and [`peers`]: tools — allocation traces, a validating reader, a replay driver
 //!   (the whole pool on the simulator, or one range per kind), and other range allocators
 //!   behind the same replay trait for comparison; [`svg`]: pictures of a pool and a replay;
-//! - [`error`]: the typed errors every layer returns.
+//! - [`error`]: the typed errors every layer returns; [`fork`]: what a child made by `fork`
+//!   may use of its parent's.
 #![warn(missing_docs, missing_debug_implementations, rust_2018_idioms)]
 
 pub mod align;
 pub mod comm;
 pub mod engine;
 pub mod error;
+pub mod fork;
 pub mod kind;
 pub mod mbuf;
 pub mod peers;

@@ -448,8 +448,12 @@ impl<R: VmmRuntime> SharedMapping<R> {
 impl<R: VmmRuntime> Drop for SharedMapping<R> {
     fn drop(&mut self) {
         if self.holds_memory() {
-            if let Err(e) = self.try_close() {
-                eprintln!("ascend-pool: closing a shared mapping failed, memory left held: {e}");
+            match self.try_close() {
+                // The parent's mapping, in a child made by `fork`: nothing to close here.
+                Ok(()) | Err(Error::Forked) => {}
+                Err(e) => {
+                    eprintln!("ascend-pool: closing a shared mapping failed, memory left held: {e}")
+                }
             }
         }
     }

@@ -113,6 +113,9 @@ fn code_of(e: &Error) -> i32 {
         } => code.0,
         Error::OutOfMemory { .. } | Error::LimitExceeded { .. } => AclError::RT_MEMORY_ALLOCATION.0,
         Error::ForeignHandle | Error::AlreadyFreed => AclError::RT_INVALID_HANDLE.0,
+        // A child made by `fork` calling into its parent's runtime (the simulator's choice:
+        // the runtime documents no code for it).
+        Error::Forked => AclError::RT_FAILURE.0,
         _ => AclError::INTERNAL_ERROR.0,
     }
 }

@@ -333,6 +333,11 @@ pub(crate) struct PoolInner {
     /// Set when the [`Pool`] handle drops: no allocation can come any more, so frees
     /// bypass the thread caches and chunks can go back.
     closed: AtomicBool,
+    /// The fork generation the pool was made in. In a child made by `fork` the pool is its
+    /// parent's: every path that would take a lock, call the source or hand out memory
+    /// refuses there first (the thread-cache hit paths are reached only through
+    /// `LAST_CACHE`, which the fork cleared), and dropping frees nothing ([`crate::fork`]).
+    forks: u64,
     /// Neither `config.debug` nor a recorder: the hot paths test this one flag.
     plain: bool,
     /// Per kind: free segments of large recurring shapes, outside the kind lock (see
@@ -394,6 +399,13 @@ thread_local! {
     /// thread's other thread-locals are torn down.
     static LAST_CACHE: Cell<(u64, *const ThreadCache<OwnedSegment>)> =
         const { Cell::new(NO_LAST_CACHE) };
+}
+
+/// Clears this thread's `LAST_CACHE`: in a child made by `fork`, called by the forking thread
+/// (the child's only one), so that its next allocation or free checks the pool's generation.
+pub(crate) fn forget_last_cache() {
+    // `try_with`: the thread may be tearing its thread-locals down.
+    let _ = LAST_CACHE.try_with(|c| c.set(NO_LAST_CACHE));
 }
 
 /// `LAST_CACHE` naming no cache (pool ids count up from 0 and never reach `u64::MAX`).
@@ -529,6 +541,10 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// memory they need alive on their own, so dropping the pool while regions live is safe:
 /// it prints a leak report and the chunks go back when the last region does.
 ///
+/// In a child made by `fork` a pool of the parent's refuses every call with
+/// [`Error::Forked`], reports zero statistics and an empty snapshot, and dropping it (or its
+/// regions) frees nothing: see [`crate::fork`].
+///
 /// ```
 /// use ascend_pool::pool::{Pool, PoolConfig};
 /// use ascend_pool::source::sim::SimSource;
@@ -585,6 +601,7 @@ impl Pool {
                 caches: (config.thread_cache > 0).then(|| CacheRegistry::new(config.thread_cache)),
                 id: NEXT_POOL_ID.fetch_add(1, Ordering::Relaxed),
                 closed: AtomicBool::new(false),
+                forks: crate::fork::generation(),
                 me: Weak::clone(me),
                 plain: !config.debug && recorder.is_none(),
                 shapes: std::array::from_fn(|_| Default::default()),
@@ -618,6 +635,9 @@ impl Pool {
     /// into them count as
     /// allocations and frees. The peaks are those of `allocated_bytes + cached_bytes`.
     pub fn stats(&self, kind: MemKind) -> KindStats {
+        if self.inner.forked() {
+            return KindStats::new(kind);
+        }
         let k = self.inner.kinds[kind.index()].lock();
         self.inner.kind_stats(&k)
     }
@@ -631,6 +651,9 @@ impl Pool {
     /// Returns the bytes released.
     /// Thread caches are flushed first.
     pub fn trim(&self) -> u64 {
+        if self.inner.forked() {
+            return 0;
+        }
         let mut released = 0;
         for m in &self.inner.kinds {
             let mut k = m.lock();
@@ -649,6 +672,7 @@ impl Pool {
     /// pending (its memory is not handed out) and the first such error is returned, after
     /// every other free has been completed.
     pub fn synchronize(&self) -> Result<()> {
+        self.inner.ours()?;
         let mut first = None;
         for m in &self.inner.kinds {
             let mut k = m.lock();
@@ -666,6 +690,9 @@ impl Pool {
     /// Caches are also flushed when their thread exits, by [`trim`](Self::trim), and when
     /// an allocation would otherwise grow or fail.
     pub fn flush_thread_caches(&self) -> u64 {
+        if self.inner.forked() {
+            return 0;
+        }
         let mut flushed = 0;
         for m in &self.inner.kinds {
             let mut k = m.lock();
@@ -677,6 +704,7 @@ impl Pool {
     /// Checks every invariant of every kind's pool and chunk engine, and of the thread
     /// caches: each cached segment is live, not pending, held once, and counted right.
     pub fn validate(&self) -> Result<()> {
+        self.inner.ours()?;
         for m in &self.inner.kinds {
             let k = m.lock();
             k.validate()?;
@@ -723,6 +751,9 @@ impl Pool {
     /// in thread caches).
     pub fn leak_report(&self) -> Vec<SegmentInfo> {
         let mut out = Vec::new();
+        if self.inner.forked() {
+            return out;
+        }
         for m in &self.inner.kinds {
             let k = m.lock();
             let cached = self.inner.cached_keys(&k);
@@ -739,18 +770,23 @@ impl Pool {
     /// Writes out the trace being recorded ([`PoolConfig::record`]); the first write error
     /// since the pool was created, if any. Without recording, does nothing.
     pub fn flush_record(&self) -> Result<()> {
+        self.inner.ours()?;
         self.inner.recorder.as_ref().map_or(Ok(()), |r| r.flush())
     }
 
     /// Padding overruns found when regions were dropped; taking them clears the list.
     pub fn take_corruption_reports(&self) -> Vec<Error> {
+        if self.inner.forked() {
+            return Vec::new();
+        }
         std::mem::take(&mut *lock(&self.inner.corruption))
     }
 
     /// Every chunk and live segment, for a JSON dump or a picture.
     pub fn snapshot(&self) -> PoolSnapshot {
         let mut kinds = Vec::new();
-        for m in &self.inner.kinds {
+        let ours = !self.inner.forked();
+        for m in self.inner.kinds.iter().filter(|_| ours) {
             let k = m.lock();
             if k.stats.allocations == 0 && k.chunks.is_empty() {
                 continue;
@@ -802,6 +838,9 @@ impl Pool {
 
 impl Drop for Pool {
     fn drop(&mut self) {
+        if self.inner.forked() {
+            return;
+        }
         // No allocation can come any more: what the caches hold is free memory.
         self.inner.closed.store(true, Ordering::Release);
         // Shape slots closed for good (their segments freed): a free racing with this drop
@@ -846,6 +885,14 @@ impl Drop for PoolInner {
     /// The pool handle and the last region are gone: every chunk goes back to the source
     /// (once the streams its deferred frees wait on have passed them), and every event.
     fn drop(&mut self) {
+        if self.forked() {
+            // The parent's chunks are not this process's to give back, and a recorder's
+            // buffered lines are the parent's to write: keep both, and the source (which
+            // refuses here anyway) undropped.
+            std::mem::forget(self.recorder.take());
+            std::mem::forget(Arc::clone(&self.source));
+            return;
+        }
         for m in &mut self.kinds {
             let k = m.get_mut();
             // Chunks a stream may still write, that the runtime would not wait for.
@@ -961,6 +1008,21 @@ impl KindPool {
 }
 
 impl PoolInner {
+    /// Whether the pool is its parent's, in a child made by `fork`.
+    #[inline]
+    fn forked(&self) -> bool {
+        !crate::fork::ours(self.forks)
+    }
+
+    /// Refuses a call on the parent's pool in a child made by `fork`.
+    #[inline]
+    fn ours(&self) -> Result<()> {
+        if self.forked() {
+            return Err(Error::Forked);
+        }
+        Ok(())
+    }
+
     fn rule(&self, kind: MemKind, align: u64) -> Result<CarveRule> {
         Ok(CarveRule::new(self.padding(kind), align)?)
     }
@@ -1011,6 +1073,7 @@ impl PoolInner {
         align: u64,
         known: Option<u64>,
     ) -> Result<OwnedSegment> {
+        self.ours()?;
         if known.is_none() && self.slots_on {
             let key = shapes::shape_key(len, align);
             if let Some(c) =
@@ -1056,6 +1119,7 @@ impl PoolInner {
         align: u64,
         stream: StreamHandle,
     ) -> Result<(RawSegment, Arc<PoolInner>, Option<EventHandle>)> {
+        self.ours()?;
         let rule = self.rule(kind, align)?;
         rule.footprint(len)?;
         let mut k = self.kinds[kind.index()].lock();
@@ -1701,6 +1765,9 @@ impl PoolInner {
     }
 
     pub(crate) fn put_event(&self, ev: EventHandle) {
+        if self.forked() {
+            return;
+        }
         let mut idle = lock(&self.idle_events);
         if idle.len() < EVENT_POOL_MAX {
             idle.push(ev);
@@ -1770,6 +1837,10 @@ impl PoolInner {
     /// and the trace line (before the cache can hand the address out again).
     #[cold]
     fn before_cache_put(&self, seg: &RawSegment) -> Result<()> {
+        if self.forked() {
+            // The put below finds no cache and forgets the segment (`release_to_kind`).
+            return Ok(());
+        }
         if self.config.debug {
             self.check_canary(seg, None)?;
         }
@@ -1781,6 +1852,10 @@ impl PoolInner {
 
     /// The kind pool's free path.
     fn release_to_kind(&self, seg: &RawSegment, streams: &[StreamHandle]) -> Result<()> {
+        if self.forked() {
+            // The parent's segment: its region has let go, and nothing is given back.
+            return Ok(());
+        }
         let mut k = self.kinds[seg.kind.index()].lock();
         // The shape slots' segments were freed first: their engines take them first, so
         // the release threshold below sees every free byte.
@@ -2044,7 +2119,7 @@ impl PoolInner {
     #[cold]
     #[inline(never)]
     fn make_last_cache(&self) -> bool {
-        let Some(reg) = self.caches.as_ref() else {
+        let Some(reg) = self.caches.as_ref().filter(|_| !self.forked()) else {
             return false;
         };
         THREAD_CACHES
@@ -2156,6 +2231,9 @@ impl PoolInner {
     /// stays as short as it was.
     #[inline(never)]
     fn put_in_slot(owner: Arc<PoolInner>, raw: RawSegment) -> Result<()> {
+        if owner.forked() {
+            return Ok(());
+        }
         let key = shapes::shape_key(raw.len, raw.align());
         // Had every segment in the slots gone to its engine, the kind would have this many
         // free bytes: while they stay within the release threshold, no chunk would have
@@ -2220,7 +2298,7 @@ impl PoolInner {
     /// thread-locals: so it only settles segments in their engines, never calls the
     /// source; chunks it leaves empty go back on the next trim or release past the threshold.
     fn retire_cache(&self, cache: &ThreadCache<OwnedSegment>) {
-        let Some(reg) = &self.caches else {
+        let Some(reg) = self.caches.as_ref().filter(|_| !self.forked()) else {
             return;
         };
         let mut drained = Vec::new();

@@ -223,6 +223,10 @@ pub struct VmmSource<R: VmmRuntime> {
     /// Bytes per mapping, a multiple of the runtime's minimum granularity.
     granule: u64,
     state: Mutex<VmmState>,
+    /// The fork generation the reservation was made in: in a child made by `fork` the
+    /// source is its parent's, refuses every call before taking `state` (which a parent
+    /// thread may have held at the fork), and releases nothing on drop ([`crate::fork`]).
+    forks: u64,
 }
 
 impl<R: VmmRuntime> std::fmt::Debug for VmmSource<R> {
@@ -290,7 +294,17 @@ impl<R: VmmRuntime> VmmSource<R> {
             reserved,
             granule,
             state: Mutex::new(VmmState::default()),
+            forks: crate::fork::generation(),
         })
+    }
+
+    /// The block and extent maps; refused in a child made by `fork`.
+    fn state(&self) -> Result<MutexGuard<'_, VmmState>> {
+        if crate::fork::ours(self.forks) {
+            Ok(lock(&self.state))
+        } else {
+            Err(Error::Forked)
+        }
     }
 
     /// The runtime underneath.
@@ -315,7 +329,9 @@ impl<R: VmmRuntime> VmmSource<R> {
 
     /// Current counters.
     pub fn stats(&self) -> VmmStats {
-        let s = lock(&self.state);
+        let Ok(s) = self.state() else {
+            return VmmStats::default();
+        };
         VmmStats {
             blocks: s.blocks.len() as u64,
             extents: s.extents.len() as u64,
@@ -326,7 +342,7 @@ impl<R: VmmRuntime> VmmSource<R> {
 
     /// Checks the invariants of the block and extent maps.
     pub fn validate(&self) -> Result<()> {
-        let s = lock(&self.state);
+        let s = self.state()?;
         let bad = |m: String| Err(Error::Invalid(format!("{}: {m}", self.name)));
         let mut end = self.base;
         let mut covered = 0u64;
@@ -488,7 +504,7 @@ impl<R: VmmRuntime> VmmSource<R> {
         range: Option<(usize, u64)>,
         flags: u64,
     ) -> Result<Vec<(usize, u64, u64)>> {
-        let mut s = lock(&self.state);
+        let mut s = self.state()?;
         let (lo, hi) = match range {
             Some((addr, len)) => (addr, addr.saturating_add(len as usize)),
             None => (self.base, self.base + self.reserved as usize),
@@ -528,6 +544,9 @@ impl<R: VmmRuntime> VmmSource<R> {
 
 impl<R: VmmRuntime> Drop for VmmSource<R> {
     fn drop(&mut self) {
+        if !crate::fork::ours(self.forks) {
+            return;
+        }
         let s = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
         for (va, e) in std::mem::take(&mut s.extents) {
             for i in 0..e.len / self.granule {
@@ -569,7 +588,7 @@ impl<R: VmmRuntime + 'static> BlockSource for VmmSource<R> {
             "aclrtMallocPhysical",
             AclError::RT_MEMORY_ALLOCATION,
         ))?;
-        let mut s = lock(&self.state);
+        let mut s = self.state()?;
         let va = self.find_gap(&s, mapped).ok_or(runtime_error(
             "aclrtReserveMemAddress",
             AclError::RT_MEMORY_ALLOCATION,
@@ -588,7 +607,7 @@ impl<R: VmmRuntime + 'static> BlockSource for VmmSource<R> {
         if !is_virtual(block.kind) {
             return self.runtime.free_block(block);
         }
-        let mut s = lock(&self.state);
+        let mut s = self.state()?;
         self.known(&s, "aclrtUnmapMem", block)?;
         self.release_from(&mut s, block.addr, block.addr)?;
         s.blocks.remove(&block.addr);
@@ -599,7 +618,7 @@ impl<R: VmmRuntime + 'static> BlockSource for VmmSource<R> {
         if !is_virtual(block.kind) {
             return Ok(None);
         }
-        let mut s = lock(&self.state);
+        let mut s = self.state()?;
         let b = self.known(&s, "aclrtMapMem", block)?;
         let Some(size) = b.size.checked_add(additional) else {
             return Ok(None);
@@ -629,7 +648,7 @@ impl<R: VmmRuntime + 'static> BlockSource for VmmSource<R> {
         if !is_virtual(block.kind) || new_size >= block.size {
             return Ok(block);
         }
-        let mut s = lock(&self.state);
+        let mut s = self.state()?;
         let b = self.known(&s, "aclrtUnmapMem", block)?;
         if new_size == 0 {
             // A block of 0 bytes is nothing `alloc_block` hands out: freeing is the way.

@@ -207,6 +207,9 @@ pub struct AclSource {
     runtime_key: usize,
     /// What is live; never held across a runtime call that can block.
     live: Mutex<Live>,
+    /// The fork generation the library was loaded in: in a child made by `fork`, every call
+    /// is refused and nothing is freed on drop ([`crate::fork`]).
+    forks: u64,
 }
 
 impl std::fmt::Debug for AclSource {
@@ -310,6 +313,7 @@ impl AclSource {
             id: NEXT_SOURCE_ID.fetch_add(1, Ordering::Relaxed),
             runtime_key,
             live: Mutex::new(Live::default()),
+            forks: crate::fork::generation(),
         })
     }
 
@@ -345,9 +349,19 @@ impl AclSource {
     /// Calls `aclFinalize`. Only for a process that is done with AscendCL altogether: the
     /// runtime is process-wide, so every other user of it stops working too.
     pub fn finalize(&self) -> Result<()> {
-        let f = sym!(self.api, aclFinalize);
+        let f = sym!(self.api()?, aclFinalize);
         // SAFETY: `aclFinalize` takes no arguments.
         check("aclFinalize", unsafe { f() })
+    }
+
+    /// The library's functions; refused in a child made by `fork`, which has none of the
+    /// parent's device context.
+    fn api(&self) -> Result<&sys::AclApi> {
+        if crate::fork::ours(self.forks) {
+            Ok(&self.api)
+        } else {
+            Err(Error::Forked)
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Live> {
@@ -358,12 +372,13 @@ impl AclSource {
 
     /// Makes `device` current on the calling thread (`aclrtSetDevice`) unless it already is.
     pub fn use_device(&self, device: DeviceId) -> Result<()> {
+        self.api()?;
         let key = self.runtime_key;
         let current = CURRENT_DEVICE.with(|c| c.borrow().get(&key).copied());
         if current == Some((self.id, device)) {
             return Ok(());
         }
-        let f = sym!(self.api, aclrtSetDevice);
+        let f = sym!(self.api()?, aclrtSetDevice);
         // SAFETY: `aclrtSetDevice` takes a plain device id; a bad id is answered with a code.
         check("aclrtSetDevice", unsafe { f(device) })?;
         *self.lock().set_device_calls.entry(device).or_insert(0) += 1;
@@ -401,7 +416,7 @@ impl AclSource {
     /// Free and total bytes of the raw `aclrtMemAttr` class `attr` on `device`.
     pub fn mem_info_attr(&self, device: DeviceId, attr: u32) -> Result<(u64, u64)> {
         self.use_device(device)?;
-        let f = sym!(self.api, aclrtGetMemInfo);
+        let f = sym!(self.api()?, aclrtGetMemInfo);
         let (mut free, mut total) = (0usize, 0usize);
         // SAFETY: both out-pointers point at live locals.
         check("aclrtGetMemInfo", unsafe { f(attr, &mut free, &mut total) })?;
@@ -413,25 +428,25 @@ impl AclSource {
         let mut ptr: *mut c_void = std::ptr::null_mut();
         let (func, code, freer) = match kind {
             MemKind::Device(p) => {
-                let f = sym!(self.api, aclrtMalloc);
+                let f = sym!(self.api()?, aclrtMalloc);
                 // SAFETY: `ptr` is a live out-pointer; size and policy are plain values.
                 let code = unsafe { f(&mut ptr, size, p.raw()) };
                 ("aclrtMalloc", code, Freer::AclrtFree)
             }
             MemKind::DeviceAlign32(p) => {
-                let f = sym!(self.api, aclrtMallocAlign32);
+                let f = sym!(self.api()?, aclrtMallocAlign32);
                 // SAFETY: as for `aclrtMalloc`.
                 let code = unsafe { f(&mut ptr, size, p.raw()) };
                 ("aclrtMallocAlign32", code, Freer::AclrtFree)
             }
             MemKind::Cached(p) => {
-                let f = sym!(self.api, aclrtMallocCached);
+                let f = sym!(self.api()?, aclrtMallocCached);
                 // SAFETY: as for `aclrtMalloc`.
                 let code = unsafe { f(&mut ptr, size, p.raw()) };
                 ("aclrtMallocCached", code, Freer::AclrtFree)
             }
             MemKind::Host => {
-                let f = sym!(self.api, aclrtMallocHost);
+                let f = sym!(self.api()?, aclrtMallocHost);
                 // SAFETY: `ptr` is a live out-pointer.
                 let code = unsafe { f(&mut ptr, size) };
                 ("aclrtMallocHost", code, Freer::AclrtFreeHost)
@@ -487,12 +502,12 @@ impl AclSource {
         let ptr = addr as *mut c_void;
         let (func, code) = match freer {
             Freer::AclrtFree => {
-                let f = sym!(self.api, aclrtFree);
+                let f = sym!(self.api()?, aclrtFree);
                 // SAFETY: `ptr` came from the matching allocation call and was live in `Live`.
                 ("aclrtFree", unsafe { f(ptr) })
             }
             Freer::AclrtFreeHost => {
-                let f = sym!(self.api, aclrtFreeHost);
+                let f = sym!(self.api()?, aclrtFreeHost);
                 // SAFETY: as above, from `aclrtMallocHost`.
                 ("aclrtFreeHost", unsafe { f(ptr) })
             }
@@ -672,7 +687,7 @@ impl BlockSource for AclSource {
 
     fn create_stream(&self, device: DeviceId) -> Result<StreamHandle> {
         self.use_device(device)?;
-        let f = sym!(self.api, aclrtCreateStream);
+        let f = sym!(self.api()?, aclrtCreateStream);
         let mut stream: sys::aclrtStream = std::ptr::null_mut();
         // SAFETY: `stream` is a live out-pointer.
         check("aclrtCreateStream", unsafe { f(&mut stream) })?;
@@ -693,7 +708,7 @@ impl BlockSource for AclSource {
             // Another thread destroyed it meanwhile.
             return Err(refused("aclrtDestroyStream", AclError::RT_INVALID_HANDLE));
         }
-        let f = sym!(self.api, aclrtDestroyStream);
+        let f = sym!(self.api()?, aclrtDestroyStream);
         // SAFETY: `stream` was created by this runtime and is no longer tracked as live.
         let result = check("aclrtDestroyStream", unsafe {
             f(stream.0 as sys::aclrtStream)
@@ -707,7 +722,7 @@ impl BlockSource for AclSource {
     fn synchronize_stream(&self, stream: StreamHandle) -> Result<()> {
         let device = self.stream_device("aclrtSynchronizeStream", stream)?;
         self.use_device(device)?;
-        let f = sym!(self.api, aclrtSynchronizeStream);
+        let f = sym!(self.api()?, aclrtSynchronizeStream);
         // SAFETY: `stream` is a live stream of this runtime.
         check("aclrtSynchronizeStream", unsafe {
             f(stream.0 as sys::aclrtStream)
@@ -716,7 +731,7 @@ impl BlockSource for AclSource {
 
     fn create_event(&self, device: DeviceId) -> Result<EventHandle> {
         self.use_device(device)?;
-        let f = sym!(self.api, aclrtCreateEvent);
+        let f = sym!(self.api()?, aclrtCreateEvent);
         let mut event: sys::aclrtEvent = std::ptr::null_mut();
         // SAFETY: `event` is a live out-pointer.
         check("aclrtCreateEvent", unsafe { f(&mut event) })?;
@@ -742,7 +757,7 @@ impl BlockSource for AclSource {
             .remove(&event.0)
             .ok_or(refused("aclrtDestroyEvent", AclError::RT_INVALID_HANDLE))?;
         let result = self.use_device(state.device).and_then(|()| {
-            let f = sym!(self.api, aclrtDestroyEvent);
+            let f = sym!(self.api()?, aclrtDestroyEvent);
             // SAFETY: `event` was created by this runtime and is no longer tracked as live.
             check("aclrtDestroyEvent", unsafe {
                 f(event.0 as sys::aclrtEvent)
@@ -758,7 +773,7 @@ impl BlockSource for AclSource {
         self.event_state("aclrtRecordEvent", event)?;
         let device = self.stream_device("aclrtRecordEvent", stream)?;
         self.use_device(device)?;
-        let f = sym!(self.api, aclrtRecordEvent);
+        let f = sym!(self.api()?, aclrtRecordEvent);
         // SAFETY: both handles are live objects of this runtime.
         check("aclrtRecordEvent", unsafe {
             f(event.0 as sys::aclrtEvent, stream.0 as sys::aclrtStream)
@@ -776,13 +791,13 @@ impl BlockSource for AclSource {
         }
         self.use_device(state.device)?;
         let handle = event.0 as sys::aclrtEvent;
-        if let Ok(f) = &self.api.aclrtQueryEventStatus {
+        if let Ok(f) = &self.api()?.aclrtQueryEventStatus {
             let mut status = sys::ACL_EVENT_RECORDED_STATUS_NOT_READY;
             // SAFETY: `handle` is a live event, `status` a live out-pointer.
             check("aclrtQueryEventStatus", unsafe { f(handle, &mut status) })?;
             return Ok(status == sys::ACL_EVENT_RECORDED_STATUS_COMPLETE);
         }
-        let f = sym!(self.api, aclrtQueryEvent);
+        let f = sym!(self.api()?, aclrtQueryEvent);
         let mut status = sys::ACL_EVENT_STATUS_NOT_READY;
         // SAFETY: as above (the older query, where COMPLETE is 0).
         check("aclrtQueryEvent", unsafe { f(handle, &mut status) })?;
@@ -795,7 +810,7 @@ impl BlockSource for AclSource {
             return Ok(());
         }
         self.use_device(state.device)?;
-        let f = sym!(self.api, aclrtSynchronizeEvent);
+        let f = sym!(self.api()?, aclrtSynchronizeEvent);
         // SAFETY: `event` is a live event of this runtime.
         check("aclrtSynchronizeEvent", unsafe {
             f(event.0 as sys::aclrtEvent)
@@ -806,7 +821,7 @@ impl BlockSource for AclSource {
         self.event_state("aclrtStreamWaitEvent", event)?;
         let device = self.stream_device("aclrtStreamWaitEvent", stream)?;
         self.use_device(device)?;
-        let f = sym!(self.api, aclrtStreamWaitEvent);
+        let f = sym!(self.api()?, aclrtStreamWaitEvent);
         // SAFETY: both handles are live objects of this runtime.
         check("aclrtStreamWaitEvent", unsafe {
             f(stream.0 as sys::aclrtStream, event.0 as sys::aclrtEvent)
@@ -824,7 +839,7 @@ impl BlockSource for AclSource {
         let func = "aclrtMemcpy";
         let (dst_max, count) = (to_usize(func, dst_max)?, to_usize(func, count)?);
         self.use_device(self.device_for(&[dst, src]))?;
-        let f = sym!(self.api, aclrtMemcpy);
+        let f = sym!(self.api()?, aclrtMemcpy);
         // SAFETY: the caller guarantees both ranges are valid for the copy (trait contract).
         check(func, unsafe {
             f(
@@ -850,7 +865,7 @@ impl BlockSource for AclSource {
         let (dst_max, count) = (to_usize(func, dst_max)?, to_usize(func, count)?);
         let device = self.stream_device(func, stream)?;
         self.use_device(device)?;
-        let f = sym!(self.api, aclrtMemcpyAsync);
+        let f = sym!(self.api()?, aclrtMemcpyAsync);
         // SAFETY: the caller guarantees both ranges stay valid until the stream passes the
         // copy (trait contract); `stream` is a live stream of this runtime.
         check(func, unsafe {
@@ -901,7 +916,7 @@ impl BlockSource for AclSource {
         let func = "aclrtMemset";
         let (max, count) = (to_usize(func, max)?, to_usize(func, count)?);
         self.use_device(self.device_for(&[dst]))?;
-        let f = sym!(self.api, aclrtMemset);
+        let f = sym!(self.api()?, aclrtMemset);
         // SAFETY: the caller guarantees `dst` is valid for `max` bytes (trait contract).
         check(func, unsafe {
             f(dst as *mut c_void, max, i32::from(value), count)
@@ -920,7 +935,7 @@ impl BlockSource for AclSource {
         let (max, count) = (to_usize(func, max)?, to_usize(func, count)?);
         let device = self.stream_device(func, stream)?;
         self.use_device(device)?;
-        let f = sym!(self.api, aclrtMemsetAsync);
+        let f = sym!(self.api()?, aclrtMemsetAsync);
         // SAFETY: the caller guarantees `dst` stays valid for `max` bytes until the stream
         // passes the fill (trait contract); `stream` is a live stream of this runtime.
         check(func, unsafe {
@@ -939,6 +954,11 @@ impl Drop for AclSource {
     /// Frees what is still live (blocks, events, streams, mappings, physical memory, reserved
     /// ranges, mbufs), best effort, then undoes each `aclrtSetDevice` this source made. Never calls `aclFinalize`.
     fn drop(&mut self) {
+        if !crate::fork::ours(self.forks) {
+            // The parent's: not this process's to free (and its lock may be held by a
+            // thread this process does not have).
+            return;
+        }
         let live = std::mem::take(&mut *self.lock());
         for (addr, (block, freer)) in live.blocks {
             let _ = self.use_device(block.device);

@@ -32,7 +32,7 @@ impl AclSource {
     /// The granularity of physical device memory on `device`: the minimum, or the
     /// recommended one when `recommended` (`aclrtMemGetAllocationGranularity`).
     pub fn allocation_granularity(&self, device: DeviceId, recommended: bool) -> Result<u64> {
-        let f = sym!(self.api, aclrtMemGetAllocationGranularity);
+        let f = sym!(self.api()?, aclrtMemGetAllocationGranularity);
         self.use_device(device)?;
         let mut prop = device_prop(device)?;
         let option = if recommended {
@@ -52,7 +52,7 @@ impl AclSource {
     /// (`aclrtReserveMemAddress`, no address hint, flags 0). Returns the start.
     pub fn reserve_address(&self, device: DeviceId, size: u64, alignment: u64) -> Result<usize> {
         let func = "aclrtReserveMemAddress";
-        let f = sym!(self.api, aclrtReserveMemAddress);
+        let f = sym!(self.api()?, aclrtReserveMemAddress);
         let (size, alignment) = (to_usize(func, size)?, to_usize(func, alignment)?);
         self.use_device(device)?;
         let mut va: *mut c_void = std::ptr::null_mut();
@@ -72,7 +72,7 @@ impl AclSource {
     /// Releases a range from [`AclSource::reserve_address`] (`aclrtReleaseMemAddress`).
     pub fn release_address(&self, va: usize) -> Result<()> {
         let func = "aclrtReleaseMemAddress";
-        let f = sym!(self.api, aclrtReleaseMemAddress);
+        let f = sym!(self.api()?, aclrtReleaseMemAddress);
         let size = self
             .lock()
             .reserved
@@ -89,7 +89,7 @@ impl AclSource {
     /// Allocates `size` bytes of physical memory on `device` (`aclrtMallocPhysical`).
     pub fn malloc_physical(&self, device: DeviceId, size: u64) -> Result<PhysicalHandle> {
         let func = "aclrtMallocPhysical";
-        let f = sym!(self.api, aclrtMallocPhysical);
+        let f = sym!(self.api()?, aclrtMallocPhysical);
         let size = to_usize(func, size)?;
         self.use_device(device)?;
         let prop = device_prop(device)?;
@@ -108,7 +108,7 @@ impl AclSource {
     /// Frees physical memory (`aclrtFreePhysical`); it must be unmapped first.
     pub fn free_physical(&self, handle: PhysicalHandle) -> Result<()> {
         let func = "aclrtFreePhysical";
-        let f = sym!(self.api, aclrtFreePhysical);
+        let f = sym!(self.api()?, aclrtFreePhysical);
         if !self.lock().physical.remove(&handle.0) {
             return Err(refused(func, AclError::RT_INVALID_HANDLE));
         }
@@ -124,7 +124,7 @@ impl AclSource {
     /// (`aclrtMapMem`, flags 0).
     pub fn map(&self, va: usize, size: u64, offset: u64, handle: PhysicalHandle) -> Result<()> {
         let func = "aclrtMapMem";
-        let f = sym!(self.api, aclrtMapMem);
+        let f = sym!(self.api()?, aclrtMapMem);
         let (size, offset) = (to_usize(func, size)?, to_usize(func, offset)?);
         self.check_mapping(func, va, size, handle)?;
         // SAFETY: `va..va+size` lies in a range this runtime reserved; `handle` is live.
@@ -145,7 +145,7 @@ impl AclSource {
     /// mapping of this source starts is refused with `ACL_ERROR_INVALID_PARAM`.
     pub fn unmap(&self, va: usize) -> Result<()> {
         let func = "aclrtUnmapMem";
-        let f = sym!(self.api, aclrtUnmapMem);
+        let f = sym!(self.api()?, aclrtUnmapMem);
         let handle = self
             .lock()
             .mappings
@@ -189,7 +189,7 @@ impl AclSource {
     /// NONE). `flags` is 0, or `ACL_RT_VMM_EXPORT_FLAG_DISABLE_PID_VALIDATION` (1).
     pub fn export_shareable(&self, handle: PhysicalHandle, flags: u64) -> Result<u64> {
         let func = "aclrtMemExportToShareableHandle";
-        let f = sym!(self.api, aclrtMemExportToShareableHandle);
+        let f = sym!(self.api()?, aclrtMemExportToShareableHandle);
         if !self.lock().physical.contains(&handle.0) {
             return Err(refused(func, AclError::RT_INVALID_HANDLE));
         }
@@ -210,7 +210,7 @@ impl AclSource {
     /// is freed with [`AclSource::free_physical`] like a local allocation.
     pub fn import_shareable(&self, shareable: u64, device: DeviceId) -> Result<PhysicalHandle> {
         let func = "aclrtMemImportFromShareableHandle";
-        let f = sym!(self.api, aclrtMemImportFromShareableHandle);
+        let f = sym!(self.api()?, aclrtMemImportFromShareableHandle);
         self.use_device(device)?;
         let mut handle: sys::aclrtDrvMemHandle = std::ptr::null_mut();
         // SAFETY: `handle` is a live out-pointer.
@@ -227,7 +227,7 @@ impl AclSource {
     /// Allows the processes `pids` (as [`AclSource::bare_tgid`] reports them) to import
     /// `shareable` (`aclrtMemSetPidToShareableHandle`).
     pub fn set_shareable_pids(&self, shareable: u64, pids: &[i32]) -> Result<()> {
-        let f = sym!(self.api, aclrtMemSetPidToShareableHandle);
+        let f = sym!(self.api()?, aclrtMemSetPidToShareableHandle);
         let mut pids = pids.to_vec();
         // SAFETY: `pids` is a live buffer of `pids.len()` ids; the runtime only reads it.
         check("aclrtMemSetPidToShareableHandle", unsafe {
@@ -237,7 +237,7 @@ impl AclSource {
 
     /// This process's id as the device sees it (`aclrtDeviceGetBareTgid`).
     pub fn bare_tgid(&self) -> Result<i32> {
-        let f = sym!(self.api, aclrtDeviceGetBareTgid);
+        let f = sym!(self.api()?, aclrtDeviceGetBareTgid);
         let mut pid = 0i32;
         // SAFETY: `pid` is a live out-pointer.
         check("aclrtDeviceGetBareTgid", unsafe { f(&mut pid) })?;
@@ -268,7 +268,7 @@ impl AclSource {
     /// Allocates a shared buffer of `size` bytes, DVPP memory when `dvpp` (`acltdtAllocBuf`).
     pub fn alloc_buf(&self, size: u64, dvpp: bool) -> Result<MbufHandle> {
         let func = "acltdtAllocBuf";
-        let f = sym!(self.api, acltdtAllocBuf);
+        let f = sym!(self.api()?, acltdtAllocBuf);
         let size = to_usize(func, size)?;
         let ty = if dvpp {
             sys::ACL_TDT_DVPP_MEM
@@ -284,7 +284,7 @@ impl AclSource {
     /// Frees a shared buffer (`acltdtFreeBuf`).
     pub fn free_buf(&self, buf: MbufHandle) -> Result<()> {
         let func = "acltdtFreeBuf";
-        let f = sym!(self.api, acltdtFreeBuf);
+        let f = sym!(self.api()?, acltdtFreeBuf);
         if !self.lock().mbufs.remove(&buf.0) {
             return Err(refused(func, AclError::RT_INVALID_HANDLE));
         }
@@ -299,7 +299,7 @@ impl AclSource {
     /// The data area of a shared buffer: address and size (`acltdtGetBufData`).
     pub fn buf_data(&self, buf: MbufHandle) -> Result<(usize, u64)> {
         let func = "acltdtGetBufData";
-        let f = sym!(self.api, acltdtGetBufData);
+        let f = sym!(self.api()?, acltdtGetBufData);
         let raw = self.mbuf(func, buf)?;
         let (mut ptr, mut size): (*mut c_void, usize) = (std::ptr::null_mut(), 0);
         // SAFETY: `raw` is a live mbuf; both out-pointers are live locals.
@@ -310,7 +310,7 @@ impl AclSource {
     /// Sets the valid data length of a shared buffer (`acltdtSetBufDataLen`).
     pub fn set_buf_data_len(&self, buf: MbufHandle, len: u64) -> Result<()> {
         let func = "acltdtSetBufDataLen";
-        let f = sym!(self.api, acltdtSetBufDataLen);
+        let f = sym!(self.api()?, acltdtSetBufDataLen);
         let raw = self.mbuf(func, buf)?;
         let len = to_usize(func, len)?;
         // SAFETY: `raw` is a live mbuf.
@@ -320,7 +320,7 @@ impl AclSource {
     /// The valid data length of a shared buffer (`acltdtGetBufDataLen`).
     pub fn buf_data_len(&self, buf: MbufHandle) -> Result<u64> {
         let func = "acltdtGetBufDataLen";
-        let f = sym!(self.api, acltdtGetBufDataLen);
+        let f = sym!(self.api()?, acltdtGetBufDataLen);
         let raw = self.mbuf(func, buf)?;
         let mut len = 0usize;
         // SAFETY: `raw` is a live mbuf, `len` a live out-pointer.
@@ -332,7 +332,7 @@ impl AclSource {
     /// (`acltdtSetBufUserData`; both at most 96 bytes).
     pub fn set_buf_user_data(&self, buf: MbufHandle, data: &[u8], offset: u64) -> Result<()> {
         let func = "acltdtSetBufUserData";
-        let f = sym!(self.api, acltdtSetBufUserData);
+        let f = sym!(self.api()?, acltdtSetBufUserData);
         let raw = self.mbuf(func, buf)?;
         let offset = to_usize(func, offset)?;
         // SAFETY: `raw` is a live mbuf; `data` is valid for `data.len()` bytes of reading.
@@ -345,7 +345,7 @@ impl AclSource {
     /// (`acltdtGetBufUserData`).
     pub fn buf_user_data(&self, buf: MbufHandle, out: &mut [u8], offset: u64) -> Result<()> {
         let func = "acltdtGetBufUserData";
-        let f = sym!(self.api, acltdtGetBufUserData);
+        let f = sym!(self.api()?, acltdtGetBufUserData);
         let raw = self.mbuf(func, buf)?;
         let offset = to_usize(func, offset)?;
         // SAFETY: `raw` is a live mbuf; `out` is valid for `out.len()` bytes of writing.
@@ -358,7 +358,7 @@ impl AclSource {
     /// [`AclSource::free_buf`].
     pub fn copy_buf_ref(&self, buf: MbufHandle) -> Result<MbufHandle> {
         let func = "acltdtCopyBufRef";
-        let f = sym!(self.api, acltdtCopyBufRef);
+        let f = sym!(self.api()?, acltdtCopyBufRef);
         let raw = self.mbuf(func, buf)?;
         let mut new: sys::acltdtBuf = std::ptr::null_mut();
         // SAFETY: `raw` is a live mbuf, `new` a live out-pointer.

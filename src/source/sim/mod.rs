@@ -78,6 +78,7 @@ pub use comm::{CHANNEL_NOTIFIES, WINDOW_GRANULE};
 pub use fault::{AclFunc, Fault, FaultTimes};
 pub use mbuf::{MbufHandle, USER_DATA_BYTES};
 pub use share::NOT_WHITELISTED;
+pub(crate) use share::{hold_for_fork, release_after_fork};
 pub use stats::{KindUsage, SimStats};
 pub use vmm::DEFAULT_GRANULARITY;
 
@@ -400,6 +401,10 @@ pub struct SimSource {
     faults: Mutex<FaultPlan>,
     /// The simulated communicator: threads, channels and windows (`comm.rs`).
     comm: Mutex<comm::CommState>,
+    /// The fork generation the simulator was made in. A child made by `fork` has neither
+    /// the streams' worker threads nor, on hardware, the device context: there, every call
+    /// is refused with [`Error::Forked`] and a drop frees nothing ([`crate::fork`]).
+    forks: u64,
 }
 
 impl std::fmt::Debug for SimSource {
@@ -464,6 +469,7 @@ impl SimSource {
             counters: Mutex::new(Counters::default()),
             faults: Mutex::new(FaultPlan::default()),
             comm: Mutex::new(comm::CommState::default()),
+            forks: crate::fork::generation(),
         })
     }
 
@@ -556,6 +562,7 @@ impl SimSource {
     /// An unknown stream is refused with `RT_INVALID_HANDLE` under the name `"aclrtLaunchKernel"`.
     pub fn enqueue_delay(&self, stream: StreamHandle, duration: Duration) -> Result<()> {
         const FUNC: &str = "aclrtLaunchKernel";
+        self.ours()?;
         let s = self
             .stream(stream)
             .map_err(|code| Error::Runtime { func: FUNC, code })?;
@@ -591,6 +598,7 @@ impl SimSource {
     /// ```
     pub fn hold_stream(&self, stream: StreamHandle) -> Result<StreamHold<'_>> {
         const FUNC: &str = "aclrtLaunchKernel";
+        self.ours()?;
         let s = self
             .stream(stream)
             .map_err(|code| Error::Runtime { func: FUNC, code })?;
@@ -610,6 +618,7 @@ impl SimSource {
 
     /// Ops queued on `stream` and not yet finished.
     pub fn pending_ops(&self, stream: StreamHandle) -> Result<u64> {
+        self.ours()?;
         let s = self.stream(stream).map_err(|code| Error::Runtime {
             func: AclFunc::SynchronizeStream.name(),
             code,
@@ -621,6 +630,7 @@ impl SimSource {
     /// any of them since its last synchronize (a notification wait that timed out) makes it
     /// fail with `ACL_ERROR_RT_FAILURE`, and is reported only here.
     pub fn synchronize_device(&self, device: DeviceId) -> Result<()> {
+        self.ours()?;
         if !self.valid_device(device) {
             return Err(Error::Runtime {
                 func: "aclrtSynchronizeDevice",
@@ -663,6 +673,7 @@ impl SimSource {
 
     /// Counts a call of `func`, fires a planned fault or runs `body`, and names the error.
     fn call<T>(&self, func: AclFunc, body: impl FnOnce() -> Result<T, AclError>) -> Result<T> {
+        self.ours()?;
         *lock(&self.counters).calls.entry(func).or_default() += 1;
         let fault = {
             let mut faults = lock(&self.faults);
@@ -683,6 +694,15 @@ impl SimSource {
                 code,
             }
         })
+    }
+
+    /// Refuses a call in a child made by `fork` of the process that made the simulator.
+    fn ours(&self) -> Result<()> {
+        if crate::fork::ours(self.forks) {
+            Ok(())
+        } else {
+            Err(Error::Forked)
+        }
     }
 
     fn stream(&self, stream: StreamHandle) -> Result<Arc<Stream>, AclError> {
@@ -911,6 +931,17 @@ impl Drop for StreamHold<'_> {
 
 impl Drop for SimSource {
     fn drop(&mut self) {
+        if self.ours().is_err() {
+            // The streams' worker threads are the parent's: closing one would wait for a
+            // thread this process does not have. The memory is this process's copy, unmapped
+            // when `mem` drops; physical memory and reservations are left as they are.
+            let streams = self
+                .streams
+                .get_mut()
+                .unwrap_or_else(PoisonError::into_inner);
+            std::mem::forget(std::mem::take(streams));
+            return;
+        }
         let streams: Vec<Arc<Stream>> = lock(&self.streams).drain().map(|(_, s)| s).collect();
         for s in &streams {
             s.close();

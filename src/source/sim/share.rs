@@ -22,13 +22,14 @@
 //! | importing from a process whose whitelist does not name this process (the simulator's choice: the driver refuses) | `ACL_ERROR_DRV_FAILURE` (500004) |
 //! | the service thread or the exchange with the exporter fails | `ACL_ERROR_RT_FAILURE` (500003) |
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{LazyLock, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{LazyLock, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use crate::error::AclError;
@@ -62,8 +63,9 @@ struct Export {
 /// importer does (`importers > 0`); it is removed, and `release` run, when neither does.
 static EXPORTS: LazyLock<Mutex<HashMap<u64, Export>>> = LazyLock::new(Default::default);
 static NEXT_SERIAL: AtomicU32 = AtomicU32::new(1);
-/// The instance number of this copy's service, once started.
-static SERVICE: OnceLock<Result<u32, AclError>> = OnceLock::new();
+/// The instance number of this copy's service once started, with the process it runs in: a
+/// child made by `fork` does not have its parent's service thread, and starts its own.
+static SERVICE: Mutex<Option<(u32, Result<u32, AclError>)>> = Mutex::new(None);
 /// Service instances one process may run.
 const INSTANCES: u32 = 1 << 10;
 
@@ -72,13 +74,69 @@ fn exports() -> MutexGuard<'static, HashMap<u64, Export>> {
     EXPORTS.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// This process's service instance, started on first use.
+fn service() -> Result<u32, AclError> {
+    let pid = std::process::id();
+    let mut service = SERVICE.lock().unwrap_or_else(PoisonError::into_inner);
+    match *service {
+        Some((started_in, instance)) if started_in == pid => instance,
+        _ => {
+            let instance = start_service();
+            *service = Some((pid, instance));
+            instance
+        }
+    }
+}
+
+thread_local! {
+    /// The locks [`hold_for_fork`] took, for the same thread to let go after the fork.
+    static HELD_FOR_FORK: RefCell<Option<ForkGuards>> = const { RefCell::new(None) };
+}
+
+type ForkGuards = (
+    MutexGuard<'static, Option<(u32, Result<u32, AclError>)>>,
+    MutexGuard<'static, HashMap<u64, Export>>,
+);
+
+/// Takes the service and export locks just before a fork, so that the child does not
+/// inherit one held by a thread it does not have. Each is held alone elsewhere (never
+/// while waiting for the other), so taking both cannot deadlock.
+pub(crate) fn hold_for_fork() {
+    let guards = (
+        SERVICE.lock().unwrap_or_else(PoisonError::into_inner),
+        exports(),
+    );
+    // A fork from a thread whose thread-locals are gone: the locks go back at once.
+    let _ = HELD_FOR_FORK.try_with(|h| *h.borrow_mut() = Some(guards));
+}
+
+/// Lets go of the locks [`hold_for_fork`] took; in a child, first forgets the parent's
+/// exports: the child serves only what it exports itself (its service is its own too,
+/// started by process id).
+pub(crate) fn release_after_fork(in_child: bool) {
+    let _ = HELD_FOR_FORK.try_with(|h| {
+        let Some((_service, mut exports)) = h.borrow_mut().take() else {
+            return;
+        };
+        if in_child {
+            for (_, e) in exports.drain() {
+                // The child's copy of the descriptor is closed, so that the memory does not
+                // outlive its parent's hold on it; what runs when the parent's importers
+                // let go is the parent's business.
+                drop(e.fd);
+                std::mem::forget(e.release);
+            }
+        }
+    });
+}
+
 fn socket_addr(pid: u32, instance: u32) -> io::Result<SocketAddr> {
     SocketAddr::from_abstract_name(format!("ascend-pool-sim.{pid}.{instance}").as_bytes())
 }
 
 /// Registers `fd` (`size` bytes) for export; returns the shareable handle.
 pub(super) fn export(fd: OwnedFd, size: u64, validate_pid: bool) -> Result<u64, AclError> {
-    let instance = (*SERVICE.get_or_init(start_service))?;
+    let instance = service()?;
     let serial = loop {
         let s = NEXT_SERIAL.fetch_add(1, Ordering::Relaxed);
         if s != 0 {

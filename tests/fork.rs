@@ -1,0 +1,358 @@
+//! A child made by `fork` and what it inherits from its parent (`ascend_pool::fork`).
+//!
+//! Each test forks children while other threads of the parent work the same pool or
+//! simulator, so that some children inherit a lock or a stream in use. A child reports
+//! through its exit status; an alarm turns a hang into a failure.
+
+#[path = "common/dropin.rs"]
+mod common_dropin;
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use ascend_pool::share::{Access, SharedMapping};
+use ascend_pool::source::acl::AclSource;
+use ascend_pool::source::sim::SimSource;
+use ascend_pool::source::vmm::{VmmConfig, VmmSource};
+use ascend_pool::source::{BlockSource, MemcpyKind};
+use ascend_pool::{Error, MemKind, Pool, PoolConfig};
+
+/// Children forked per test.
+const CHILDREN: usize = 12;
+
+/// Runs `body` in a child made by `fork`, which has 30 seconds; the child's failure (an
+/// error, a panic, a hang) fails the caller. Only the child's own writes to stderr show:
+/// the test harness's capture is the parent's.
+fn in_child(body: impl FnOnce() -> Result<(), String>) {
+    // SAFETY: the child runs only `body` and then `_exit`s: it never returns into the test
+    // harness, whose other threads it does not have.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        // SAFETY: plain calls; `alarm` ends a child that hangs with SIGALRM.
+        unsafe { libc::alarm(30) };
+        let status = match catch_unwind(AssertUnwindSafe(body)) {
+            Ok(Ok(())) => 0,
+            Ok(Err(why)) => {
+                let line = format!("forked child: {why}\n");
+                // SAFETY: writes `line`'s bytes to stderr.
+                unsafe { libc::write(2, line.as_ptr().cast(), line.len()) };
+                1
+            }
+            Err(_) => 2,
+        };
+        // SAFETY: ends the child without running the parent's exit handlers.
+        unsafe { libc::_exit(status) };
+    }
+    let mut status = 0;
+    // SAFETY: `status` is a live out-pointer; `pid` is this process's child.
+    let waited = unsafe { libc::waitpid(pid, &mut status, 0) };
+    assert_eq!(waited, pid);
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "the child failed (wait status {status:#x}; 0x100 an error, 0x200 a panic, 0xe SIGALRM: a hang)"
+    );
+}
+
+/// `Ok` when `r` is [`Error::Forked`].
+fn forked<T: std::fmt::Debug>(what: &str, r: ascend_pool::Result<T>) -> Result<(), String> {
+    match r {
+        Err(Error::Forked) => Ok(()),
+        other => Err(format!("{what}: expected Error::Forked, got {other:?}")),
+    }
+}
+
+fn check(what: &str, ok: bool) -> Result<(), String> {
+    ok.then_some(())
+        .ok_or_else(|| format!("{what} does not hold"))
+}
+
+/// Threads that allocate and free on `pool` until dropped.
+struct Busy {
+    stop: Arc<AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Busy {
+    fn on(pool: &Arc<Pool>) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let threads = (0..2u64)
+            .map(|t| {
+                let (pool, stop) = (Arc::clone(pool), Arc::clone(&stop));
+                std::thread::spawn(move || {
+                    let mut i = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        // Sizes for the thread caches, the shape slots and the kind lock.
+                        let len = [512, 96 << 10, (1 << 20) + 4096 * (i % 64)][(i % 3) as usize];
+                        let a = pool.alloc_device(len + t * 64).unwrap();
+                        let b = pool.alloc_host(256).unwrap();
+                        drop((a, b));
+                        if i % 97 == 0 {
+                            pool.trim();
+                        }
+                        i += 1;
+                    }
+                })
+            })
+            .collect();
+        Self { stop, threads }
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            t.join().unwrap();
+        }
+    }
+}
+
+/// What a child makes itself works as in any process: a pool over a simulator of its own,
+/// streams included.
+fn a_pool_of_its_own() -> Result<(), String> {
+    let e = |e: Error| e.to_string();
+    let sim = Arc::new(SimSource::default());
+    let pool = Pool::new(sim, PoolConfig::default()).map_err(e)?;
+    let stream = pool.create_stream().map_err(e)?;
+    let mut r = pool.alloc_device_on(1 << 20, &stream).map_err(e)?;
+    let data: Vec<u8> = (0..4096u32).map(|i| (i % 251) as u8).collect();
+    pool.copy_from_host(&mut r, 4096, &data).map_err(e)?;
+    let mut back = vec![0u8; data.len()];
+    pool.copy_to_host(&r, 4096, &mut back).map_err(e)?;
+    check("the copy back", back == data)?;
+    drop(r);
+    stream.synchronize().map_err(e)?;
+    for len in [512, 96 << 10, 3 << 20] {
+        drop(pool.alloc_device(len).map_err(e)?);
+    }
+    pool.validate().map_err(e)?;
+    drop(stream);
+    check("no region left", pool.leak_report().is_empty())
+}
+
+/// One test, so that the harness starts no thread while a test forks: a child forked while
+/// a thread of its parent starts or ends cannot start threads of its own (the standard
+/// library's thread bookkeeping takes a lock that is not fork-safe), and the children here
+/// start streams and an export service.
+#[test]
+fn forked_children() {
+    a_child_refuses_its_parents_pool_and_simulator_and_makes_its_own();
+    a_child_shares_memory_of_its_own_and_opens_its_parents();
+    a_child_refuses_the_runtime_library_its_parent_loaded();
+}
+
+/// The parent's pool and simulator refuse every call in a child, and dropping them (and
+/// their regions, streams, and a free still waiting on a held stream) returns at once and
+/// frees nothing. The child's own pool works. The parent's pool is intact after.
+fn a_child_refuses_its_parents_pool_and_simulator_and_makes_its_own() {
+    let sim = Arc::new(SimSource::default());
+    let pool = Arc::new(
+        Pool::new(
+            Arc::clone(&sim) as Arc<dyn BlockSource>,
+            PoolConfig::default(),
+        )
+        .unwrap(),
+    );
+    let mut frame = Some(pool.alloc_device(1 << 20).unwrap());
+    let mut host = Some(pool.alloc_host(256).unwrap());
+    let mut stream = Some(pool.create_stream().unwrap());
+    // A second pool, whose drop would wait for a free queued behind a held stream.
+    let held_sim = Arc::new(SimSource::default());
+    let mut held_pool = Some(
+        Pool::new(
+            Arc::clone(&held_sim) as Arc<dyn BlockSource>,
+            PoolConfig::default(),
+        )
+        .unwrap(),
+    );
+    let mut held_stream = Some(held_pool.as_ref().unwrap().create_stream().unwrap());
+    let s = held_stream.as_ref().unwrap();
+    // Declared after the stream, so that a failure drops it (opening the stream) first.
+    let hold = held_sim.hold_stream(s.handle()).unwrap();
+    drop(
+        held_pool
+            .as_ref()
+            .unwrap()
+            .alloc_device_on(1 << 20, s)
+            .unwrap(),
+    );
+    // A simulator with a stream, whose drop would join the stream's worker thread.
+    let lone = Arc::new(SimSource::default());
+    let lone_stream = lone.create_stream(0).unwrap();
+    let mut lone = Some(lone);
+    let busy = Busy::on(&pool);
+    // This thread's cache, the last it used, holds a 512-byte segment: without the fork
+    // check, the child's allocation of that shape would be a cache hit.
+    drop(pool.alloc_device(512).unwrap());
+    for _ in 0..CHILDREN {
+        in_child(|| {
+            forked("a cached shape", pool.alloc_device(512))?;
+            forked("a shape-slot size", pool.alloc_device(96 << 10))?;
+            forked("a carve", pool.alloc_device(5 << 20))?;
+            forked("host memory", pool.alloc_host(256))?;
+            let s = stream.as_ref().unwrap();
+            forked("a stream-ordered allocation", pool.alloc_device_on(4096, s))?;
+            forked("a stream", pool.create_stream())?;
+            let f = frame.as_mut().unwrap();
+            forked("a copy", pool.copy_from_host(f, 0, &[7; 64]))?;
+            forked("synchronize", pool.synchronize())?;
+            forked("validate", pool.validate())?;
+            forked("the stream's synchronize", s.synchronize())?;
+            forked(
+                "the simulator's allocation",
+                sim.alloc_block(0, MemKind::DEVICE, 1 << 20),
+            )?;
+            forked("the simulator's stream", sim.create_stream(0))?;
+            check(
+                "zero statistics",
+                pool.stats(MemKind::DEVICE).live_regions == 0,
+            )?;
+            check("an empty snapshot", pool.snapshot().kinds.is_empty())?;
+            check("an empty leak report", pool.leak_report().is_empty())?;
+            check(
+                "nothing trimmed",
+                pool.trim() == 0 && pool.flush_thread_caches() == 0,
+            )?;
+            // Drops that would free, wait for a stream or join its thread: all forget.
+            drop((frame.take(), host.take(), stream.take()));
+            drop((held_pool.take(), held_stream.take(), lone.take()));
+            a_pool_of_its_own()
+        });
+    }
+    drop(busy);
+    hold.release();
+    // The parent's pool lost nothing to its children.
+    let mut frame = frame.unwrap();
+    pool.copy_from_host(&mut frame, 0, &[9; 64]).unwrap();
+    let mut back = [0u8; 64];
+    pool.copy_to_host(&frame, 0, &mut back).unwrap();
+    assert_eq!(back, [9; 64]);
+    drop((frame, host, stream));
+    pool.synchronize().unwrap();
+    pool.validate().unwrap();
+    assert_eq!(pool.stats(MemKind::DEVICE).live_regions, 0);
+    let held_pool = held_pool.unwrap();
+    drop(held_stream);
+    held_pool.synchronize().unwrap();
+    held_pool.validate().unwrap();
+    lone.unwrap().destroy_stream(lone_stream).unwrap();
+}
+
+/// A child exports and imports memory of its own, and imports its parent's, while a
+/// parent thread exports and frees all the time: the child has its own export service (its
+/// parent's service thread is not in it), and the table of exports is never inherited
+/// locked.
+fn a_child_shares_memory_of_its_own_and_opens_its_parents() {
+    const LEN: u64 = 2 << 20;
+    let vmm = |sim: &Arc<SimSource>| VmmSource::new(Arc::clone(sim), 0, VmmConfig::default());
+    let pattern = |seed: u8| -> Vec<u8> { (0..LEN as usize).map(|i| (i as u8) ^ seed).collect() };
+    let sim = Arc::new(SimSource::default());
+    let parent = Arc::new(vmm(&sim).unwrap());
+    let block = parent.alloc_block(0, MemKind::DEVICE, LEN).unwrap();
+    let desc = parent
+        .publish_range(block.addr, LEN, &Access::AnyProcess)
+        .unwrap();
+    let bytes = pattern(0x5a);
+    // Written with a copy, not through a mapping: an import here would start a thread of the
+    // service (below), and end it when closed.
+    // SAFETY: `block` is LEN bytes of live device memory, `bytes` LEN bytes of host memory.
+    unsafe {
+        let src = bytes.as_ptr() as usize;
+        parent
+            .memcpy(block.addr, LEN, src, LEN, MemcpyKind::HostToDevice)
+            .unwrap();
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let churn = {
+        let (parent, stop) = (Arc::clone(&parent), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                // Exports and their ends only: an import here would start a thread in the
+                // parent, and a child forked while one starts or ends cannot start threads
+                // of its own (the standard library's thread bookkeeping is not fork-safe).
+                let b = parent.alloc_block(0, MemKind::DEVICE, LEN).unwrap();
+                parent
+                    .publish_range(b.addr, LEN, &Access::AnyProcess)
+                    .unwrap();
+                parent.free_block(b).unwrap();
+            }
+        })
+    };
+    for child in 0..CHILDREN {
+        in_child(|| {
+            let e = |e: Error| e.to_string();
+            forked(
+                "the parent's source",
+                parent.alloc_block(0, MemKind::DEVICE, LEN),
+            )?;
+            // Memory of its own, exported and imported again.
+            let own = Arc::new(SimSource::default());
+            let source = vmm(&own).map_err(e)?;
+            let b = source.alloc_block(0, MemKind::DEVICE, LEN).map_err(e)?;
+            let d = source
+                .publish_range(b.addr, LEN, &Access::AnyProcess)
+                .map_err(e)?;
+            let m = SharedMapping::open(Arc::clone(&own), 0, &d).map_err(e)?;
+            m.write(0, &pattern(0x33)).map_err(e)?;
+            let mut got = vec![0u8; LEN as usize];
+            m.read(0, &mut got).map_err(e)?;
+            check("its own bytes", got == pattern(0x33))?;
+            m.close().map_err(e)?;
+            source.free_block(b).map_err(e)?;
+            // The parent's memory, imported from the parent's service like any process's: by
+            // the last child only, since the parent's service starts a thread for each import
+            // and ends it when the importer lets go, which a later fork could catch.
+            if child + 1 == CHILDREN {
+                let theirs = SharedMapping::open(Arc::clone(&own), 0, &desc).map_err(e)?;
+                theirs.read(0, &mut got).map_err(e)?;
+                check("the parent's bytes", got == bytes)?;
+                theirs.close().map_err(e)?;
+            }
+            Ok(())
+        });
+    }
+    stop.store(true, Ordering::Relaxed);
+    churn.join().unwrap();
+    parent.free_block(block).unwrap();
+}
+
+/// The AscendCL library the parent loaded (here the simulator's drop-in) is refused in a
+/// child before any of its functions is called: on hardware the child has none of the
+/// parent's device context. A pool over it refuses too. The parent's are untouched.
+fn a_child_refuses_the_runtime_library_its_parent_loaded() {
+    let acl = Arc::new(AclSource::open(common_dropin::dropin()).unwrap());
+    let pool = Pool::new(
+        Arc::clone(&acl) as Arc<dyn BlockSource>,
+        PoolConfig::default(),
+    )
+    .unwrap();
+    let mut region = Some(pool.alloc_device(1 << 20).unwrap());
+    let block = acl.alloc_block(0, MemKind::DEVICE, 1 << 20).unwrap();
+    let stream = acl.create_stream(0).unwrap();
+    for _ in 0..CHILDREN / 4 {
+        in_child(|| {
+            forked("aclrtMalloc", acl.alloc_block(0, MemKind::DEVICE, 1 << 20))?;
+            forked("aclrtFree", acl.free_block(block))?;
+            forked("aclrtGetMemInfo", acl.mem_info(0, MemKind::DEVICE))?;
+            forked("aclrtCreateStream", acl.create_stream(0))?;
+            forked("aclrtSynchronizeStream", acl.synchronize_stream(stream))?;
+            forked("aclrtSetDevice", acl.use_device(0))?;
+            forked("the pool", pool.alloc_device(4096))?;
+            let r = region.as_mut().unwrap();
+            forked("a copy", pool.copy_from_host(r, 0, &[1; 64]))?;
+            drop(region.take());
+            Ok(())
+        });
+    }
+    // The parent's block, region and stream are as they were.
+    let r = region.unwrap();
+    let mut back = [0u8; 64];
+    pool.copy_to_host(&r, 0, &mut back).unwrap();
+    drop(r);
+    acl.synchronize_stream(stream).unwrap();
+    acl.destroy_stream(stream).unwrap();
+    acl.free_block(block).unwrap();
+    pool.validate().unwrap();
+}
