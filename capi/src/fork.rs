@@ -7,9 +7,10 @@
 //! or free. Hence:
 //!
 //! - **Handles the parent made are refused in the child** with `AP_ERR_FORKED`: each pool and
-//!   each opened mapping or buffer records the fork [`generation`] it was made in. Destroying
-//!   such a pool (or closing such a mapping or buffer) only forgets the handle: it frees
-//!   nothing, and does not wait for calls that cannot finish.
+//!   each opened mapping or buffer records the fork [`generation`] it was made in (the
+//!   library's count, [`ascend_pool::fork`]). Destroying such a pool (or closing such a
+//!   mapping or buffer) only forgets the handle: it frees nothing, and does not wait for
+//!   calls that cannot finish.
 //! - **The process-wide tables are consistent in the child.** Just before a fork, the forking
 //!   thread takes their locks (no call holds one of them while it waits for another, so this
 //!   cannot deadlock), and lets them go in both processes after it. A child can make pools of
@@ -20,23 +21,8 @@
 use crate::lookup;
 use std::any::Any;
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Forks this process descends through: 0 in a process no call of this library forked
-/// from, one more in each child. Written only by [`child`], while the child has one thread.
-static FORKS: AtomicU64 = AtomicU64::new(0);
-
-/// The fork generation this process is in; what a handle made now records.
-pub(crate) fn generation() -> u64 {
-    // Relaxed: the only write happens before the child has a second thread.
-    FORKS.load(Ordering::Relaxed)
-}
-
-/// Whether something made in `generation` was made by this process (not by an ancestor it
-/// was forked from).
-pub(crate) fn ours(generation: u64) -> bool {
-    generation == self::generation()
-}
+pub(crate) use ascend_pool::fork::{generation, ours};
 
 thread_local! {
     /// The guards of the process-wide locks [`prepare`] took, for [`parent`] or [`child`]
@@ -58,7 +44,6 @@ extern "C" fn parent() {
 }
 
 extern "C" fn child() {
-    FORKS.fetch_add(1, Ordering::Relaxed);
     // The guards were this thread's before the fork: unlocking them here is unlocking memory
     // no other thread of the child can be waiting on.
     let _ = HELD.try_with(|h| h.take());
@@ -70,6 +55,9 @@ extern "C" fn child() {
 #[link_section = ".init_array"]
 static REGISTER: extern "C" fn() = {
     extern "C" fn register() {
+        // The library's own handlers first (they count the generation), so that theirs
+        // prepare last: every lock here is taken before the library's.
+        ascend_pool::fork::watch();
         // SAFETY: three `extern "C"` functions that take nothing, and live as long as the
         // library (glibc drops a library's handlers when it is unloaded).
         let rc = unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };

@@ -194,6 +194,7 @@ impl Status {
             Error::ShareRefused { .. } => Status::ShareRefused,
             Error::ShareGone { .. } => Status::ShareGone,
             Error::ShareAccessFixed { .. } => Status::ShareAccessFixed,
+            Error::Forked => Status::Forked,
             _ => Status::Other,
         }
     }

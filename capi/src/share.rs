@@ -145,30 +145,51 @@ impl<T> Opened<T> {
 /// Open mappings.
 static MAPPINGS: Opened<AnyMapping> = Opened::new(Failure::BadMapping);
 
-/// The guards of the mappings' table and of the loaded runtime, for `crate::fork`.
-pub(crate) fn fork_guards() -> [Box<dyn std::any::Any>; 2] {
-    [MAPPINGS.fork_guard(), Box::new(lock(&ACL_RUNTIME))]
+/// The guards of the mappings' table and of the runtimes, for `crate::fork`.
+pub(crate) fn fork_guards() -> [Box<dyn std::any::Any>; 3] {
+    [
+        MAPPINGS.fork_guard(),
+        Box::new(lock(&SIM_RUNTIME)),
+        Box::new(lock(&ACL_RUNTIME)),
+    ]
 }
 
-/// The runtime this process opens mappings with, one per kind of source for the process (the
-/// library is loaded once; a failed load is tried again on the next call).
-static SIM_RUNTIME: LazyLock<Arc<SimSource>> = LazyLock::new(|| Arc::new(SimSource::default()));
-static ACL_RUNTIME: Mutex<Option<Arc<AclSource>>> = Mutex::new(None);
+/// The runtime this process opens mappings with, one per kind of source for the process
+/// (the library is loaded once; a failed load is tried again on the next call), with the
+/// fork generation it was made in: a child made by `fork` makes its own.
+static SIM_RUNTIME: Mutex<Option<(u64, Arc<SimSource>)>> = Mutex::new(None);
+static ACL_RUNTIME: Mutex<Option<(u64, Arc<AclSource>)>> = Mutex::new(None);
 
 pub(crate) enum Runtime {
     Sim(Arc<SimSource>),
     Acl(Arc<AclSource>),
 }
 
+/// The runtime in `slot`, made with `make` when there is none of this process's yet.
+fn this_process<T>(
+    slot: &Mutex<Option<(u64, Arc<T>)>>,
+    make: impl FnOnce() -> Result<T, Failure>,
+) -> Result<Arc<T>, Failure> {
+    let mut slot = lock(slot);
+    let generation = crate::fork::generation();
+    match &*slot {
+        Some((made_in, runtime)) if *made_in == generation => Ok(Arc::clone(runtime)),
+        _ => {
+            // A runtime of the parent's refuses every call here, and frees nothing as it drops.
+            let runtime = Arc::new(make()?);
+            *slot = Some((generation, Arc::clone(&runtime)));
+            Ok(runtime)
+        }
+    }
+}
+
 pub(crate) fn runtime(source: c_int) -> Result<Runtime, Failure> {
     match source {
-        SOURCE_SIM | SOURCE_VMM_SIM => Ok(Runtime::Sim(Arc::clone(&SIM_RUNTIME))),
+        SOURCE_SIM | SOURCE_VMM_SIM => {
+            this_process(&SIM_RUNTIME, || Ok(SimSource::default())).map(Runtime::Sim)
+        }
         SOURCE_ACL | SOURCE_VMM_ACL => {
-            let mut acl = lock(&ACL_RUNTIME);
-            if acl.is_none() {
-                *acl = Some(Arc::new(AclSource::load()?));
-            }
-            Ok(Runtime::Acl(Arc::clone(acl.as_ref().expect("just loaded"))))
+            this_process(&ACL_RUNTIME, || Ok(AclSource::load()?)).map(Runtime::Acl)
         }
         other => Err(Failure::Invalid(format!("{other} is not an ap_source"))),
     }

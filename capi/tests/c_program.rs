@@ -201,7 +201,8 @@ fn one_sided_writes_from_c_over_the_dropin_libascendcl() {
 /// Children made by `fork` while two threads are inside calls on the parent's pools
 /// (`tests/c/fork.c`): the parent's handles answer `AP_ERR_FORKED`, destroying the parent's
 /// pool neither hangs on a call the fork cut short nor frees anything, the child's own pools
-/// work, and the parent's pool is as it was. Before the fork handlers, children hung on locks
+/// work (memory it publishes and opens again too, through a runtime of its own), and the
+/// parent's pool is as it was. Before the fork handlers, children hung on locks
 /// a parent thread held at the fork (some of the 24 in every run).
 #[test]
 fn forked_children_refuse_the_parents_handles_and_make_pools_of_their_own() {

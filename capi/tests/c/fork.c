@@ -100,6 +100,25 @@ static void child(ap_region inherited, const unsigned char *pattern) {
     EXPECT(ap_pool_validate(own), AP_OK);
     EXPECT(ap_pool_destroy(own, &freed), AP_OK);
     CHECK(freed == 0);
+
+    /* Memory of its own, published and opened again: through an export service and a
+     * runtime of the child's own (its parent's are not in it). */
+    ap_pool own_vm;
+    ap_region mine;
+    ap_mapping own_mapping;
+    char own_desc[4096];
+    size_t own_needed;
+    EXPECT(ap_pool_create(AP_SOURCE_VMM_SIM, NULL, &own_vm), AP_OK);
+    EXPECT(ap_alloc(own_vm, AP_KIND_DEVICE, LEN, &mine), AP_OK);
+    EXPECT(ap_copy_from_host(own_vm, mine, 0, pattern, LEN), AP_OK);
+    EXPECT(ap_share_publish(own_vm, mine, NULL, 0, own_desc, sizeof own_desc, &own_needed), AP_OK);
+    EXPECT(ap_share_open(AP_SOURCE_SIM, 0, own_desc, &own_mapping), AP_OK);
+    memset(back, 0, LEN);
+    EXPECT(ap_mapping_read(own_mapping, 0, back, LEN), AP_OK);
+    CHECK(memcmp(back, pattern, LEN) == 0);
+    EXPECT(ap_mapping_close(own_mapping), AP_OK);
+    EXPECT(ap_free(own_vm, mine), AP_OK);
+    EXPECT(ap_pool_destroy(own_vm, NULL), AP_OK);
     fflush(stderr);
     _exit(failures > 100 ? 100 : failures);
 }
