@@ -547,4 +547,64 @@ mod tests {
         );
         assert_eq!(importers(handle), None);
     }
+
+    /// Every export of a process goes through one service instance: a second would be a
+    /// second listening thread, and a process may run only `INSTANCES` of them.
+    #[test]
+    #[cfg_attr(miri, ignore = "sockets")]
+    fn a_process_serves_every_export_from_one_instance() {
+        let null = || OwnedFd::from(std::fs::File::open("/dev/null").unwrap());
+        let (a, b) = (
+            export(null(), 4096, false).unwrap(),
+            export(null(), 4096, false).unwrap(),
+        );
+        let instance = |h: u64| (h >> 32) as u32 & (INSTANCES - 1);
+        assert_eq!(instance(a), instance(b));
+        assert_eq!(
+            (a >> 42, b >> 42),
+            (u64::from(std::process::id()), u64::from(std::process::id()))
+        );
+        for h in [a, b] {
+            assert!(close_export(h, Box::new(|| {})).is_err(), "no importer");
+        }
+    }
+
+    /// A fork waits for the table of exports held by another thread, and the child finds it
+    /// free: without the fork handlers the child would inherit it held by a thread it does
+    /// not have, and wait for ever.
+    #[test]
+    #[cfg_attr(miri, ignore = "fork")]
+    fn a_child_never_inherits_the_export_table_held() {
+        crate::fork::watch();
+        let held = exports();
+        let (forked, returned) = std::sync::mpsc::channel();
+        let forker = std::thread::spawn(move || {
+            // SAFETY: the child takes a lock and ends, calling nothing that is not fork-safe.
+            let pid = unsafe { libc::fork() };
+            if pid == 0 {
+                // SAFETY: plain calls; a child that hangs ends with SIGALRM.
+                unsafe {
+                    libc::alarm(10);
+                    drop(exports());
+                    libc::_exit(0);
+                }
+            }
+            forked.send(()).unwrap();
+            let mut status = 0;
+            // SAFETY: `status` is a live out-pointer; `pid` is this process's child.
+            assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+            status
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(
+            returned.try_recv().is_err(),
+            "fork returned while another thread held the table"
+        );
+        drop(held);
+        let status = forker.join().unwrap();
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "the child hung or failed (wait status {status:#x})"
+        );
+    }
 }
