@@ -211,7 +211,7 @@ pub(crate) fn forget() {
 /// For `ap_pool_destroy`, once it has taken `pool` out of the table: counts the destruction
 /// and waits for every call that may still be using the entry.
 pub(crate) fn retire(pool: u64) {
-    DESTROYED.fetch_add(1, Ordering::SeqCst);
+    forget();
     // A thread that makes its slot after this snapshot looks the pool up after it left the
     // table, and does not find it.
     let slots = super::lock(&SLOTS).clone();
