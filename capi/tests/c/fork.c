@@ -55,6 +55,21 @@ static void *hammer(void *arg) {
     return NULL;
 }
 
+/* A pool over virtual memory with a region holding `pattern`, published and opened again by
+ * this process as `opened_mapping`. */
+static ap_pool published_pool(const unsigned char *pattern, ap_region *region,
+                              ap_mapping *opened_mapping) {
+    ap_pool vm = 0;
+    char desc[4096];
+    size_t needed;
+    EXPECT(ap_pool_create(AP_SOURCE_VMM_SIM, NULL, &vm), AP_OK);
+    EXPECT(ap_alloc(vm, AP_KIND_DEVICE, LEN, region), AP_OK);
+    EXPECT(ap_copy_from_host(vm, *region, 0, pattern, LEN), AP_OK);
+    EXPECT(ap_share_publish(vm, *region, NULL, 0, desc, sizeof desc, &needed), AP_OK);
+    EXPECT(ap_share_open(AP_SOURCE_SIM, 0, desc, opened_mapping), AP_OK);
+    return vm;
+}
+
 /* What a child checks; its exit status is the number of failures (capped). */
 static void child(ap_region inherited, const unsigned char *pattern) {
     /* A hang is a failure: the parent sees the signal. */
@@ -103,16 +118,9 @@ static void child(ap_region inherited, const unsigned char *pattern) {
 
     /* Memory of its own, published and opened again: through an export service and a
      * runtime of the child's own (its parent's are not in it). */
-    ap_pool own_vm;
     ap_region mine;
     ap_mapping own_mapping;
-    char own_desc[4096];
-    size_t own_needed;
-    EXPECT(ap_pool_create(AP_SOURCE_VMM_SIM, NULL, &own_vm), AP_OK);
-    EXPECT(ap_alloc(own_vm, AP_KIND_DEVICE, LEN, &mine), AP_OK);
-    EXPECT(ap_copy_from_host(own_vm, mine, 0, pattern, LEN), AP_OK);
-    EXPECT(ap_share_publish(own_vm, mine, NULL, 0, own_desc, sizeof own_desc, &own_needed), AP_OK);
-    EXPECT(ap_share_open(AP_SOURCE_SIM, 0, own_desc, &own_mapping), AP_OK);
+    ap_pool own_vm = published_pool(pattern, &mine, &own_mapping);
     memset(back, 0, LEN);
     EXPECT(ap_mapping_read(own_mapping, 0, back, LEN), AP_OK);
     CHECK(memcmp(back, pattern, LEN) == 0);
@@ -131,16 +139,11 @@ int main(void) {
     EXPECT(ap_alloc(shared, AP_KIND_DEVICE, LEN, &kept), AP_OK);
     EXPECT(ap_copy_from_host(shared, kept, 0, pattern, LEN), AP_OK);
 
-    ap_pool vm;
     ap_region published;
     ap_mbuf mbuf;
     char desc[4096];
     size_t needed;
-    EXPECT(ap_pool_create(AP_SOURCE_VMM_SIM, NULL, &vm), AP_OK);
-    EXPECT(ap_alloc(vm, AP_KIND_DEVICE, LEN, &published), AP_OK);
-    EXPECT(ap_copy_from_host(vm, published, 0, pattern, LEN), AP_OK);
-    EXPECT(ap_share_publish(vm, published, NULL, 0, desc, sizeof desc, &needed), AP_OK);
-    EXPECT(ap_share_open(AP_SOURCE_SIM, 0, desc, &mapping), AP_OK);
+    ap_pool vm = published_pool(pattern, &published, &mapping);
     EXPECT(ap_mbuf_alloc(vm, LEN, AP_MBUF_NORMAL, &mbuf), AP_OK);
     EXPECT(ap_mbuf_write(vm, mbuf, 0, pattern, LEN), AP_OK);
     EXPECT(ap_mbuf_publish(vm, mbuf, NULL, 0, desc, sizeof desc, &needed), AP_OK);
