@@ -205,6 +205,15 @@ fn a_child_refuses_its_parents_pool_and_simulator_and_makes_its_own() {
                 sim.alloc_block(0, MemKind::DEVICE, 1 << 20),
             )?;
             forked("the simulator's stream", sim.create_stream(0))?;
+            // A new pool over the parent's simulator: made, but it cannot grow.
+            let over_parents = Pool::new(
+                Arc::clone(&sim) as Arc<dyn BlockSource>,
+                PoolConfig::default(),
+            )
+            .map_err(|e| e.to_string())?;
+            forked("a new pool's allocation", over_parents.alloc_device(4096))?;
+            forked("a new pool's stream", over_parents.create_stream())?;
+            drop(over_parents);
             check(
                 "zero statistics",
                 pool.stats(MemKind::DEVICE).live_regions == 0,
