@@ -16,7 +16,7 @@ use ascend_pool::source::acl::AclSource;
 use ascend_pool::source::sim::SimSource;
 use ascend_pool::source::vmm::{VmmConfig, VmmSource};
 use ascend_pool::source::{BlockSource, MemcpyKind};
-use ascend_pool::{Error, MemKind, Pool, PoolConfig};
+use ascend_pool::{Error, MemKind, Pool, PoolConfig, Region};
 
 /// Children forked per test.
 const CHILDREN: usize = 12;
@@ -205,6 +205,16 @@ fn a_child_refuses_its_parents_pool_and_simulator_and_makes_its_own() {
                 sim.alloc_block(0, MemKind::DEVICE, 1 << 20),
             )?;
             forked("the simulator's stream", sim.create_stream(0))?;
+            let f = frame.as_ref().unwrap();
+            check("no block found", sim.block_containing(f.addr()).is_none())?;
+            check(
+                "empty simulator statistics",
+                sim.stats() == Default::default(),
+            )?;
+            check(
+                "a description",
+                format!("{pool:?}").contains("forked: true"),
+            )?;
             // A new pool over the parent's simulator: made, but it cannot grow.
             let over_parents = Pool::new(
                 Arc::clone(&sim) as Arc<dyn BlockSource>,

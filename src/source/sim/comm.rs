@@ -151,6 +151,7 @@ impl SimSource {
     /// Writes already queued still land. Fails with [`Error::Invalid`] when no window
     /// starts at `addr`.
     pub fn deregister_window(&self, addr: usize) -> Result<()> {
+        self.ours()?;
         lock(&self.comm)
             .windows
             .remove(&addr)
@@ -194,6 +195,7 @@ impl SimSource {
     /// order: what `HcclChannelGetHcclBuffer` tells a caller of the real library. Refused
     /// (`HCCL_E_NOT_FOUND`) for a channel this simulator did not open.
     pub fn channel_windows(&self, channel: ChannelHandle) -> Result<Vec<(usize, u64)>> {
+        self.ours()?;
         let comm = lock(&self.comm);
         let remote = comm
             .channels

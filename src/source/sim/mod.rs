@@ -409,6 +409,14 @@ pub struct SimSource {
 
 impl std::fmt::Debug for SimSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.ours().is_err() {
+            // The parent's, in a child made by `fork`: its locks are not to be taken here.
+            return f
+                .debug_struct("SimSource")
+                .field("config", &self.config)
+                .field("forked", &true)
+                .finish_non_exhaustive();
+        }
         let (blocks, device_used) = {
             let mem = lock(&self.mem);
             (mem.blocks.len(), mem.device_used.clone())
@@ -502,8 +510,12 @@ impl SimSource {
         rule.runtime_rounded(size).ok()
     }
 
-    /// A snapshot of the call counters and the live usage.
+    /// A snapshot of the call counters and the live usage (empty in a child made by `fork`
+    /// of the process that made the simulator).
     pub fn stats(&self) -> SimStats {
+        if self.ours().is_err() {
+            return SimStats::default();
+        }
         let (calls, failures) = {
             let c = lock(&self.counters);
             (c.calls.clone(), c.failures.clone())
@@ -549,12 +561,17 @@ impl SimSource {
     /// assert!(sim.alloc_block(0, MemKind::DEVICE, 64).is_ok()); // the fault is spent
     /// ```
     pub fn inject_fault(&self, fault: Fault) {
-        lock(&self.faults).push(fault);
+        // In a child made by `fork`, every call is refused before any fault would fire.
+        if self.ours().is_ok() {
+            lock(&self.faults).push(fault);
+        }
     }
 
     /// Removes every planned fault.
     pub fn clear_faults(&self) {
-        lock(&self.faults).clear();
+        if self.ours().is_ok() {
+            lock(&self.faults).clear();
+        }
     }
 
     /// Queues `duration` of busy time on `stream`, as a kernel launch would.
@@ -656,8 +673,10 @@ impl SimSource {
         Ok(())
     }
 
-    /// The live block containing `addr`, as it was handed out.
+    /// The live block containing `addr`, as it was handed out (none in a child made by
+    /// `fork` of the process that made the simulator).
     pub fn block_containing(&self, addr: usize) -> Option<Block> {
+        self.ours().ok()?;
         let mem = lock(&self.mem);
         mem.block_containing(addr).map(|rec| Block {
             addr: rec.start(),
