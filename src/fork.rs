@@ -44,6 +44,18 @@ pub fn ours(generation: u64) -> bool {
     generation == FORKS.load(Ordering::Relaxed)
 }
 
+/// [`Error::Forked`](crate::Error::Forked) unless something made in `generation` was made by
+/// this process: the check every pool and source makes before it takes a lock or calls the
+/// runtime.
+#[inline]
+pub fn check(generation: u64) -> crate::Result<()> {
+    if ours(generation) {
+        Ok(())
+    } else {
+        Err(crate::Error::Forked)
+    }
+}
+
 /// Registers the fork handlers, once per process (a child inherits the registration).
 /// [`generation`] calls it; a library that takes locks of its own around a fork calls it
 /// before registering its own handlers, so that its locks are taken before this module's.

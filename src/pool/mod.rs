@@ -1017,10 +1017,7 @@ impl PoolInner {
     /// Refuses a call on the parent's pool in a child made by `fork`.
     #[inline]
     fn ours(&self) -> Result<()> {
-        if self.forked() {
-            return Err(Error::Forked);
-        }
-        Ok(())
+        crate::fork::check(self.forks)
     }
 
     fn rule(&self, kind: MemKind, align: u64) -> Result<CarveRule> {

@@ -300,11 +300,8 @@ impl<R: VmmRuntime> VmmSource<R> {
 
     /// The block and extent maps; refused in a child made by `fork`.
     fn state(&self) -> Result<MutexGuard<'_, VmmState>> {
-        if crate::fork::ours(self.forks) {
-            Ok(lock(&self.state))
-        } else {
-            Err(Error::Forked)
-        }
+        crate::fork::check(self.forks)?;
+        Ok(lock(&self.state))
     }
 
     /// The runtime underneath.

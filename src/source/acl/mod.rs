@@ -357,11 +357,8 @@ impl AclSource {
     /// The library's functions; refused in a child made by `fork`, which has none of the
     /// parent's device context.
     fn api(&self) -> Result<&sys::AclApi> {
-        if crate::fork::ours(self.forks) {
-            Ok(&self.api)
-        } else {
-            Err(Error::Forked)
-        }
+        crate::fork::check(self.forks)?;
+        Ok(&self.api)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Live> {

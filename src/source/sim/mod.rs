@@ -717,11 +717,7 @@ impl SimSource {
 
     /// Refuses a call in a child made by `fork` of the process that made the simulator.
     fn ours(&self) -> Result<()> {
-        if crate::fork::ours(self.forks) {
-            Ok(())
-        } else {
-            Err(Error::Forked)
-        }
+        crate::fork::check(self.forks)
     }
 
     fn stream(&self, stream: StreamHandle) -> Result<Arc<Stream>, AclError> {
