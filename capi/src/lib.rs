@@ -348,12 +348,20 @@ impl std::hash::Hasher for HandleHasher {
 /// A map keyed by handle.
 type Handles<T> = HashMap<u64, T, std::hash::BuildHasherDefault<HandleHasher>>;
 
+/// One region table, on cache lines of its own: threads allocate from consecutive handle
+/// blocks, and so from neighbouring tables, whose locks would otherwise share a line.
+#[derive(Debug, Default)]
+#[repr(align(128))]
+struct Shard(Mutex<Handles<Shared<AnyRegion>>>);
+
+const_assert_eq!(std::mem::align_of::<Shard>(), 128);
+
 /// One pool and what its handles name.
 #[derive(Debug)]
 struct Entry {
     /// Live regions by handle. A region is locked while a call uses it, so a free racing with
     /// a copy waits for the copy (the handle is gone at once; the memory goes after).
-    regions: [Mutex<Handles<Shared<AnyRegion>>>; SHARDS],
+    regions: [Shard; SHARDS],
     /// Live streams by handle.
     streams: Mutex<Handles<Arc<Stream>>>,
     /// Live buffer handles; several may name one buffer.
@@ -502,7 +510,7 @@ fn mem_kind(pool: &Pool, kind: c_int) -> Result<MemKind, Failure> {
 
 impl Entry {
     fn table(&self, handle: u64) -> &Mutex<Handles<Shared<AnyRegion>>> {
-        &self.regions[((handle / HANDLE_BLOCK) % SHARDS as u64) as usize]
+        &self.regions[((handle / HANDLE_BLOCK) % SHARDS as u64) as usize].0
     }
 
     /// `missing` for a handle not in a table, unless the pool is being destroyed.
@@ -700,7 +708,7 @@ pub unsafe extern "C" fn ap_pool_destroy(pool: u64, freed_regions: *mut u64) -> 
         let waited = streams.iter().try_for_each(|s| s.synchronize());
         let mut freed = 0;
         for table in &entry.regions {
-            let regions: Vec<_> = lock(table).drain().collect();
+            let regions: Vec<_> = lock(&table.0).drain().collect();
             freed += regions.len() as u64;
         }
         let mbufs: Vec<_> = lock(&entry.mbufs).drain().collect();
