@@ -5,7 +5,7 @@
 use ascend_pool::comm::{CommThread, RemoteWindow};
 use ascend_pool::source::{ChannelHandle, CommThreadHandle};
 
-use super::{entry, lock, non_null, run, AnyRegion, Failure, Status};
+use super::{entry, hold, non_null, run, AnyRegion, Failure, Status};
 
 /// The runtime's own handle of `stream` (an `aclrtStream` over `libascendcl.so`), for a
 /// library that queues work on the same stream: HCCL's `HcclThreadAcquireWithStream`, say.
@@ -50,7 +50,7 @@ pub unsafe extern "C" fn ap_write_remote(
         let e = entry(pool)?;
         let s = e.stream(stream)?;
         let r = e.region(src)?;
-        let r = lock(&r);
+        let r = hold(&r);
         let addr = usize::try_from(window_addr)
             .map_err(|_| Failure::Invalid(format!("window address {window_addr:#x}")))?;
         // SAFETY: the caller's contract is `from_raw`'s (above).

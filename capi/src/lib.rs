@@ -311,6 +311,77 @@ macro_rules! with_region {
 
 type Shared<T> = Arc<Mutex<T>>;
 
+/// A region's cell in its table. It holds the region (`Some`) while the handle is live; an
+/// empty cell is only ever a spare (see [`spare_cell`]), which no table and no call can reach.
+type RegionCell = Shared<Option<AnyRegion>>;
+
+/// The region a call has locked.
+struct Held<'a>(MutexGuard<'a, Option<AnyRegion>>);
+
+impl std::ops::Deref for Held<'_> {
+    type Target = AnyRegion;
+    fn deref(&self) -> &AnyRegion {
+        // A cell reached through a table is never empty (see `RegionCell`).
+        self.0.as_ref().expect("a live region's cell holds it")
+    }
+}
+
+impl std::ops::DerefMut for Held<'_> {
+    fn deref_mut(&mut self) -> &mut AnyRegion {
+        self.0.as_mut().expect("a live region's cell holds it")
+    }
+}
+
+/// Locks a region for a call.
+fn hold(cell: &RegionCell) -> Held<'_> {
+    Held(lock(cell))
+}
+
+/// Empty cells a thread keeps for its next allocations, at most.
+const SPARE_CELLS: usize = 256;
+
+thread_local! {
+    /// Cells of regions this thread freed, emptied, for its next allocations: a cell is a heap
+    /// allocation, and a batch of frees followed by a batch of allocations would otherwise take
+    /// most of them from the C allocator's slower paths.
+    static SPARES: RefCell<Vec<RegionCell>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A cell holding `region`: one of this thread's spares, or a new one.
+fn spare_cell(region: AnyRegion) -> RegionCell {
+    // Gone only in a call from a thread-local destructor: that call makes a new cell.
+    let spare = SPARES.try_with(|s| s.borrow_mut().pop()).ok().flatten();
+    match spare {
+        Some(mut cell) => match Arc::get_mut(&mut cell) {
+            // A spare has no other owner: it was unique when kept, and nothing can reach it.
+            Some(m) => {
+                *m.get_mut().unwrap_or_else(|p| p.into_inner()) = Some(region);
+                cell
+            }
+            None => Arc::new(Mutex::new(Some(region))),
+        },
+        None => Arc::new(Mutex::new(Some(region))),
+    }
+}
+
+/// Takes the region out of a cell no table holds any more. `None` when another thread's call
+/// still holds the cell: its drop frees the region when that call is done.
+fn take_region(mut cell: RegionCell) -> Option<AnyRegion> {
+    let m = Arc::get_mut(&mut cell)?;
+    // A call that panicked while it held the region poisoned the cell: not kept.
+    let keep = !m.is_poisoned();
+    let region = m.get_mut().unwrap_or_else(|p| p.into_inner()).take();
+    if keep {
+        let _ = SPARES.try_with(|s| {
+            let mut s = s.borrow_mut();
+            if s.len() < SPARE_CELLS {
+                s.push(cell);
+            }
+        });
+    }
+    region
+}
+
 mod comm;
 mod fork;
 mod lookup;
@@ -352,7 +423,7 @@ type Handles<T> = HashMap<u64, T, std::hash::BuildHasherDefault<HandleHasher>>;
 /// blocks, and so from neighbouring tables, whose locks would otherwise share a line.
 #[derive(Debug, Default)]
 #[repr(align(128))]
-struct Shard(Mutex<Handles<Shared<AnyRegion>>>);
+struct Shard(Mutex<Handles<RegionCell>>);
 
 const_assert_eq!(std::mem::align_of::<Shard>(), 128);
 
@@ -509,7 +580,7 @@ fn mem_kind(pool: &Pool, kind: c_int) -> Result<MemKind, Failure> {
 }
 
 impl Entry {
-    fn table(&self, handle: u64) -> &Mutex<Handles<Shared<AnyRegion>>> {
+    fn table(&self, handle: u64) -> &Mutex<Handles<RegionCell>> {
         &self.regions[((handle / HANDLE_BLOCK) % SHARDS as u64) as usize].0
     }
 
@@ -537,10 +608,10 @@ impl Entry {
 
     fn insert(&self, region: AnyRegion) -> Result<u64, Failure> {
         let handle = next_handle();
-        self.file(self.table(handle), handle, Arc::new(Mutex::new(region)))
+        self.file(self.table(handle), handle, spare_cell(region))
     }
 
-    fn region(&self, handle: u64) -> Result<Shared<AnyRegion>, Failure> {
+    fn region(&self, handle: u64) -> Result<RegionCell, Failure> {
         let found = lock(self.table(handle)).get(&handle).cloned();
         found.ok_or_else(|| self.gone(Failure::BadRegion(handle)))
     }
@@ -565,11 +636,11 @@ impl Entry {
         let (d, s) = (self.region(dst)?, self.region(src)?);
         let (mut dg, sg);
         if dst < src {
-            dg = lock(&d);
-            sg = lock(&s);
+            dg = hold(&d);
+            sg = hold(&s);
         } else {
-            sg = lock(&s);
-            dg = lock(&d);
+            sg = hold(&s);
+            dg = hold(&d);
         }
         f(&mut dg, &sg)
     }
@@ -1043,8 +1114,7 @@ pub extern "C" fn ap_free(pool: u64, region: u64) -> Status {
         let r = found.ok_or_else(|| e.gone(Failure::BadRegion(region)))?;
         // Another thread's call still holding it frees it when done (its drop reports an
         // overrun to the pool's corruption list instead).
-        if let Ok(r) = Arc::try_unwrap(r) {
-            let r = r.into_inner().unwrap_or_else(|p| p.into_inner());
+        if let Some(r) = take_region(r) {
             with_region!(r, x => x.free())?;
         }
         Ok(())
@@ -1064,7 +1134,7 @@ pub unsafe extern "C" fn ap_region_get_info(
     run(|| {
         let out = non_null(out, "out")?;
         let r = entry(pool)?.region(region)?;
-        let r = lock(&r);
+        let r = hold(&r);
         let info = with_region!(&*r, x => RegionInfo {
             addr: x.addr() as u64,
             len: x.len(),
@@ -1089,7 +1159,7 @@ pub unsafe extern "C" fn ap_host_ptr(pool: u64, region: u64, out: *mut *mut c_vo
     run(|| {
         let out = non_null(out, "out")?;
         let r = entry(pool)?.region(region)?;
-        let mut r = lock(&r);
+        let mut r = hold(&r);
         let AnyRegion::Host(h) = &mut *r else {
             let got = with_region!(&*r, x => x.kind());
             return Err(Error::WrongKind {
@@ -1113,7 +1183,7 @@ pub extern "C" fn ap_record_stream(pool: u64, region: u64, stream: u64) -> Statu
         let e = entry(pool)?;
         let r = e.region(region)?;
         let s = e.stream(stream)?;
-        let r = lock(&r);
+        let r = hold(&r);
         Ok(with_region!(&*r, x => x.record_stream(&s))?)
     })
 }
@@ -1181,7 +1251,7 @@ pub unsafe extern "C" fn ap_copy_from_host(
         let r = e.region(dst)?;
         // SAFETY: as this function's contract.
         let bytes = unsafe { host_bytes(src, offset, len)? };
-        let mut r = lock(&r);
+        let mut r = hold(&r);
         Ok(with_region!(&mut *r, x => e.pool.copy_from_host(x, offset, bytes))?)
     })
 }
@@ -1204,7 +1274,7 @@ pub unsafe extern "C" fn ap_copy_to_host(
         let r = e.region(src)?;
         // SAFETY: as this function's contract.
         let out = unsafe { host_bytes_mut(dst, offset, len)? };
-        let r = lock(&r);
+        let r = hold(&r);
         Ok(with_region!(&*r, x => e.pool.copy_to_host(x, offset, out))?)
     })
 }
@@ -1234,7 +1304,7 @@ pub extern "C" fn ap_memset(pool: u64, dst: u64, offset: u64, value: u8, len: u6
     run(|| {
         let e = entry(pool)?;
         let r = e.region(dst)?;
-        let mut r = lock(&r);
+        let mut r = hold(&r);
         Ok(with_region!(&mut *r, x => e.pool.memset(x, offset, value, len))?)
     })
 }
@@ -1311,7 +1381,7 @@ pub extern "C" fn ap_memset_async(
         let e = entry(pool)?;
         let s = e.stream(stream)?;
         let r = e.region(dst)?;
-        let mut r = lock(&r);
+        let mut r = hold(&r);
         Ok(with_region!(&mut *r, x => e.pool.memset_async(x, offset, value, len, &s))?)
     })
 }
@@ -1450,6 +1520,77 @@ mod tests {
         };
         assert_ne!(bytes(b"ab"), bytes(b"ba"));
         assert_ne!(bytes(b"a"), bytes(b"b"));
+    }
+
+    fn spares() -> usize {
+        SPARES.with(|s| s.borrow().len())
+    }
+
+    fn live_host(pool: &Pool) -> u64 {
+        pool.stats(MemKind::Host).live_regions
+    }
+
+    /// A freed region's cell serves the thread's next allocation; a cell another call still
+    /// holds is left to that call, whose drop frees the region.
+    #[test]
+    fn a_freed_regions_cell_is_reused_unless_a_call_still_holds_it() {
+        let pool = Pool::new(Arc::new(SimSource::default()), PoolConfig::default()).unwrap();
+        let before = spares();
+        let cell = spare_cell(AnyRegion::Host(pool.alloc_host(100).unwrap()));
+        let at = Arc::as_ptr(&cell);
+        let r = take_region(cell).expect("the only owner takes the region");
+        assert_eq!(spares(), before + 1);
+        assert_eq!(
+            live_host(&pool),
+            1,
+            "taking it out of its cell does not free it"
+        );
+        with_region!(r, x => x.free()).unwrap();
+        assert_eq!(live_host(&pool), 0);
+
+        let cell = spare_cell(AnyRegion::Host(pool.alloc_host(200).unwrap()));
+        assert_eq!(Arc::as_ptr(&cell), at, "the spare is used again");
+        assert_eq!(spares(), before);
+        assert_eq!(with_region!(&*hold(&cell), x => x.len()), 200);
+
+        // A copy on another thread still holds the cell when the free takes it out of its table.
+        let copy = Arc::clone(&cell);
+        assert!(take_region(cell).is_none());
+        assert_eq!(spares(), before, "a shared cell is not kept");
+        assert_eq!(live_host(&pool), 1);
+        drop(copy);
+        assert_eq!(
+            live_host(&pool),
+            0,
+            "the last holder's drop frees the region"
+        );
+    }
+
+    #[test]
+    fn a_poisoned_cell_is_not_kept_and_spares_are_bounded() {
+        let pool = Pool::new(Arc::new(SimSource::default()), PoolConfig::default()).unwrap();
+        let before = spares();
+        let cell = spare_cell(AnyRegion::Host(pool.alloc_host(64).unwrap()));
+        let c = Arc::clone(&cell);
+        let _ = std::thread::spawn(move || {
+            let _g = c.lock().unwrap();
+            panic!("a call panics while it holds the region");
+        })
+        .join();
+        assert!(cell.is_poisoned());
+        let r = take_region(cell).expect("the region still comes out");
+        assert_eq!(spares(), before);
+        drop(r);
+        assert_eq!(live_host(&pool), 0);
+
+        let cells: Vec<_> = (0..SPARE_CELLS + 10)
+            .map(|_| spare_cell(AnyRegion::Host(pool.alloc_host(64).unwrap())))
+            .collect();
+        for c in cells {
+            drop(take_region(c));
+        }
+        assert_eq!(spares(), SPARE_CELLS);
+        assert_eq!(live_host(&pool), 0);
     }
 
     #[test]

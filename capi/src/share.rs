@@ -226,7 +226,7 @@ pub unsafe extern "C" fn ap_share_publish(
             needed,
             |e, publisher, access| {
                 let r = e.region(region)?;
-                let r = lock(&r);
+                let r = hold(&r);
                 let (addr, len, kind) = with_region!(&*r, x => (x.addr(), x.len(), x.kind()));
                 if !is_virtual(kind) {
                     return Err(Error::WrongKind {
