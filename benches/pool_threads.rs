@@ -8,7 +8,10 @@
 //!   per-kind pools);
 //! - `uncached`: thread caches off, so every call takes its kind's lock;
 //! - `mutex_pool`: thread caches off and every call behind one global mutex, the way a
-//!   single-threaded allocator is usually shared.
+//!   single-threaded allocator is usually shared;
+//! - `kinds` and `uncached_kinds`: as `pool` and `uncached`, but the threads allocate
+//!   different memory kinds (device, host, DVPP, then cached device), as a decode thread and
+//!   an inference thread do: they share the pool and none of its kind locks.
 //!
 //! For instruction counts, `POOL_THREADS_ROUNDS=n` skips criterion and runs `n` rounds on
 //! one thread (variant `POOL_THREADS_VARIANT`, default `pool`; length `POOL_THREADS_LEN`,
@@ -20,6 +23,7 @@
 
 use ascend_pool::pool::{Pool, PoolConfig};
 use ascend_pool::source::sim::SimSource;
+use ascend_pool::MemKind;
 use criterion::{criterion_group, BenchmarkId, Criterion, Throughput};
 use std::hint::black_box;
 use std::sync::{Arc, Barrier, Mutex};
@@ -33,7 +37,12 @@ struct Variant {
     pool: Arc<Pool>,
     /// Held around every call when set.
     global: Option<Arc<Mutex<()>>>,
+    /// Thread `i` allocates kind `KINDS[i % 4]` instead of device memory.
+    per_thread_kind: bool,
 }
+
+/// The kinds of the `*kinds` variants' threads, in thread order.
+const KINDS: [&str; 4] = ["device", "host", "dvpp", "cached"];
 
 fn variants() -> Vec<Variant> {
     let pool =
@@ -44,32 +53,68 @@ fn variants() -> Vec<Variant> {
             name: "pool",
             pool: pool(PoolConfig::default()),
             global: None,
+            per_thread_kind: false,
         },
         Variant {
             name: "uncached",
             pool: pool(uncached()),
             global: None,
+            per_thread_kind: false,
         },
         Variant {
             name: "mutex_pool",
             pool: pool(uncached()),
             global: Some(Arc::new(Mutex::new(()))),
+            per_thread_kind: false,
+        },
+        Variant {
+            name: "kinds",
+            pool: pool(PoolConfig::default()),
+            global: None,
+            per_thread_kind: true,
+        },
+        Variant {
+            name: "uncached_kinds",
+            pool: pool(uncached()),
+            global: None,
+            per_thread_kind: true,
         },
     ]
 }
 
 /// One thread's work: `rounds` batches of `BATCH` allocations, each batch then dropped.
+/// `thread` picks the kind in the `*kinds` variants.
 #[inline(never)]
-fn work(v: &Variant, len: u64, rounds: u64) {
+fn work(v: &Variant, len: u64, rounds: u64, thread: usize) {
+    let p = &v.pool;
+    let kind = if v.per_thread_kind {
+        thread % KINDS.len()
+    } else {
+        0
+    };
+    match KINDS[kind] {
+        "host" => batches(v, rounds, || p.alloc_host(len).unwrap()),
+        "dvpp" => batches(v, rounds, || p.alloc_dvpp(len).unwrap()),
+        "cached" => batches(v, rounds, || {
+            let k = MemKind::Cached(p.config().policy);
+            p.alloc_device_kind(k, len).unwrap()
+        }),
+        _ => batches(v, rounds, || p.alloc_device(len).unwrap()),
+    }
+}
+
+/// `rounds` batches of `BATCH` regions from `alloc`, each batch then dropped.
+#[inline(always)]
+fn batches<R>(v: &Variant, rounds: u64, alloc: impl Fn() -> R) {
     let mut held = Vec::with_capacity(BATCH);
     for _ in 0..rounds {
         for _ in 0..BATCH {
             let r = match &v.global {
                 Some(m) => {
                     let _g = m.lock().unwrap();
-                    v.pool.alloc_device(len).unwrap()
+                    alloc()
                 }
-                None => v.pool.alloc_device(len).unwrap(),
+                None => alloc(),
             };
             held.push(r);
         }
@@ -89,17 +134,17 @@ fn work(v: &Variant, len: u64, rounds: u64) {
 fn run(v: &Arc<Variant>, threads: usize, len: u64, rounds: u64) -> Duration {
     if threads == 1 {
         let t = Instant::now();
-        work(v, len, rounds);
+        work(v, len, rounds, 0);
         return t.elapsed();
     }
     let barrier = Arc::new(Barrier::new(threads + 1));
     let handles: Vec<_> = (0..threads)
-        .map(|_| {
+        .map(|i| {
             let (v, barrier) = (Arc::clone(v), Arc::clone(&barrier));
             std::thread::spawn(move || {
-                work(&v, len, 1); // warm this thread's cache outside the timing
+                work(&v, len, 1, i); // warm this thread's cache outside the timing
                 barrier.wait();
-                work(&v, len, rounds);
+                work(&v, len, rounds, i);
                 barrier.wait();
             })
         })
@@ -164,8 +209,8 @@ fn main() {
             .find(|v| v.name == name)
             .expect("a variant name");
         if threads == 0 {
-            work(&v, len, 1);
-            work(&v, len, rounds);
+            work(&v, len, 1, 0);
+            work(&v, len, rounds, 0);
             return;
         }
         let v = Arc::new(v);
