@@ -313,7 +313,12 @@ fn memo_slot(footprint: u64) -> usize {
 }
 
 /// Shared state behind a [`Pool`] and its regions.
+///
+/// Laid out so that threads working different kinds write no cache line in common: each kind
+/// lock is 128-byte aligned (so is this struct, which keeps the `Arc`'s counts, written at
+/// every allocation and free, off the first kind's line), and so is each `free_hint`.
 #[derive(Debug)]
+#[repr(align(128))]
 pub(crate) struct PoolInner {
     pub(crate) source: Arc<dyn BlockSource>,
     pub(crate) config: PoolConfig,
@@ -349,8 +354,16 @@ pub(crate) struct PoolInner {
     /// allocated), as of the kind lock's last change to either. Read without the lock to
     /// budget the shape slots (see [`shapes`]); exact between two locked changes, since
     /// slot and cache traffic changes neither.
-    free_hint: [AtomicU64; 5],
+    free_hint: [PaddedU64; 5],
 }
+
+/// An atomic on 128 bytes of its own (two cache lines: the adjacent-line prefetcher fetches
+/// pairs).
+#[derive(Debug)]
+#[repr(align(128))]
+struct PaddedU64(AtomicU64);
+
+static_assertions::const_assert_eq!(std::mem::align_of::<PoolInner>(), 128);
 
 /// Which shape slots [`PoolInner::empty_slots`] empties.
 #[derive(Debug, Clone, Copy)]
@@ -606,7 +619,7 @@ impl Pool {
                 plain: !config.debug && recorder.is_none(),
                 shapes: std::array::from_fn(|_| Default::default()),
                 slots_on: config.thread_cache > 0 && !config.debug && recorder.is_none(),
-                free_hint: std::array::from_fn(|_| AtomicU64::new(0)),
+                free_hint: std::array::from_fn(|_| PaddedU64(AtomicU64::new(0))),
                 recorder,
                 config,
             }),
@@ -2220,7 +2233,9 @@ impl PoolInner {
             .stats
             .reserved_bytes
             .saturating_sub(k.stats.allocated_bytes);
-        self.free_hint[k.kind.index()].store(free, Ordering::Relaxed);
+        self.free_hint[k.kind.index()]
+            .0
+            .store(free, Ordering::Relaxed);
     }
 
     /// Frees `raw` into its kind's shape slot, which may hand an older segment back to the
@@ -2235,7 +2250,7 @@ impl PoolInner {
         // Had every segment in the slots gone to its engine, the kind would have this many
         // free bytes: while they stay within the release threshold, no chunk would have
         // gone back, so holding them changes nothing the source sees.
-        let free = owner.free_hint[raw.kind.index()].load(Ordering::Relaxed);
+        let free = owner.free_hint[raw.kind.index()].0.load(Ordering::Relaxed);
         if free >= owner.config.release_threshold {
             return owner.release_to_kind(&raw, &[]);
         }
