@@ -26,7 +26,7 @@
 
 use crate::error::{Error, Result};
 use crate::kind::MemKind;
-use crate::pool::{Pool, PoolInner, RawSegment};
+use crate::pool::{Owner, Pool, PoolInner, RawSegment};
 use crate::source::{BlockSource, EventHandle, MemcpyKind, StreamHandle};
 use smallvec::SmallVec;
 use std::marker::PhantomData;
@@ -105,7 +105,7 @@ impl AlignMarker for Align128 {
 pub struct Segment {
     /// The pool, until the segment is freed: the free hands this handle on (a thread
     /// cache keeps it for the next region of the same shape). `None` only once freed.
-    pool: Option<Arc<PoolInner>>,
+    pool: Option<Owner>,
     raw: RawSegment,
     /// Streams that have queued work on this segment (`record_stream`).
     streams: Mutex<SmallVec<[StreamHandle; 2]>>,
@@ -117,7 +117,7 @@ pub struct Segment {
 }
 
 impl Segment {
-    fn new(pool: Arc<PoolInner>, raw: RawSegment) -> Self {
+    fn new(pool: Owner, raw: RawSegment) -> Self {
         Self {
             pool: Some(pool),
             raw,
@@ -165,7 +165,11 @@ impl Segment {
 
     fn pool(&self) -> &Arc<PoolInner> {
         // Only `free` takes the handle, and nothing uses a segment after it.
-        self.pool.as_ref().expect("a live segment has its pool")
+        &self
+            .pool
+            .as_ref()
+            .expect("a live segment has its pool")
+            .pool
     }
 
     /// Marks the segment as used by work queued on `stream`: its memory is reused only
@@ -476,7 +480,9 @@ impl Pool {
 
     fn segment_on(&self, kind: MemKind, len: u64, align: u64, stream: &Stream) -> Result<Segment> {
         self.own_stream(stream)?;
-        let (raw, pool, after) = self.inner.allocate_on(kind, len, align, stream.handle)?;
+        let (raw, pool, after) =
+            self.inner
+                .allocate_on(self.anchor(kind), kind, len, align, stream.handle)?;
         let seg = Segment::new(pool, raw);
         *seg.after.lock().unwrap_or_else(|p| p.into_inner()) = after.map(|ev| (stream.handle, ev));
         seg.note_stream(stream.handle);

@@ -524,8 +524,40 @@ impl RawSegment {
 #[repr(C, align(16))]
 pub(crate) struct OwnedSegment {
     pub(crate) raw: RawSegment,
-    pub(crate) owner: Arc<PoolInner>,
+    pub(crate) owner: Owner,
 }
+
+/// What a live segment holds to keep its pool alive: its kind's anchor. A pool has one anchor
+/// per kind, each an allocation on cache lines of its own, so the reference count that every
+/// allocation from a kind pool takes and every free into it drops is the kind's, not the
+/// pool's: threads working different kinds no longer write one shared count (two threads on
+/// two kinds took about 35% longer per call with it; `docs/benchmarks.md`, session 70).
+#[repr(align(128))]
+pub(crate) struct KindAnchor {
+    pub(crate) pool: Arc<PoolInner>,
+}
+
+static_assertions::const_assert_eq!(std::mem::align_of::<KindAnchor>(), 128);
+
+impl std::fmt::Debug for KindAnchor {
+    // The pool's own fields would repeat for every anchor and segment.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KindAnchor")
+            .field("pool", &self.pool.id)
+            .finish()
+    }
+}
+
+impl std::ops::Deref for KindAnchor {
+    type Target = PoolInner;
+    #[inline(always)]
+    fn deref(&self) -> &PoolInner {
+        &self.pool
+    }
+}
+
+/// A counted reference on a kind's [`KindAnchor`], and so on its pool.
+pub(crate) type Owner = Arc<KindAnchor>;
 
 // The hit path returns it by value through each layer (see `take_cached`).
 static_assertions::const_assert!(std::mem::size_of::<Option<OwnedSegment>>() <= 48);
@@ -576,6 +608,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 #[derive(Debug)]
 pub struct Pool {
     pub(crate) inner: Arc<PoolInner>,
+    /// One per kind, by [`MemKind::index`]: what the segments of that kind hold.
+    pub(crate) anchors: [Owner; 5],
 }
 
 impl Pool {
@@ -605,25 +639,29 @@ impl Pool {
                 parked_in: [(0, 0); MEMO_SLOTS],
             })
         });
-        Ok(Self {
-            inner: Arc::new_cyclic(|me| PoolInner {
-                source,
-                kinds,
-                idle_events: Mutex::new(Vec::new()),
-                corruption: Mutex::new(Vec::new()),
-                caches: (config.thread_cache > 0).then(|| CacheRegistry::new(config.thread_cache)),
-                id: NEXT_POOL_ID.fetch_add(1, Ordering::Relaxed),
-                closed: AtomicBool::new(false),
-                forks: crate::fork::generation(),
-                me: Weak::clone(me),
-                plain: !config.debug && recorder.is_none(),
-                shapes: std::array::from_fn(|_| Default::default()),
-                slots_on: config.thread_cache > 0 && !config.debug && recorder.is_none(),
-                free_hint: std::array::from_fn(|_| PaddedU64(AtomicU64::new(0))),
-                recorder,
-                config,
-            }),
-        })
+        let inner = Arc::new_cyclic(|me| PoolInner {
+            source,
+            kinds,
+            idle_events: Mutex::new(Vec::new()),
+            corruption: Mutex::new(Vec::new()),
+            caches: (config.thread_cache > 0).then(|| CacheRegistry::new(config.thread_cache)),
+            id: NEXT_POOL_ID.fetch_add(1, Ordering::Relaxed),
+            closed: AtomicBool::new(false),
+            forks: crate::fork::generation(),
+            me: Weak::clone(me),
+            plain: !config.debug && recorder.is_none(),
+            shapes: std::array::from_fn(|_| Default::default()),
+            slots_on: config.thread_cache > 0 && !config.debug && recorder.is_none(),
+            free_hint: std::array::from_fn(|_| PaddedU64(AtomicU64::new(0))),
+            recorder,
+            config,
+        });
+        let anchors = std::array::from_fn(|_| {
+            Arc::new(KindAnchor {
+                pool: Arc::clone(&inner),
+            })
+        });
+        Ok(Self { inner, anchors })
     }
 
     /// A pool over the simulator with the configuration in `ASCEND_POOL_CONF`.
@@ -845,7 +883,13 @@ impl Pool {
     /// constructors and the replay).
     #[inline]
     pub(crate) fn alloc_raw(&self, kind: MemKind, len: u64, align: u64) -> Result<OwnedSegment> {
-        self.inner.allocate(kind, len, align)
+        self.inner
+            .allocate(&self.anchors[kind.index()], kind, len, align)
+    }
+
+    /// The anchor segments of `kind` hold.
+    pub(crate) fn anchor(&self, kind: MemKind) -> &Owner {
+        &self.anchors[kind.index()]
     }
 }
 
@@ -1050,7 +1094,13 @@ impl PoolInner {
     /// from the kind pool. Always inline: a hit is then built straight into the caller's
     /// result (see [`OwnedSegment`]).
     #[inline(always)]
-    fn allocate(self: &Arc<Self>, kind: MemKind, len: u64, align: u64) -> Result<OwnedSegment> {
+    fn allocate(
+        &self,
+        anchor: &Owner,
+        kind: MemKind,
+        len: u64,
+        align: u64,
+    ) -> Result<OwnedSegment> {
         // The thread cache first: a held segment of this very shape proves `len` and
         // `align` valid, so the rule's checks wait for a miss.
         let max = self.config.thread_cache_max;
@@ -1065,7 +1115,7 @@ impl PoolInner {
                 known = Some(footprint);
             }
         }
-        self.allocate_uncached(kind, len, align, known)
+        self.allocate_uncached(anchor, kind, len, align, known)
     }
 
     /// [`allocate`](Self::allocate) past the thread cache; `known` is the footprint when
@@ -1077,7 +1127,8 @@ impl PoolInner {
     /// (the registers it saves and restores; `docs/benchmarks.md`, session 38).
     #[inline(never)]
     fn allocate_uncached(
-        self: &Arc<Self>,
+        &self,
+        anchor: &Owner,
         kind: MemKind,
         len: u64,
         align: u64,
@@ -1092,13 +1143,14 @@ impl PoolInner {
                 return Ok(c);
             }
         }
-        self.allocate_carved(kind, len, align, known)
+        self.allocate_carved(anchor, kind, len, align, known)
     }
 
     /// The kind pool's allocation, for [`allocate_uncached`](Self::allocate_uncached).
     #[inline(never)]
     fn allocate_carved(
-        self: &Arc<Self>,
+        &self,
+        anchor: &Owner,
         kind: MemKind,
         len: u64,
         align: u64,
@@ -1113,7 +1165,7 @@ impl PoolInner {
         let raw = self.allocate_from_kind(kind, len, align, rule, footprint)?;
         Ok(OwnedSegment {
             raw,
-            owner: Arc::clone(self),
+            owner: Arc::clone(anchor),
         })
     }
 
@@ -1123,12 +1175,13 @@ impl PoolInner {
     /// work. The event comes back with it, for the new region to order any other use
     /// (host-side access, other streams) after the old work.
     pub(crate) fn allocate_on(
-        self: &Arc<Self>,
+        &self,
+        anchor: &Owner,
         kind: MemKind,
         len: u64,
         align: u64,
         stream: StreamHandle,
-    ) -> Result<(RawSegment, Arc<PoolInner>, Option<EventHandle>)> {
+    ) -> Result<(RawSegment, Owner, Option<EventHandle>)> {
         self.ours()?;
         let rule = self.rule(kind, align)?;
         rule.footprint(len)?;
@@ -1151,10 +1204,10 @@ impl PoolInner {
                 r.alloc(kind, raw.addr, len, align);
             }
             let after = p.events.first().and_then(|&(ev, _)| ev);
-            return Ok((raw, Arc::clone(self), after));
+            return Ok((raw, Arc::clone(anchor), after));
         }
         drop(k);
-        let OwnedSegment { raw, owner } = self.allocate(kind, len, align)?;
+        let OwnedSegment { raw, owner } = self.allocate(anchor, kind, len, align)?;
         Ok((raw, owner, None))
     }
 
@@ -1791,11 +1844,7 @@ impl PoolInner {
     /// `owner` is the pool handle the segment's region held. Inline, like
     /// [`allocate`](Self::allocate): a put builds the cached segment straight into its bin.
     #[inline]
-    pub(crate) fn release(
-        owner: Arc<PoolInner>,
-        seg: &RawSegment,
-        streams: &[StreamHandle],
-    ) -> Result<()> {
+    pub(crate) fn release(owner: Owner, seg: &RawSegment, streams: &[StreamHandle]) -> Result<()> {
         // No stream uses it: this thread's cache may keep it. (A region releases its
         // segment exactly once, so the registry check below is not needed to get here.)
         if !(streams.is_empty() && owner.cacheable(seg.footprint())) {
@@ -2242,7 +2291,7 @@ impl PoolInner {
     /// engine or decline this one. Out of line: [`release`](Self::release)'s cache path
     /// stays as short as it was.
     #[inline(never)]
-    fn put_in_slot(owner: Arc<PoolInner>, raw: RawSegment) -> Result<()> {
+    fn put_in_slot(owner: Owner, raw: RawSegment) -> Result<()> {
         if owner.forked() {
             return Ok(());
         }
@@ -2562,6 +2611,78 @@ mod handle_tests {
         PoolInner::release(owner, &again, &[]).unwrap();
         pool.validate().unwrap();
         assert_eq!(pool.stats(MemKind::DEVICE).live_regions, 0);
+    }
+}
+
+#[cfg(test)]
+mod anchor_tests {
+    use super::*;
+    use crate::source::sim::SimSource;
+
+    /// Allocations and frees count references on their kind's anchor, never on the pool's
+    /// own count, and the anchors lie on lines of their own: threads working different kinds
+    /// write no count in common.
+    #[test]
+    fn segments_count_on_their_kinds_anchor_not_on_the_pool() {
+        for conf in ["thread_cache:off", ""] {
+            let pool = Pool::new(
+                Arc::new(SimSource::default()),
+                PoolConfig::parse(conf).unwrap(),
+            )
+            .unwrap();
+            let count = |k: MemKind| Arc::strong_count(pool.anchor(k));
+            let shared = Arc::strong_count(&pool.inner);
+            let dev = pool.alloc_device(100).unwrap();
+            let host = pool.alloc_host(100).unwrap();
+            let dev2 = pool.alloc_device(3 << 20).unwrap();
+            assert_eq!(Arc::strong_count(&pool.inner), shared, "{conf}");
+            assert_eq!(count(MemKind::DEVICE), 3, "{conf}");
+            assert_eq!(count(MemKind::Host), 2, "{conf}");
+            assert_eq!(count(MemKind::Dvpp), 1, "{conf}");
+            let at: Vec<usize> = pool
+                .anchors
+                .iter()
+                .map(|a| Arc::as_ptr(a) as usize)
+                .collect();
+            for (i, a) in at.iter().enumerate() {
+                assert_eq!(a % 128, 0);
+                assert!(at[i + 1..].iter().all(|b| a.abs_diff(*b) >= 128));
+            }
+            drop((dev, host, dev2));
+            // Freed into the kind pools, or held by this thread's cache and the shape slots
+            // (which keep the anchor with the segment); a flush gives every one back.
+            pool.flush_thread_caches();
+            pool.trim();
+            for k in MemKind::ALL {
+                assert_eq!(count(k), 1, "{conf} {k}");
+            }
+            assert_eq!(Arc::strong_count(&pool.inner), shared, "{conf}");
+        }
+    }
+
+    /// A region that outlives its pool's handle keeps the pool through its anchor, and the
+    /// pool goes when the last region does: no cycle through the anchors.
+    #[test]
+    fn a_region_keeps_its_pool_through_the_anchor_and_lets_it_go() {
+        for conf in ["thread_cache:off", ""] {
+            let pool = Pool::new(
+                Arc::new(SimSource::default()),
+                PoolConfig::parse(conf).unwrap(),
+            )
+            .unwrap();
+            let weak = Arc::downgrade(&pool.inner);
+            let r = pool.alloc_host(64).unwrap();
+            let big = pool.alloc_dvpp(4 << 20).unwrap();
+            drop(pool);
+            assert!(weak.upgrade().is_some(), "{conf}");
+            drop(r);
+            assert!(weak.upgrade().is_some(), "{conf}");
+            drop(big);
+            assert!(
+                weak.upgrade().is_none(),
+                "{conf}: the pool outlived its regions"
+            );
+        }
     }
 }
 
