@@ -505,12 +505,11 @@ impl RawSegment {
     }
 }
 
-/// A segment with the pool handle its region holds: what an allocation returns and what a
+/// A segment with the anchor its region holds: what an allocation returns and what a
 /// thread cache keeps. In a cache it waits for the next region of its shape, which takes
-/// the handle over, so neither the free nor the allocation touches the pool's shared
-/// reference count (one cache line every thread would fight over).
+/// the anchor over, so neither the free nor the allocation touches a reference count.
 ///
-/// The handles make a cycle (pool → caches → pool) that every flush breaks; the pool is
+/// The anchors make a cycle (pool → caches → anchor → pool) that every flush breaks; the pool is
 /// flushed when its [`Pool`] handle drops and stops caching then.
 ///
 /// `repr(C, align(16))`, with [`RawSegment::addr`] in the second word: every copy of it
@@ -879,7 +878,7 @@ impl Pool {
         }
     }
 
-    /// Allocates a raw segment and the pool handle its region keeps (used by the typed
+    /// Allocates a raw segment and the kind anchor its region keeps (used by the typed
     /// constructors and the replay).
     #[inline]
     pub(crate) fn alloc_raw(&self, kind: MemKind, len: u64, align: u64) -> Result<OwnedSegment> {
@@ -1841,7 +1840,7 @@ impl PoolInner {
     }
 
     /// Frees a segment; with `streams`, only once work queued on them so far has run.
-    /// `owner` is the pool handle the segment's region held. Inline, like
+    /// `owner` is the kind anchor the segment's region held. Inline, like
     /// [`allocate`](Self::allocate): a put builds the cached segment straight into its bin.
     #[inline]
     pub(crate) fn release(owner: Owner, seg: &RawSegment, streams: &[StreamHandle]) -> Result<()> {
@@ -2241,15 +2240,15 @@ impl PoolInner {
                     self.finish_free(&mut k, c.raw.key(), false);
                 }
                 drop(k);
-                drained.clear(); // their pool handles, after the lock
+                drained.clear(); // their anchors, after the lock
             }
         }
     }
 
     /// Gives back what every thread cache holds of `k`'s kind; returns the bytes.
     ///
-    /// The drained pool handles drop here, under the kind lock: the caller's own handle
-    /// keeps the pool alive meanwhile.
+    /// The drained anchors drop here, under the kind lock: the caller's own handle keeps the
+    /// pool alive meanwhile.
     fn flush_kind(&self, k: &mut KindPool) -> u64 {
         let mut bytes = self.empty_slots(k, Emptying::All);
         let Some(reg) = &self.caches else {
@@ -2348,8 +2347,8 @@ impl PoolInner {
             bytes += c.raw.footprint();
             self.finish_free(k, c.raw.key(), false);
         }
-        // The segments' pool handles drop here, under the kind lock: the caller's own
-        // handle keeps the pool alive meanwhile.
+        // The segments' anchors drop here, under the kind lock: the caller's own handle
+        // keeps the pool alive meanwhile.
         bytes
     }
 
