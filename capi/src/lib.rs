@@ -1530,13 +1530,22 @@ mod tests {
         pool.stats(MemKind::Host).live_regions
     }
 
+    fn sim_pool() -> Pool {
+        Pool::new(Arc::new(SimSource::default()), PoolConfig::default()).unwrap()
+    }
+
+    /// A cell (a spare, if this thread has one) holding a new host region of `len` bytes.
+    fn host_cell(pool: &Pool, len: u64) -> RegionCell {
+        spare_cell(AnyRegion::Host(pool.alloc_host(len).unwrap()))
+    }
+
     /// A freed region's cell serves the thread's next allocation; a cell another call still
     /// holds is left to that call, whose drop frees the region.
     #[test]
     fn a_freed_regions_cell_is_reused_unless_a_call_still_holds_it() {
-        let pool = Pool::new(Arc::new(SimSource::default()), PoolConfig::default()).unwrap();
+        let pool = sim_pool();
         let before = spares();
-        let cell = spare_cell(AnyRegion::Host(pool.alloc_host(100).unwrap()));
+        let cell = host_cell(&pool, 100);
         let at = Arc::as_ptr(&cell);
         let r = take_region(cell).expect("the only owner takes the region");
         assert_eq!(spares(), before + 1);
@@ -1548,7 +1557,7 @@ mod tests {
         with_region!(r, x => x.free()).unwrap();
         assert_eq!(live_host(&pool), 0);
 
-        let cell = spare_cell(AnyRegion::Host(pool.alloc_host(200).unwrap()));
+        let cell = host_cell(&pool, 200);
         assert_eq!(Arc::as_ptr(&cell), at, "the spare is used again");
         assert_eq!(spares(), before);
         assert_eq!(with_region!(&*hold(&cell), x => x.len()), 200);
@@ -1568,9 +1577,9 @@ mod tests {
 
     #[test]
     fn a_poisoned_cell_is_not_kept_and_spares_are_bounded() {
-        let pool = Pool::new(Arc::new(SimSource::default()), PoolConfig::default()).unwrap();
+        let pool = sim_pool();
         let before = spares();
-        let cell = spare_cell(AnyRegion::Host(pool.alloc_host(64).unwrap()));
+        let cell = host_cell(&pool, 64);
         let c = Arc::clone(&cell);
         let _ = std::thread::spawn(move || {
             let _g = c.lock().unwrap();
@@ -1584,7 +1593,7 @@ mod tests {
         assert_eq!(live_host(&pool), 0);
 
         let cells: Vec<_> = (0..SPARE_CELLS + 10)
-            .map(|_| spare_cell(AnyRegion::Host(pool.alloc_host(64).unwrap())))
+            .map(|_| host_cell(&pool, 64))
             .collect();
         for c in cells {
             drop(take_region(c));

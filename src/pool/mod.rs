@@ -2618,17 +2618,24 @@ mod anchor_tests {
     use super::*;
     use crate::source::sim::SimSource;
 
+    /// A pool over a fresh simulator for each configuration the tests run: thread caches
+    /// off, and the default (caches and shape slots on).
+    fn pools() -> impl Iterator<Item = (&'static str, Pool)> {
+        ["thread_cache:off", ""].into_iter().map(|conf| {
+            let config = PoolConfig::parse(conf).unwrap();
+            (
+                conf,
+                Pool::new(Arc::new(SimSource::default()), config).unwrap(),
+            )
+        })
+    }
+
     /// Allocations and frees count references on their kind's anchor, never on the pool's
     /// own count, and the anchors lie on lines of their own: threads working different kinds
     /// write no count in common.
     #[test]
     fn segments_count_on_their_kinds_anchor_not_on_the_pool() {
-        for conf in ["thread_cache:off", ""] {
-            let pool = Pool::new(
-                Arc::new(SimSource::default()),
-                PoolConfig::parse(conf).unwrap(),
-            )
-            .unwrap();
+        for (conf, pool) in pools() {
             let count = |k: MemKind| Arc::strong_count(pool.anchor(k));
             let shared = Arc::strong_count(&pool.inner);
             let dev = pool.alloc_device(100).unwrap();
@@ -2663,12 +2670,7 @@ mod anchor_tests {
     /// pool goes when the last region does: no cycle through the anchors.
     #[test]
     fn a_region_keeps_its_pool_through_the_anchor_and_lets_it_go() {
-        for conf in ["thread_cache:off", ""] {
-            let pool = Pool::new(
-                Arc::new(SimSource::default()),
-                PoolConfig::parse(conf).unwrap(),
-            )
-            .unwrap();
+        for (conf, pool) in pools() {
             let weak = Arc::downgrade(&pool.inner);
             let r = pool.alloc_host(64).unwrap();
             let big = pool.alloc_dvpp(4 << 20).unwrap();
