@@ -350,18 +350,14 @@ thread_local! {
 /// A cell holding `region`: one of this thread's spares, or a new one.
 fn spare_cell(region: AnyRegion) -> RegionCell {
     // Gone only in a call from a thread-local destructor: that call makes a new cell.
-    let spare = SPARES.try_with(|s| s.borrow_mut().pop()).ok().flatten();
-    match spare {
-        Some(mut cell) => match Arc::get_mut(&mut cell) {
-            // A spare has no other owner: it was unique when kept, and nothing can reach it.
-            Some(m) => {
-                *m.get_mut().unwrap_or_else(|p| p.into_inner()) = Some(region);
-                cell
-            }
-            None => Arc::new(Mutex::new(Some(region))),
-        },
-        None => Arc::new(Mutex::new(Some(region))),
+    if let Some(mut cell) = SPARES.try_with(|s| s.borrow_mut().pop()).ok().flatten() {
+        // A spare has no other owner: it was unique when kept, and nothing can reach it.
+        if let Some(m) = Arc::get_mut(&mut cell) {
+            *m.get_mut().unwrap_or_else(|p| p.into_inner()) = Some(region);
+            return cell;
+        }
     }
+    Arc::new(Mutex::new(Some(region)))
 }
 
 /// Takes the region out of a cell no table holds any more. `None` when another thread's call

@@ -882,8 +882,7 @@ impl Pool {
     /// constructors and the replay).
     #[inline]
     pub(crate) fn alloc_raw(&self, kind: MemKind, len: u64, align: u64) -> Result<OwnedSegment> {
-        self.inner
-            .allocate(&self.anchors[kind.index()], kind, len, align)
+        self.inner.allocate(self.anchor(kind), kind, len, align)
     }
 
     /// The anchor segments of `kind` hold.
