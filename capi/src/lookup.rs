@@ -242,10 +242,13 @@ mod tests {
     }
 
     /// [`lookups`] of a run of `f` during which no pool was destroyed (the other tests of
-    /// this binary destroy pools on their threads meanwhile).
+    /// this binary destroy pools on their threads meanwhile). A run of `f` first brings this
+    /// thread's last lookup up to date: a destroy just before the count is read would
+    /// otherwise make the counted run look up again, quiet as it is.
     fn quiet_lookups(f: impl Fn()) -> u64 {
         loop {
             let destroyed = DESTROYED.load(Ordering::SeqCst);
+            f();
             let n = lookups(&f);
             if DESTROYED.load(Ordering::SeqCst) == destroyed {
                 return n;
