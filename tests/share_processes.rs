@@ -125,27 +125,61 @@ impl Drop for Peer {
     }
 }
 
-/// Waits up to 5 s for `cond`.
-fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+/// Waits up to 5 s for `cond`; `what` names what it waited for if it times out.
+fn eventually<S: std::fmt::Display>(what: impl FnOnce() -> S, mut cond: impl FnMut() -> bool) {
     let start = Instant::now();
     while !cond() {
-        assert!(
-            start.elapsed() < Duration::from_secs(5),
-            "timed out waiting: {what}"
-        );
+        if start.elapsed() >= Duration::from_secs(5) {
+            panic!("timed out waiting: {}", what());
+        }
         std::thread::sleep(Duration::from_millis(5));
     }
 }
 
-/// Waits until this process holds no more memory objects than `objects`.
+/// One memory-counting test at a time, and the memory objects this process held when it
+/// began.
 ///
-/// The exporter's service thread holds a duplicate of each memory object it sends from just
-/// before the send until just after, and the child may be done with it and reaped inside that
-/// window. A test that shared memory waits here, or the next test's count would see it close.
-fn all_given_back(objects: usize) {
-    eventually("the importers' exits reach the exporter", || {
-        memory_objects() == objects
-    });
+/// The exporter's service thread holds a duplicate of each memory object it sends, from just
+/// before the send until just after, and an importer may be done with it (and, in another
+/// process, reaped) inside that window. So when the test ends (without a panic), the guard
+/// waits until the count is back where it began before it lets the next test count: a
+/// duplicate still open then would be counted by the next test as its own, and the count
+/// would end one short of where that test began.
+struct Counted {
+    start: usize,
+    _serial: std::sync::MutexGuard<'static, ()>,
+}
+
+impl Counted {
+    fn begin() -> Self {
+        let serial = serial();
+        Self {
+            start: memory_objects(),
+            _serial: serial,
+        }
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            return;
+        }
+        let start = self.start;
+        let now = std::cell::Cell::new(start);
+        eventually(
+            || {
+                format!(
+                    "the {start} memory objects the test began with, not {}",
+                    now.get()
+                )
+            },
+            || {
+                now.set(memory_objects());
+                now.get() == start
+            },
+        );
+    }
 }
 
 /// An exporter: a pool over the VMM source over the simulator.
@@ -165,8 +199,7 @@ fn filled(pool: &Pool, len: u64) -> ascend_pool::DeviceRegion {
 
 #[test]
 fn a_whitelisted_process_reads_answers_and_keeps_the_memory_after_the_exporter_frees_it() {
-    let _g = serial();
-    let objects = memory_objects();
+    let _objects = Counted::begin();
     let (sim, vmm, pool) = exporter();
     // 3 MiB: the published range crosses granules.
     let region = filled(&pool, 3 * MIB);
@@ -207,18 +240,15 @@ fn a_whitelisted_process_reads_answers_and_keeps_the_memory_after_the_exporter_f
     assert_eq!(reader.line(), "reread ok");
     assert_eq!(reader.line(), "closed 0");
     reader.finish();
-    eventually("the importer's free reaches the exporter", || {
-        used(&sim) == 0
-    });
-    drop(pool);
-    drop(vmm);
-    assert_eq!(memory_objects(), objects);
+    eventually(
+        || "the importer's free reaches the exporter",
+        || used(&sim) == 0,
+    );
 }
 
 #[test]
 fn a_process_off_the_whitelist_is_refused_and_any_process_opens_without_validation() {
-    let _g = serial();
-    let objects = memory_objects();
+    let _objects = Counted::begin();
     let (sim, vmm, pool) = exporter();
     let region = filled(&pool, MIB);
     let me = sim.bare_tgid().unwrap();
@@ -253,13 +283,11 @@ fn a_process_off_the_whitelist_is_refused_and_any_process_opens_without_validati
     assert_eq!(reader.line(), "read ok");
     reader.finish();
     drop((region, other, pool, vmm));
-    all_given_back(objects);
 }
 
 #[test]
 fn the_first_publish_of_an_allocation_fixes_whether_importers_are_checked() {
-    let _g = serial();
-    let objects = memory_objects();
+    let _objects = Counted::begin();
     let (sim, vmm, pool) = exporter();
     let me = sim.bare_tgid().unwrap();
     let to_me = Access::Processes(vec![me]);
@@ -307,13 +335,11 @@ fn the_first_publish_of_an_allocation_fixes_whether_importers_are_checked() {
             .unwrap();
     }
     drop((a, b, across, c, pool, vmm));
-    all_given_back(objects);
 }
 
 #[test]
 fn a_close_the_runtime_refuses_keeps_what_it_holds_until_tried_again() {
-    let _g = serial();
-    let objects = memory_objects();
+    let _objects = Counted::begin();
     let (sim, vmm, pool) = exporter();
     let region = filled(&pool, MIB);
     let me = sim.bare_tgid().unwrap();
@@ -364,19 +390,17 @@ fn a_close_the_runtime_refuses_keeps_what_it_holds_until_tried_again() {
         assert_eq!(held(&sim), exporter_holds, "{func}: the drop let go");
     }
     drop((region, pool, vmm));
-    all_given_back(objects);
 }
 
 #[test]
 fn memory_outlives_the_exporting_process_until_the_importer_frees_it() {
-    let _g = serial();
-    let objects = memory_objects();
+    let objects = Counted::begin();
     let sim = sim();
     let me = sim.bare_tgid().unwrap();
     let mut exporter = Peer::spawn("exporter", &[(PEER, me.to_string())]);
     let desc = ShareDescriptor::from_json(exporter.line().strip_prefix("desc ").unwrap()).unwrap();
     let mapping = SharedMapping::open(Arc::clone(&sim), 0, &desc).unwrap();
-    assert_eq!(memory_objects(), objects + desc.pieces.len());
+    assert_eq!(memory_objects(), objects.start + desc.pieces.len());
     exporter.send("imported");
     exporter.finish(); // the exporting process is gone
 
@@ -386,7 +410,7 @@ fn memory_outlives_the_exporting_process_until_the_importer_frees_it() {
     mapping.write(0, b"still writable").unwrap();
     assert_eq!(used(&sim), 0, "imported memory is charged to its exporter");
     mapping.close().unwrap();
-    assert_eq!(memory_objects(), objects);
+    assert_eq!(memory_objects(), objects.start);
     let s = sim.stats();
     assert_eq!((s.reservations, s.physical_handles, s.mappings), (0, 0, 0));
     // Its exporter has exited: nothing to import any more.
@@ -398,8 +422,7 @@ fn memory_outlives_the_exporting_process_until_the_importer_frees_it() {
 
 #[test]
 fn a_secondary_process_reads_a_buffer_the_primary_authorised() {
-    let _g = serial();
-    let objects = memory_objects();
+    let _objects = Counted::begin();
     let (_sim, vmm, pool) = exporter();
     let pool = Arc::new(pool);
     let buf = Mbuf::alloc(&pool, 64 << 10, MbufKind::Normal).unwrap();
@@ -418,7 +441,6 @@ fn a_secondary_process_reads_a_buffer_the_primary_authorised() {
     assert_eq!(secondary.line(), "mbuf 65536 16 stream=3 decoded frame 42");
     secondary.finish();
     drop((buf, pool, vmm));
-    all_given_back(objects);
 }
 
 /// A buffer opened in the process that published it: its header, data and bounds read as the
@@ -426,7 +448,7 @@ fn a_secondary_process_reads_a_buffer_the_primary_authorised() {
 /// is refused, and nothing stays imported.
 #[test]
 fn an_opened_buffer_reads_only_what_its_header_describes() {
-    let _g = serial();
+    let _objects = Counted::begin();
     let (sim, vmm, pool) = exporter();
     let pool = Arc::new(pool);
     let held = |sim: &SimSource| {
@@ -631,7 +653,7 @@ fn child_process() {
 /// breaks one rule alone.
 #[test]
 fn descriptors_that_do_not_add_up_are_refused_before_anything_is_reserved() {
-    let _g = serial();
+    let _objects = Counted::begin();
     let sim = sim();
     let g = 2 * MIB;
     let piece = |offset, len| SharedPiece {
@@ -688,7 +710,7 @@ fn descriptors_that_do_not_add_up_are_refused_before_anything_is_reserved() {
 /// past the window are refused.
 #[test]
 fn a_mapping_translates_and_copies_only_inside_its_window() {
-    let _g = serial();
+    let _objects = Counted::begin();
     let (sim, vmm, pool) = exporter();
     let _before = pool.alloc_device(4096).unwrap();
     let region = filled(&pool, 1000);
@@ -725,7 +747,7 @@ fn a_mapping_translates_and_copies_only_inside_its_window() {
 /// reserved or imported either way.
 #[test]
 fn import_failures_are_reported_as_what_they_are() {
-    let _g = serial();
+    let _objects = Counted::begin();
     let (sim, vmm, pool) = exporter();
     let region = filled(&pool, 1000);
     let me = sim.bare_tgid().unwrap();
@@ -778,7 +800,7 @@ fn import_failures_are_reported_as_what_they_are() {
 /// Publishing a range some of which this source never mapped is refused.
 #[test]
 fn a_range_reaching_past_what_was_mapped_is_not_published() {
-    let _g = serial();
+    let _objects = Counted::begin();
     let (_sim, vmm, pool) = exporter();
     let region = filled(&pool, 1000);
     let (base, _) = vmm.reservation();
@@ -797,7 +819,7 @@ fn a_range_reaching_past_what_was_mapped_is_not_published() {
 /// imported through the other.
 #[test]
 fn two_simulators_in_one_process_import_each_others_memory() {
-    let _g = serial();
+    let _objects = Counted::begin();
     let (sim, vmm, pool) = exporter();
     let region = filled(&pool, 1000);
     let from_sim = vmm.publish_region(&region, &Access::AnyProcess).unwrap();
