@@ -144,7 +144,8 @@ fn eventually<S: std::fmt::Display>(what: impl FnOnce() -> S, mut cond: impl FnM
 /// process, reaped) inside that window. So when the test ends (without a panic), the guard
 /// waits until the count is back where it began before it lets the next test count: a
 /// duplicate still open then would be counted by the next test as its own, and the count
-/// would end one short of where that test began.
+/// would end one short of where that test began. A test takes it first, so that it drops
+/// last, after everything else the test made.
 struct Counted {
     start: usize,
     _serial: std::sync::MutexGuard<'static, ()>,
