@@ -273,7 +273,7 @@ fn a_process_off_the_whitelist_is_refused_and_any_process_opens_without_validati
     // AscendCL path: AclSource over the drop-in library in the child.
     let (_sim, vmm, pool) = exporter();
     let region = filled(&pool, MIB);
-    let other = pool.alloc_device(40 * MIB).unwrap(); // a dedicated chunk: a second extent
+    let _other = pool.alloc_device(40 * MIB).unwrap(); // a dedicated chunk: a second extent
     let all = vmm.publish_all(&Access::AnyProcess).unwrap();
     assert!(all.pieces.len() >= 2, "{all:?}");
     let lib = common_dropin::dropin().to_string_lossy().into_owned();
@@ -283,7 +283,6 @@ fn a_process_off_the_whitelist_is_refused_and_any_process_opens_without_validati
     reader.send(&window);
     assert_eq!(reader.line(), "read ok");
     reader.finish();
-    drop((region, other, pool, vmm));
 }
 
 #[test]
@@ -310,7 +309,7 @@ fn the_first_publish_of_an_allocation_fixes_whether_importers_are_checked() {
     // The chunk grows in place with other allocations, not exported yet. A region past the
     // first granule lies on them alone: publishing everything to any process is refused
     // before they are exported, so they can still go to any process.
-    let across = pool.alloc_device(MIB).unwrap();
+    let _across = pool.alloc_device(MIB).unwrap();
     let c = pool.alloc_device(8 * MIB).unwrap();
     assert!(c.addr() >= desc_a.base + desc_a.span as usize);
     assert!(matches!(
@@ -335,7 +334,6 @@ fn the_first_publish_of_an_allocation_fixes_whether_importers_are_checked() {
             .close()
             .unwrap();
     }
-    drop((a, b, across, c, pool, vmm));
 }
 
 #[test]
@@ -390,7 +388,6 @@ fn a_close_the_runtime_refuses_keeps_what_it_holds_until_tried_again() {
         sim.clear_faults();
         assert_eq!(held(&sim), exporter_holds, "{func}: the drop let go");
     }
-    drop((region, pool, vmm));
 }
 
 #[test]
@@ -441,7 +438,6 @@ fn a_secondary_process_reads_a_buffer_the_primary_authorised() {
     secondary.send(&desc.to_json());
     assert_eq!(secondary.line(), "mbuf 65536 16 stream=3 decoded frame 42");
     secondary.finish();
-    drop((buf, pool, vmm));
 }
 
 /// A buffer opened in the process that published it: its header, data and bounds read as the
