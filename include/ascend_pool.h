@@ -179,7 +179,9 @@ ap_status ap_host_ptr(ap_pool pool, ap_region region, void **out);
 /* Marks a region as used by work the caller queues on `stream` itself. */
 ap_status ap_record_stream(ap_pool pool, ap_region region, ap_stream stream);
 
-/* Synchronous copies and fills: they wait for streams with work queued on the regions first. */
+/* Synchronous copies and fills: they wait for streams with work queued on the regions first.
+ * A host buffer given to a copy, read or write (here and below) holds `len` bytes that nothing
+ * else uses during the call, and does not overlap the bytes at the other end of the copy. */
 ap_status ap_copy_from_host(ap_pool pool, ap_region dst, uint64_t offset, const void *src,
                             uint64_t len);
 ap_status ap_copy_to_host(ap_pool pool, ap_region src, uint64_t offset, void *dst, uint64_t len);
@@ -271,7 +273,8 @@ ap_status ap_mbuf_set_user_data(ap_pool pool, ap_mbuf mbuf, uint64_t offset, con
 ap_status ap_mbuf_get_user_data(ap_pool pool, ap_mbuf mbuf, uint64_t offset, void *dst,
                                 uint64_t len);
 /* Lets other processes open a device buffer of a pool over virtual memory, read-only; as
- * ap_share_publish. */
+ * ap_share_publish. Read-only is what ap_shared_mbuf_* offer, not a protection of the memory:
+ * the same descriptor opened with ap_share_open can be written. */
 ap_status ap_mbuf_publish(ap_pool pool, ap_mbuf mbuf, const int32_t *pids, size_t npids,
                           char *buf, size_t cap, size_t *needed);
 /* Opens a published buffer in this process; memory that is not a buffer gets

@@ -171,8 +171,8 @@ impl Pool {
     /// (on the simulator, [`SimSource::notify_record_on_thread`]).
     ///
     /// # Errors
-    /// - [`Error::OutOfBounds`] when either range leaves its region or window, or `len`
-    ///   is 0;
+    /// - [`Error::OutOfBounds`] when either range leaves its region or window (or the
+    ///   address space), or `len` is 0;
     /// - [`Error::WrongKind`] when `src` is host memory;
     /// - [`Error::ForeignHandle`] when `src` or the thread's stream belongs to another source;
     /// - [`Error::Runtime`] (`HcommWriteOnThread` and its `HcclResult`) when the
@@ -189,11 +189,14 @@ impl Pool {
         let stream = thread.stream;
         self.own_stream(stream)?;
         self.same_source(src)?;
-        check_bounds(dst_offset, len, dst.len)?;
+        // A window given by address (`from_raw`, or an address from C) may run past the end
+        // of the address space; the bytes before that end are all it can hold.
+        let room = (usize::MAX - dst.addr) as u64;
+        check_bounds(dst_offset, len, dst.len.min(room))?;
         check_bounds(src_offset, len, src.len())?;
         if !src.kind().is_device() {
             return Err(Error::WrongKind {
-                expected: "device memory",
+                expected: "device",
                 got: src.kind(),
             });
         }

@@ -15,8 +15,10 @@
 //! Cloning an [`Mbuf`] is `acltdtCopyBufRef`: another handle on the same data; the region goes
 //! back to the pool when the last handle is dropped (`acltdtFreeBuf`). A primary process
 //! authorises secondaries with [`Mbuf::publish`] (the pool must run over a
-//! [`VmmSource`]); they open it read-only with [`SharedMbuf::open`]. DVPP memory cannot be
-//! shared between processes, so publishing a DVPP buffer is refused.
+//! [`VmmSource`]); they open it read-only with [`SharedMbuf::open`]. Read-only is the type's
+//! promise, not the memory's: the same descriptor opened as a [`SharedMapping`] can be
+//! written. DVPP memory cannot be shared between processes, so publishing a DVPP buffer is
+//! refused.
 //!
 //! ```
 //! use ascend_pool::mbuf::{Mbuf, MbufKind};
@@ -219,8 +221,9 @@ impl Mbuf {
     ) -> Result<ShareDescriptor> {
         match &*self.region() {
             MbufRegion::Normal(r) => vmm.publish_region(r, access),
+            // DVPP memory cannot be shared between processes.
             MbufRegion::Dvpp(r) => Err(Error::WrongKind {
-                expected: "device memory (DVPP memory cannot be shared between processes)",
+                expected: "device",
                 got: r.kind(),
             }),
         }

@@ -164,9 +164,26 @@ fn bad_input_is_refused_before_the_runtime_and_leaves_the_pools_intact() {
             "{dst_off} {src_off} {len}"
         );
     }
+    // A window given by address that runs past the end of the address space: only the
+    // bytes before that end can be written to (an address from C can be anything).
+    let edge = usize::MAX - 4095;
+    // SAFETY: refused before the runtime is called (the call count below).
+    let wrapping = unsafe { RemoteWindow::from_raw(far.channel(), edge, 8 * KIB) };
+    for (dst_off, len) in [(64, 4 * KIB), (4 * KIB, 64), (4 * KIB - 64, 128)] {
+        match t
+            .rank0
+            .write_remote(&thread, &wrapping, dst_off, &src, 0, len)
+        {
+            Err(Error::OutOfBounds { capacity, .. }) => assert_eq!(capacity, 4095),
+            other => panic!("{dst_off} {len}: {other:?}"),
+        }
+    }
     assert!(matches!(
         t.rank0.write_remote(&thread, &far, 0, &host, 0, 64),
-        Err(Error::WrongKind { .. })
+        Err(Error::WrongKind {
+            expected: "device",
+            ..
+        })
     ));
     // A stream of another source, and a region of another source.
     let other = Pool::new(Arc::new(SimSource::default()), PoolConfig::default()).unwrap();

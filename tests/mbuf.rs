@@ -108,13 +108,18 @@ fn dvpp_buffers_are_not_published_and_foreign_pools_are_refused() {
     let vmm = Arc::new(VmmSource::new(Arc::clone(&sim), 0, VmmConfig::default()).unwrap());
     let pool = Arc::new(Pool::new(vmm.clone(), PoolConfig::default()).unwrap());
     let dvpp = Mbuf::alloc(&pool, 4096, MbufKind::Dvpp).unwrap();
-    assert!(matches!(
-        dvpp.publish(&vmm, &Access::AnyProcess),
-        Err(Error::WrongKind {
-            got: MemKind::Dvpp,
-            ..
-        })
-    ));
+    let refused = dvpp.publish(&vmm, &Access::AnyProcess).unwrap_err();
+    assert!(
+        matches!(
+            refused,
+            Error::WrongKind {
+                got: MemKind::Dvpp,
+                ..
+            }
+        ),
+        "{refused:?}"
+    );
+    assert_eq!(refused.to_string(), "expected device memory, got dvpp");
     let normal = Mbuf::alloc(&pool, 4096, MbufKind::Normal).unwrap();
     let desc = normal.publish(&vmm, &Access::AnyProcess).unwrap();
     assert_eq!(desc.len, 4096 + HEADER_LEN);

@@ -477,6 +477,12 @@ enum Failure {
         needed: usize,
         cap: usize,
     },
+    /// A host buffer of `len` bytes, longer than any slice: so longer than anything it is
+    /// copied to or from.
+    HostTooLong {
+        offset: u64,
+        len: u64,
+    },
     Lib(Error),
 }
 
@@ -495,6 +501,7 @@ impl Failure {
             Failure::BadRegion(_) => Status::BadRegion,
             Failure::BadStream(_) => Status::BadStream,
             Failure::TooSmall { .. } => Status::BufferTooSmall,
+            Failure::HostTooLong { .. } => Status::OutOfBounds,
             Failure::BadMapping(_) => Status::BadMapping,
             Failure::BadBuffer(_) => Status::BadBuffer,
             Failure::NotShared(_) => Status::NotSupported,
@@ -523,6 +530,10 @@ impl Failure {
             Failure::TooSmall { needed, cap } => {
                 format!("the answer needs room for {needed}, the buffer has {cap}")
             }
+            Failure::HostTooLong { offset, len } => format!(
+                "range {offset}..{offset}+{len} is out of bounds: {len} bytes is longer than any \
+                 region or buffer"
+            ),
             Failure::Lib(e) => e.to_string(),
         }
     }
@@ -1222,18 +1233,15 @@ fn host_buffer(p: *mut c_void, offset: u64, len: u64) -> Result<(*mut u8, usize)
     let n = usize::try_from(len)
         .ok()
         .filter(|&n| n <= isize::MAX as usize)
-        .ok_or(Error::OutOfBounds {
-            offset,
-            len,
-            capacity: isize::MAX as u64,
-        })?;
+        .ok_or(Failure::HostTooLong { offset, len })?;
     Ok((p.as_ptr().cast(), n))
 }
 
 /// Copies `len` bytes from host memory at `src` into `dst` at `offset`, and waits.
 ///
 /// # Safety
-/// `src` is valid for reads of `len` bytes (NULL only if `len` is 0).
+/// `src` is valid for reads of `len` bytes (NULL only if `len` is 0), which nothing writes
+/// during the call: the bytes the call writes may not overlap them.
 #[no_mangle]
 pub unsafe extern "C" fn ap_copy_from_host(
     pool: u64,
@@ -1255,8 +1263,8 @@ pub unsafe extern "C" fn ap_copy_from_host(
 /// Copies `len` bytes of `src` from `offset` into host memory at `dst`, and waits.
 ///
 /// # Safety
-/// `dst` is valid for writes of `len` bytes (NULL only if `len` is 0) and overlaps no region
-/// of the pool.
+/// `dst` is valid for writes of `len` bytes (NULL only if `len` is 0), which nothing else
+/// uses during the call: the bytes the call reads may not overlap them.
 #[no_mangle]
 pub unsafe extern "C" fn ap_copy_to_host(
     pool: u64,

@@ -164,7 +164,8 @@ pub unsafe extern "C" fn ap_mbuf_get_info(pool: u64, mbuf: u64, out: *mut MbufIn
 /// Copies `len` bytes from host memory at `src` into the data at `offset`.
 ///
 /// # Safety
-/// `src` is valid for reads of `len` bytes (NULL only if `len` is 0).
+/// `src` is valid for reads of `len` bytes (NULL only if `len` is 0), which nothing writes
+/// during the call: the bytes the call writes may not overlap them.
 #[no_mangle]
 pub unsafe extern "C" fn ap_mbuf_write(
     pool: u64,
@@ -182,7 +183,8 @@ pub unsafe extern "C" fn ap_mbuf_write(
 /// Copies `len` bytes of the data from `offset` into host memory at `dst`.
 ///
 /// # Safety
-/// `dst` is valid for writes of `len` bytes (NULL only if `len` is 0).
+/// `dst` is valid for writes of `len` bytes (NULL only if `len` is 0), which nothing else
+/// uses during the call: the bytes the call reads may not overlap them.
 #[no_mangle]
 pub unsafe extern "C" fn ap_mbuf_read(
     pool: u64,
@@ -206,7 +208,8 @@ pub extern "C" fn ap_mbuf_set_data_len(pool: u64, mbuf: u64, len: u64) -> Status
 /// Writes `len` bytes of user data at `offset` of the 96 (`acltdtSetBufUserData`).
 ///
 /// # Safety
-/// `src` is valid for reads of `len` bytes (NULL only if `len` is 0).
+/// `src` is valid for reads of `len` bytes (NULL only if `len` is 0), which nothing writes
+/// during the call: the bytes the call writes may not overlap them.
 #[no_mangle]
 pub unsafe extern "C" fn ap_mbuf_set_user_data(
     pool: u64,
@@ -224,7 +227,8 @@ pub unsafe extern "C" fn ap_mbuf_set_user_data(
 /// Reads `len` bytes of user data from `offset` of the 96 (`acltdtGetBufUserData`).
 ///
 /// # Safety
-/// `dst` is valid for writes of `len` bytes (NULL only if `len` is 0).
+/// `dst` is valid for writes of `len` bytes (NULL only if `len` is 0), which nothing else
+/// uses during the call: the bytes the call reads may not overlap them.
 #[no_mangle]
 pub unsafe extern "C" fn ap_mbuf_get_user_data(
     pool: u64,
@@ -241,7 +245,8 @@ pub unsafe extern "C" fn ap_mbuf_get_user_data(
 
 /// Lets other processes open a device buffer of a pool over virtual memory, read-only, as
 /// [`ap_share_publish`] does for a region (the same `pids` and buffer rules). DVPP buffers get
-/// [`Status::WrongKind`].
+/// [`Status::WrongKind`]. Read-only is what `ap_shared_mbuf_*` offer, not a protection of the
+/// memory: the same descriptor opened with `ap_share_open` is a mapping that can be written.
 ///
 /// # Safety
 /// As [`ap_share_publish`].
@@ -322,7 +327,8 @@ pub unsafe extern "C" fn ap_shared_mbuf_get_info(buf: u64, out: *mut SharedMbufI
 /// Copies `len` bytes of an opened buffer's data from `offset` into host memory at `dst`.
 ///
 /// # Safety
-/// `dst` is valid for writes of `len` bytes (NULL only if `len` is 0).
+/// `dst` is valid for writes of `len` bytes (NULL only if `len` is 0), which nothing else
+/// uses during the call: the bytes the call reads may not overlap them.
 #[no_mangle]
 pub unsafe extern "C" fn ap_shared_mbuf_read(
     buf: u64,
@@ -342,7 +348,8 @@ pub unsafe extern "C" fn ap_shared_mbuf_read(
 /// Copies `len` bytes of an opened buffer's user data from `offset` into `dst`.
 ///
 /// # Safety
-/// `dst` is valid for writes of `len` bytes (NULL only if `len` is 0).
+/// `dst` is valid for writes of `len` bytes (NULL only if `len` is 0), which nothing else
+/// uses during the call: the bytes the call reads may not overlap them.
 #[no_mangle]
 pub unsafe extern "C" fn ap_shared_mbuf_get_user_data(
     buf: u64,

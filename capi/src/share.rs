@@ -378,7 +378,8 @@ pub unsafe extern "C" fn ap_mapping_get_info(mapping: u64, out: *mut MappingInfo
 /// Copies `len` published bytes from `offset` into host memory at `dst`.
 ///
 /// # Safety
-/// `dst` is valid for writes of `len` bytes (NULL only if `len` is 0).
+/// `dst` is valid for writes of `len` bytes (NULL only if `len` is 0), which nothing else
+/// uses during the call: the bytes the call reads may not overlap them.
 #[no_mangle]
 pub unsafe extern "C" fn ap_mapping_read(
     mapping: u64,
@@ -398,7 +399,8 @@ pub unsafe extern "C" fn ap_mapping_read(
 /// Copies `len` bytes from host memory at `src` into the published bytes at `offset`.
 ///
 /// # Safety
-/// `src` is valid for reads of `len` bytes (NULL only if `len` is 0).
+/// `src` is valid for reads of `len` bytes (NULL only if `len` is 0), which nothing writes
+/// during the call: the bytes the call writes may not overlap them.
 #[no_mangle]
 pub unsafe extern "C" fn ap_mapping_write(
     mapping: u64,

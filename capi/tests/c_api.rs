@@ -368,7 +368,7 @@ fn refused_calls_leave_the_pool_as_it_was() {
             "huge host buffer",
             ap_copy_to_host(pool, dev, 0, out.as_mut_ptr().cast(), u64::MAX),
             Status::OutOfBounds,
-            "",
+            "longer than any region",
         );
         expect(
             "empty",

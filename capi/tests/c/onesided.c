@@ -129,6 +129,9 @@ int main(void) {
            AP_ERR_OUT_OF_BOUNDS);
     EXPECT(ap_write_remote(rank0, thread, stream, channel, a, WINDOW, UINT64_MAX, device, 0, 2),
            AP_ERR_OUT_OF_BOUNDS);
+    /* A window whose given end lies past the end of the address space. */
+    EXPECT(ap_write_remote(rank0, thread, stream, channel, UINT64_MAX, WINDOW, 64, device, 0, 64),
+           AP_ERR_OUT_OF_BOUNDS);
     EXPECT(ap_write_remote(rank0, thread, stream, channel, a, WINDOW, 0, host, 0, 64),
            AP_ERR_WRONG_KIND);
     EXPECT(ap_write_remote(rank0, thread, stream + 1000, channel, a, WINDOW, 0, device, 0, 64),
