@@ -165,10 +165,25 @@ fn an_application_is_recorded_through_the_environment_alone() {
     let pool = Pool::from_env(Arc::new(SimSource::default()));
     std::env::set_var(ascend_pool::pool::config::CONF_ENV, "chunk_size:3m");
     let refused = Pool::from_env(Arc::new(SimSource::default())).unwrap_err();
+    // Not Unicode: refused too, not read as unset (which would drop the limit).
+    #[cfg(unix)]
+    let not_unicode = {
+        use std::os::unix::ffi::OsStringExt;
+        std::env::set_var(
+            ascend_pool::pool::config::CONF_ENV,
+            std::ffi::OsString::from_vec(b"limit:1m,record:/tmp/\xff.jsonl".to_vec()),
+        );
+        PoolConfig::from_env().unwrap_err()
+    };
     std::env::remove_var(ascend_pool::pool::config::CONF_ENV);
     assert!(
         matches!(refused, ascend_pool::Error::Config(_)),
         "{refused:?}"
+    );
+    #[cfg(unix)]
+    assert!(
+        matches!(&not_unicode, ascend_pool::Error::Config(m) if m.contains("not Unicode")),
+        "{not_unicode:?}"
     );
     assert_eq!(PoolConfig::from_env().unwrap(), PoolConfig::default());
     let pool = pool.unwrap();

@@ -122,11 +122,17 @@ fn parse_size(v: &str) -> Option<u64> {
 }
 
 impl PoolConfig {
-    /// Reads [`CONF_ENV`]; defaults when it is unset.
+    /// Reads [`CONF_ENV`]; defaults when it is unset. A value that is not Unicode is an
+    /// [`Error::Config`], as a value that does not parse is: a limit or a recording asked
+    /// for is never dropped in silence.
     pub fn from_env() -> Result<Self> {
         match std::env::var(CONF_ENV) {
             Ok(s) => Self::parse(&s),
-            Err(_) => Ok(Self::default()),
+            Err(std::env::VarError::NotPresent) => Ok(Self::default()),
+            Err(std::env::VarError::NotUnicode(v)) => Err(Error::Config(format!(
+                "{CONF_ENV} is not Unicode: {}",
+                v.to_string_lossy()
+            ))),
         }
     }
 
