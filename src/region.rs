@@ -27,7 +27,7 @@
 use crate::error::{Error, Result};
 use crate::kind::MemKind;
 use crate::pool::{Owner, Pool, PoolInner, RawSegment};
-use crate::source::{BlockSource, EventHandle, MemcpyKind, StreamHandle};
+use crate::source::{BlockSource, DeviceId, EventHandle, MemcpyKind, StreamHandle};
 use smallvec::SmallVec;
 use std::marker::PhantomData;
 use std::sync::{Arc, Mutex};
@@ -175,9 +175,11 @@ impl Segment {
     /// Marks the segment as used by work queued on `stream`: its memory is reused only
     /// after that work has run. A stream of another source is refused with
     /// [`Error::ForeignHandle`]: its handle would name another stream here, or none, and
-    /// the free would wait on the wrong work.
+    /// the free would wait on the wrong work. So is a stream of another device: the pool
+    /// could not record the end of its work (events live on one device).
     pub fn record_stream(&self, stream: &Stream) -> Result<()> {
-        if !Arc::ptr_eq(&stream.source, self.source()) {
+        if !Arc::ptr_eq(&stream.source, self.source()) || stream.device != self.pool().config.device
+        {
             return Err(Error::ForeignHandle);
         }
         self.note_stream(stream.handle);
@@ -322,12 +324,18 @@ impl HostRegion {
 pub struct Stream {
     source: Arc<dyn BlockSource>,
     handle: StreamHandle,
+    /// The device it was created on: only pools of that device queue work on it.
+    device: DeviceId,
 }
 
 impl Stream {
     /// The raw handle.
     pub fn handle(&self) -> StreamHandle {
         self.handle
+    }
+    /// The device whose work it runs.
+    pub fn device(&self) -> DeviceId {
+        self.device
     }
     /// Waits for all work queued so far.
     pub fn synchronize(&self) -> Result<()> {
@@ -491,17 +499,20 @@ impl Pool {
 
     /// A new stream on the pool's device.
     pub fn create_stream(&self) -> Result<Stream> {
-        let handle = self.source().create_stream(self.config().device)?;
+        let device = self.config().device;
+        let handle = self.source().create_stream(device)?;
         Ok(Stream {
             source: Arc::clone(self.source()),
             handle,
+            device,
         })
     }
 
     /// A stream of another source: its handle means nothing to this one (or names another
-    /// stream of this one), so work must not be queued under it.
+    /// stream of this one), so work must not be queued under it. A stream of another device
+    /// of this source runs that device's work, not this pool's.
     pub(crate) fn own_stream(&self, stream: &Stream) -> Result<()> {
-        if Arc::ptr_eq(&stream.source, self.source()) {
+        if Arc::ptr_eq(&stream.source, self.source()) && stream.device == self.config().device {
             Ok(())
         } else {
             Err(Error::ForeignHandle)

@@ -2,7 +2,7 @@
 //! tests: each failed before the fix named in it.
 
 use ascend_pool::engine::{EngineConfig, RangeTier};
-use ascend_pool::source::sim::{SimConfig, SimSource};
+use ascend_pool::source::sim::{AclFunc, SimConfig, SimSource};
 use ascend_pool::{Error, MallocPolicy, MemKind, Pool, PoolConfig, Stream};
 use std::sync::Arc;
 
@@ -109,6 +109,47 @@ fn recording_a_foreign_stream_is_refused() {
     drop((region, host));
     pool.synchronize().unwrap();
     assert_empty(&pool);
+}
+
+/// A stream of another device of the same simulator was taken by every call that queues
+/// work or records a stream: the copy ran, and only the free found out, when recording the
+/// end of the work on that stream failed (events live on one device) and it fell back to
+/// waiting. Found by a review (session 72). Fixed by refusing such a stream with
+/// `ForeignHandle`, as a stream of another source is.
+#[test]
+fn a_stream_of_another_device_is_refused() {
+    let sim = Arc::new(SimSource::new(SimConfig::default().with_devices(2)).unwrap());
+    let pool = Pool::new(sim.clone(), PoolConfig::default()).unwrap();
+    let other = Pool::new(sim.clone(), PoolConfig::default().with_device(1)).unwrap();
+    let theirs = other.create_stream().unwrap();
+    let ours = pool.create_stream().unwrap();
+    assert_eq!((ours.device(), theirs.device()), (0, 1));
+    let mut dst = pool.alloc_device(256).unwrap();
+    let src = pool.alloc_device(256).unwrap();
+    let host = pool.alloc_host(256).unwrap();
+    let copies = sim.stats().calls(AclFunc::MemcpyAsync);
+    assert_eq!(
+        pool.memset_async(&mut dst, 0, 1, 64, &theirs),
+        Err(Error::ForeignHandle)
+    );
+    assert_eq!(
+        pool.copy_async(&mut dst, 0, &src, 0, 64, &theirs),
+        Err(Error::ForeignHandle)
+    );
+    assert_eq!(sim.stats().calls(AclFunc::MemcpyAsync), copies);
+    assert_eq!(
+        pool.alloc_device_on(64, &theirs).map(drop),
+        Err(Error::ForeignHandle)
+    );
+    assert_eq!(dst.record_stream(&theirs), Err(Error::ForeignHandle));
+    assert_eq!(host.record_stream(&theirs), Err(Error::ForeignHandle));
+    // The pool's own device's streams still do.
+    pool.copy_async(&mut dst, 0, &src, 0, 64, &ours).unwrap();
+    assert_eq!(dst.record_stream(&ours), Ok(()));
+    drop((dst, src, host));
+    pool.synchronize().unwrap();
+    assert_empty(&pool);
+    assert_empty(&other);
 }
 
 /// Dropping the pool gave nothing back: the chunks it kept (empty ones below the release
