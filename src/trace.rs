@@ -44,6 +44,11 @@ use crate::kind::MemKind;
 /// [`RejectKind::SizeTooLarge`], and every replayer range gets this capacity.
 pub const DEFAULT_DEVICE_SIZE: u64 = 64 << 30;
 
+/// The longest line a [`TraceReader`] reads: an event takes under 200 bytes, and a longer
+/// line (a file that is not a trace, a line without its newline) is
+/// [`RejectKind::Malformed`] without being held in memory whole.
+pub const MAX_LINE: usize = 1 << 20;
+
 /// Why a trace line was not replayed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -318,21 +323,29 @@ impl<R: BufRead> TraceReader<R> {
     }
 
     /// The next line's outcome; `None` at the end of the input, `Some(Err)` when
-    /// the input itself cannot be read. Blank lines are skipped without a count.
+    /// the input itself cannot be read. Blank lines are skipped without a count; a line
+    /// longer than [`MAX_LINE`] bytes is [`RejectKind::Malformed`].
     pub fn next_item(&mut self) -> Option<io::Result<TraceItem>> {
         loop {
             self.buf.clear();
-            match self.input.read_until(b'\n', &mut self.buf) {
-                Ok(0) => return None,
-                Ok(n) => self.bytes_read += n as u64,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            let whole = match self.read_line() {
+                Ok((0, _)) => return None,
+                Ok((n, whole)) => {
+                    self.bytes_read += n as u64;
+                    whole
+                }
                 Err(e) => return Some(Err(e)),
-            }
+            };
             self.line += 1;
-            if self.buf.iter().all(u8::is_ascii_whitespace) {
+            if whole && self.buf.iter().all(u8::is_ascii_whitespace) {
                 continue;
             }
-            let item = match self.parse_line() {
+            let parsed = if whole {
+                self.parse_line()
+            } else {
+                Err(RejectKind::Malformed)
+            };
+            let item = match parsed {
                 Ok(op) => TraceItem::Op(op),
                 Err(kind) => {
                     self.errors.add(kind);
@@ -343,6 +356,37 @@ impl<R: BufRead> TraceReader<R> {
                 }
             };
             return Some(Ok(item));
+        }
+    }
+
+    /// Reads the next line, newline included, into `buf`, keeping at most [`MAX_LINE`]
+    /// bytes of it: returns the bytes the line took from the input (0 at the end) and
+    /// whether `buf` holds all of them. A read interrupted by a signal is retried.
+    fn read_line(&mut self) -> io::Result<(usize, bool)> {
+        let (mut taken, mut whole) = (0, true);
+        loop {
+            let available = match self.input.fill_buf() {
+                Ok(b) => b,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            };
+            if available.is_empty() {
+                return Ok((taken, whole));
+            }
+            let (n, end) = match available.iter().position(|&b| b == b'\n') {
+                Some(i) => (i + 1, true),
+                None => (available.len(), false),
+            };
+            let room = MAX_LINE - self.buf.len();
+            if n > room {
+                whole = false;
+            }
+            self.buf.extend_from_slice(&available[..n.min(room)]);
+            self.input.consume(n);
+            taken += n;
+            if end {
+                return Ok((taken, whole));
+            }
         }
     }
 
@@ -1380,6 +1424,33 @@ impl PoolFactory {
     pub fn pool_config(&self) -> &crate::pool::PoolConfig {
         &self.pool_config
     }
+
+    /// Builds a pool as a replay would and allocates one byte of device memory from it: a
+    /// configuration the source cannot serve (a device it does not have) fails here, before
+    /// any replay, instead of failing every event of one.
+    pub fn check(&self) -> crate::Result<()> {
+        let session = self.session()?;
+        drop(session.pool.alloc_device(1)?);
+        Ok(())
+    }
+
+    /// A fresh simulator, its virtual-memory source if asked for, and a pool over them.
+    fn session(&self) -> crate::Result<PoolSession> {
+        let sim = std::sync::Arc::new(crate::source::sim::SimSource::new(self.sim_config.clone())?);
+        let (source, vmm): (std::sync::Arc<dyn crate::source::BlockSource>, _) = match self.source {
+            ReplaySource::Sim => (sim.clone(), None),
+            ReplaySource::Vmm => {
+                let vmm = std::sync::Arc::new(crate::source::vmm::VmmSource::new(
+                    sim.clone(),
+                    self.pool_config.device,
+                    crate::source::vmm::VmmConfig::default(),
+                )?);
+                (vmm.clone(), Some(vmm))
+            }
+        };
+        let pool = crate::pool::Pool::new(source, self.pool_config.clone())?;
+        Ok(PoolSession { pool, sim, vmm })
+    }
 }
 
 impl ReplayerFactory for PoolFactory {
@@ -1394,25 +1465,7 @@ impl ReplayerFactory for PoolFactory {
     }
 
     fn start_replay(&self) {
-        let session = crate::source::sim::SimSource::new(self.sim_config.clone())
-            .map(std::sync::Arc::new)
-            .and_then(|sim| {
-                let (source, vmm): (std::sync::Arc<dyn crate::source::BlockSource>, _) =
-                    match self.source {
-                        ReplaySource::Sim => (sim.clone(), None),
-                        ReplaySource::Vmm => {
-                            let vmm = std::sync::Arc::new(crate::source::vmm::VmmSource::new(
-                                sim.clone(),
-                                self.pool_config.device,
-                                crate::source::vmm::VmmConfig::default(),
-                            )?);
-                            (vmm.clone(), Some(vmm))
-                        }
-                    };
-                let pool = crate::pool::Pool::new(source, self.pool_config.clone())?;
-                Ok(PoolSession { pool, sim, vmm })
-            });
-        *self.session.borrow_mut() = session.ok().map(std::rc::Rc::new);
+        *self.session.borrow_mut() = self.session().ok().map(std::rc::Rc::new);
     }
 
     fn new_range(&self, kind: MemKind, _capacity: u64) -> Result<PoolRange, String> {
@@ -1636,8 +1689,44 @@ not json
         }
     }
 
-    /// A read interrupted by a signal is retried: the line after it is read whole. (std's
-    /// readers retry inside `read_until`; an input of the caller's own may not.)
+    /// A line longer than `MAX_LINE` is malformed, read past without being held whole, and
+    /// the lines after it are read as usual; one of exactly `MAX_LINE` bytes is read whole.
+    #[test]
+    fn an_overlong_line_is_malformed_and_reading_goes_on() {
+        let event = r#"{"op":"alloc","id":1,"size":1,"mem":"host"}"#;
+        let padded = |len: usize| format!("{event}{}\n", " ".repeat(len - event.len() - 1));
+        let text = format!(
+            "{}{}\n{}{}",
+            padded(MAX_LINE),
+            "x".repeat(3 * MAX_LINE + 5),
+            padded(MAX_LINE + 1).replace("\"id\":1", "\"id\":2"),
+            "y".repeat(MAX_LINE + 1),
+        );
+        // Small reads, so that a line spans many of them.
+        let input = io::BufReader::with_capacity(4096, text.as_bytes());
+        let mut r = TraceReader::new(input, TraceConfig::default());
+        let mut items = Vec::new();
+        while let Some(i) = r.next_item() {
+            items.push(match i.unwrap() {
+                TraceItem::Op(TraceOp::Alloc { id, .. } | TraceOp::Free { id, .. }) => Ok(id),
+                TraceItem::Rejected(j) => Err((j.line, j.kind)),
+            });
+        }
+        assert_eq!(
+            items,
+            [
+                Ok(1),
+                Err((2, RejectKind::Malformed)),
+                Err((3, RejectKind::Malformed)),
+                Err((4, RejectKind::Malformed)),
+            ]
+        );
+        assert_eq!(r.lines(), 4);
+        assert_eq!(r.bytes_read(), text.len() as u64);
+        assert!(r.buf.len() <= MAX_LINE);
+    }
+
+    /// A read interrupted by a signal is retried: the line after it is read whole.
     #[test]
     fn an_interrupted_read_is_retried() {
         struct Interrupted<'a> {
@@ -1652,16 +1741,13 @@ not json
         }
         impl BufRead for Interrupted<'_> {
             fn fill_buf(&mut self) -> io::Result<&[u8]> {
+                if std::mem::take(&mut self.once) {
+                    return Err(self.kind.into());
+                }
                 self.rest.fill_buf()
             }
             fn consume(&mut self, n: usize) {
                 self.rest.consume(n)
-            }
-            fn read_until(&mut self, byte: u8, buf: &mut Vec<u8>) -> io::Result<usize> {
-                if std::mem::take(&mut self.once) {
-                    return Err(self.kind.into());
-                }
-                self.rest.read_until(byte, buf)
             }
         }
         let line = br#"{"op":"alloc","id":1,"size":1,"mem":"host"}"#;

@@ -156,6 +156,47 @@ fn unreadable_files_exit_nonzero() {
     assert!(!out.status.success());
 }
 
+/// A trace that can be read only once (a pipe) gives every pass and every backend the
+/// same events as the file it came from, and the pool's state picture too.
+#[test]
+fn a_piped_trace_is_replayed_whole_by_every_backend() {
+    use std::io::Write;
+    use std::process::Stdio;
+    let dir = temp_dir("pipe");
+    let p = write_trace(&dir, "hand.jsonl", HAND_TRACE);
+    let svg = dir.join("state.svg");
+    let from_file = json_of(&run(&[
+        p.as_os_str(),
+        "--json".as_ref(),
+        "--compare".as_ref(),
+    ]));
+    let mut child = Command::new(BIN)
+        .args(["replay", "/dev/stdin", "--json", "--compare", "--svg-state"])
+        .arg(&svg)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(HAND_TRACE).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let from_pipe = json_of(&out);
+    assert_eq!(from_pipe["ops"], 10);
+    let figures = |v: &Value| {
+        v["peers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| (p["name"].clone(), p["peak_reserved_bytes"].clone()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(figures(&from_pipe), figures(&from_file));
+    assert!(figures(&from_pipe)
+        .iter()
+        .all(|(_, reserved)| reserved.as_u64() > Some(0)));
+    assert!(std::fs::read_to_string(&svg).unwrap().contains("<svg"));
+}
+
 /// host: 1 B -> 64, 100 B -> 192 (ALIGN_UP(ALIGN_UP(100,32)+32, 64) = ALIGN_UP(160, 64));
 /// dvpp 3110400 B at 128 -> 3110528; device 33 B -> 128.
 const HAND_TRACE: &[u8] = b"{\"op\":\"alloc\",\"id\":1,\"size\":1,\"mem\":\"host\"}
@@ -509,6 +550,23 @@ fn bad_pool_configuration_is_a_usage_error() {
     ]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("chunk_size"));
+    // Device sizes: none, and past what the simulator reserves, are usage errors.
+    for size in ["0", "17592186044417", "18446744073709551615"] {
+        let out = run(&[p.as_os_str(), "--device-size".as_ref(), size.as_ref()]);
+        assert_eq!(out.status.code(), Some(2), "{size}: {out:?}");
+    }
+    // A device the simulator does not have parses, but no pool can be built on it.
+    for source in ["vmm", "sim"] {
+        let out = run(&[
+            p.as_os_str(),
+            "--pool-conf".as_ref(),
+            "device:5".as_ref(),
+            "--source".as_ref(),
+            source.as_ref(),
+        ]);
+        assert_eq!(out.status.code(), Some(2), "{source}: {out:?}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("cannot build the pool"));
+    }
     // A good one changes the figures: 4 MiB chunks cap the growth, the frame stays 4 MiB.
     let v = json_of(&run(&[
         p.as_os_str(),

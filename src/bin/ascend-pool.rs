@@ -20,7 +20,7 @@
 //! not fatal), 1 when a trace could not be opened or read, 2 on a usage error.
 
 use std::fs::File;
-use std::io::{BufReader, IsTerminal, Write};
+use std::io::{BufReader, IsTerminal, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -93,7 +93,9 @@ struct ReplayArgs {
     #[arg(long)]
     cold: bool,
     /// Device size in bytes: larger allocations are rejected, and each range gets this capacity.
-    #[arg(long, default_value_t = DEFAULT_DEVICE_SIZE)]
+    /// At most 16 TiB, the most the simulator's virtual memory reserves at once.
+    #[arg(long, default_value_t = DEFAULT_DEVICE_SIZE,
+          value_parser = clap::value_parser!(u64).range(1..=MAX_DEVICE_SIZE))]
     device_size: u64,
     /// Replay every backend this many times, taking turns (all backends once, then again), and
     /// report each backend's median over the rounds: on a shared machine a slow spell then
@@ -101,6 +103,11 @@ struct ReplayArgs {
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
     rounds: u32,
 }
+
+/// The largest `--device-size`: the simulator's virtual-memory source reserves no more at
+/// once, and peers that lay out their whole range up front (buddy_system_allocator) take
+/// seconds and gigabytes of memory for sizes far beyond it.
+const MAX_DEVICE_SIZE: u64 = 16 << 40;
 
 /// `--source` values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -176,8 +183,85 @@ fn usage_error(msg: &str) -> ExitCode {
 /// reported), advancing `bar` by bytes read.
 /// Replays `path` through `backend` `passes` times with one factory (the last pass is
 /// reported), advancing `bar` by bytes read.
+/// A trace as the replays read it, once per pass and backend. A regular file is opened
+/// again each time; anything else (a pipe, `/dev/stdin`, a process substitution) gives its
+/// bytes once, so it is first copied to an unnamed temporary file, read back each time.
+#[derive(Debug)]
+struct TraceInput {
+    path: PathBuf,
+    /// The copy of a trace that is not a regular file.
+    spool: Option<File>,
+}
+
+impl TraceInput {
+    fn open(path: &Path) -> std::io::Result<Self> {
+        let mut file = File::open(path)?;
+        let spool = if file.metadata()?.is_file() {
+            None
+        } else {
+            let mut spool = temporary_file()?;
+            std::io::copy(&mut file, &mut spool)?;
+            Some(spool)
+        };
+        Ok(Self {
+            path: path.to_owned(),
+            spool,
+        })
+    }
+
+    /// The trace from its start.
+    fn reader(&self) -> std::io::Result<BufReader<File>> {
+        let file = match &self.spool {
+            None => File::open(&self.path)?,
+            Some(spool) => {
+                let mut f = spool.try_clone()?;
+                f.seek(SeekFrom::Start(0))?;
+                f
+            }
+        };
+        Ok(BufReader::with_capacity(1 << 20, file))
+    }
+
+    /// Its length in bytes, for the progress bar.
+    fn len(&self) -> u64 {
+        let meta = match &self.spool {
+            None => std::fs::metadata(&self.path),
+            Some(spool) => spool.metadata(),
+        };
+        meta.map_or(0, |m| m.len())
+    }
+}
+
+/// A new file in the temporary directory, already unlinked where the system allows, so
+/// that nothing is left behind however the process ends.
+fn temporary_file() -> std::io::Result<File> {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    loop {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!(
+            "ascend-pool-trace-{}-{n}.jsonl",
+            std::process::id()
+        ));
+        match File::options()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+        {
+            Ok(file) => {
+                // Elsewhere than Unix an open file may not be removable: it stays behind.
+                let _ = std::fs::remove_file(&path);
+                return Ok(file);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 fn replay_one(
-    path: &Path,
+    input: &TraceInput,
     backend: Backend,
     config: TraceConfig,
     passes: u32,
@@ -186,7 +270,7 @@ fn replay_one(
     pool_source: ReplaySource,
 ) -> std::io::Result<ReplayReport> {
     fn go<F: ReplayerFactory>(
-        path: &Path,
+        input: &TraceInput,
         config: TraceConfig,
         factory: &F,
         passes: u32,
@@ -194,12 +278,15 @@ fn replay_one(
     ) -> std::io::Result<ReplayReport> {
         let mut last = None;
         for pass in 1..=passes {
-            let file = File::open(path)?;
+            let reader = input.reader()?;
             let start = bar.position();
             let what = if pass < passes { " (warm-up)" } else { "" };
-            bar.set_message(format!("{} via {}{what}", path.display(), factory.name()));
-            let input = BufReader::with_capacity(1 << 20, file);
-            last = Some(replay(input, config, factory, |bytes| {
+            bar.set_message(format!(
+                "{} via {}{what}",
+                input.path.display(),
+                factory.name()
+            ));
+            last = Some(replay(reader, config, factory, |bytes| {
                 bar.set_position(start + bytes)
             })?);
         }
@@ -216,14 +303,14 @@ fn replay_one(
             let factory = PoolFactory::new(pool_config.clone(), config.device_size)
                 .map_err(std::io::Error::other)?
                 .with_source(pool_source);
-            go(path, config, &factory, passes, bar)
+            go(input, config, &factory, passes, bar)
         }
-        Backend::Carve => go(path, config, &engine(RangeTier::Tlsf), passes, bar),
-        Backend::CarveBuddy => go(path, config, &engine(RangeTier::Buddy), passes, bar),
-        Backend::CarveLocked => go(path, config, &LockedEngineFactory::default(), passes, bar),
-        Backend::OffsetAllocator => go(path, config, &OffsetAllocatorFactory, passes, bar),
-        Backend::Rlsf => go(path, config, &RlsfFactory::default(), passes, bar),
-        Backend::Buddy => go(path, config, &BuddyFactory, passes, bar),
+        Backend::Carve => go(input, config, &engine(RangeTier::Tlsf), passes, bar),
+        Backend::CarveBuddy => go(input, config, &engine(RangeTier::Buddy), passes, bar),
+        Backend::CarveLocked => go(input, config, &LockedEngineFactory::default(), passes, bar),
+        Backend::OffsetAllocator => go(input, config, &OffsetAllocatorFactory, passes, bar),
+        Backend::Rlsf => go(input, config, &RlsfFactory::default(), passes, bar),
+        Backend::Buddy => go(input, config, &BuddyFactory, passes, bar),
     }
 }
 
@@ -298,7 +385,9 @@ fn run_replay(args: &ReplayArgs) -> ExitCode {
         Ok(c) => c,
         Err(e) => return usage_error(&format!("--pool-conf: {e}")),
     };
-    if let Err(e) = PoolFactory::new(pool_config.clone(), args.device_size) {
+    let factory = PoolFactory::new(pool_config.clone(), args.device_size)
+        .map(|f| f.with_source(args.source.into()));
+    if let Err(e) = factory.and_then(|f| f.check()) {
         return usage_error(&format!("cannot build the pool: {e}"));
     }
     let pictures = args.svg_state.is_some() || args.svg_timeline.is_some();
@@ -323,11 +412,12 @@ fn run_replay(args: &ReplayArgs) -> ExitCode {
 
     let passes = if args.cold { 1 } else { 2 };
     let show_bar = progress_wanted(args.json, std::io::stderr().is_terminal());
-    let total: u64 = args
-        .traces
+    let inputs: Vec<std::io::Result<TraceInput>> =
+        args.traces.iter().map(|p| TraceInput::open(p)).collect();
+    let total: u64 = inputs
         .iter()
-        .filter_map(|p| std::fs::metadata(p).ok())
-        .map(|m| m.len() * backends.len() as u64 * u64::from(passes + args.rounds - 1))
+        .flatten()
+        .map(|i| i.len() * backends.len() as u64 * u64::from(passes + args.rounds - 1))
         .sum();
     let bar = if show_bar {
         let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
@@ -342,13 +432,26 @@ fn run_replay(args: &ReplayArgs) -> ExitCode {
     };
 
     let mut results = Vec::new();
-    for path in &args.traces {
+    for (path, input) in args.traces.iter().zip(inputs) {
+        let input = match input {
+            Ok(input) => input,
+            Err(e) => {
+                results.push(TraceResult {
+                    path: path.clone(),
+                    snapshot_at: None,
+                    outcome: Err(e),
+                    p50_by_round: Vec::new(),
+                });
+                continue;
+            }
+        };
         // The lead alone records the pictures' data, in its reported pass.
         let mut lead_config = config;
         lead_config.timeline = args.svg_timeline.is_some();
         if args.svg_state.is_some() {
-            lead_config.snapshot_at = File::open(path)
-                .and_then(|f| fullest_op(BufReader::with_capacity(1 << 20, f), config))
+            lead_config.snapshot_at = input
+                .reader()
+                .and_then(|r| fullest_op(r, config))
                 .ok()
                 .flatten();
         }
@@ -363,7 +466,7 @@ fn run_replay(args: &ReplayArgs) -> ExitCode {
                     (0, false) => (config, passes),
                     _ => (config, 1),
                 };
-                match replay_one(path, b, c, p, &bar, &pool_config, args.source.into()) {
+                match replay_one(&input, b, c, p, &bar, &pool_config, args.source.into()) {
                     Ok(r) => rounds[i].push(r),
                     Err(e) => {
                         failure = Some(e);
