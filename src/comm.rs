@@ -174,7 +174,8 @@ impl Pool {
     /// - [`Error::OutOfBounds`] when either range leaves its region or window (or the
     ///   address space), or `len` is 0;
     /// - [`Error::WrongKind`] when `src` is host memory;
-    /// - [`Error::ForeignHandle`] when `src` or the thread's stream belongs to another source;
+    /// - [`Error::ForeignHandle`] when `src` or the thread's stream belongs to another source
+    ///   (the stream: or to another device);
     /// - [`Error::Runtime`] (`HcommWriteOnThread` and its `HcclResult`) when the
     ///   communication library refuses, and [`Error::NotSupported`] when there is none.
     pub fn write_remote(

@@ -605,8 +605,8 @@ impl Pool {
     ///
     /// Both offsets must keep 64-byte alignment, as `aclrtMemcpyAsync` requires. Both regions
     /// are recorded on the stream, so dropping either before the copy has run is safe: its
-    /// memory is reused only after the stream passes the copy. A stream of another source
-    /// is refused with [`Error::ForeignHandle`].
+    /// memory is reused only after the stream passes the copy. A stream of another source,
+    /// or of another device, is refused with [`Error::ForeignHandle`].
     pub fn copy_async(
         &self,
         dst: &mut impl AsyncCopySafe,
