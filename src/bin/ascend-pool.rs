@@ -179,10 +179,6 @@ fn usage_error(msg: &str) -> ExitCode {
     ExitCode::from(2)
 }
 
-/// Replays `path` through `backend` `passes` times with one factory (the last pass is
-/// reported), advancing `bar` by bytes read.
-/// Replays `path` through `backend` `passes` times with one factory (the last pass is
-/// reported), advancing `bar` by bytes read.
 /// A trace as the replays read it, once per pass and backend. A regular file is opened
 /// again each time; anything else (a pipe, `/dev/stdin`, a process substitution) gives its
 /// bytes once, so it is first copied to an unnamed temporary file, read back each time.
@@ -260,6 +256,8 @@ fn temporary_file() -> std::io::Result<File> {
     }
 }
 
+/// Replays `input` through `backend` `passes` times with one factory (the last pass is
+/// reported), advancing `bar` by bytes read.
 fn replay_one(
     input: &TraceInput,
     backend: Backend,
