@@ -178,10 +178,7 @@ impl Segment {
     /// the free would wait on the wrong work. So is a stream of another device: the pool
     /// could not record the end of its work (events live on one device).
     pub fn record_stream(&self, stream: &Stream) -> Result<()> {
-        if !Arc::ptr_eq(&stream.source, self.source()) || stream.device != self.pool().config.device
-        {
-            return Err(Error::ForeignHandle);
-        }
+        stream.belongs_to(self.source(), self.pool().config.device)?;
         self.note_stream(stream.handle);
         Ok(())
     }
@@ -340,6 +337,16 @@ impl Stream {
     /// Waits for all work queued so far.
     pub fn synchronize(&self) -> Result<()> {
         self.source.synchronize_stream(self.handle)
+    }
+
+    /// `Ok` when a pool of `device` on `source` may queue work on this stream: a handle is
+    /// only meaningful to the runtime that made it, and on the device it was made for.
+    pub(crate) fn belongs_to(&self, source: &Arc<dyn BlockSource>, device: DeviceId) -> Result<()> {
+        if Arc::ptr_eq(&self.source, source) && self.device == device {
+            Ok(())
+        } else {
+            Err(Error::ForeignHandle)
+        }
     }
 }
 
@@ -512,11 +519,7 @@ impl Pool {
     /// stream of this one), so work must not be queued under it. A stream of another device
     /// of this source runs that device's work, not this pool's.
     pub(crate) fn own_stream(&self, stream: &Stream) -> Result<()> {
-        if Arc::ptr_eq(&stream.source, self.source()) && stream.device == self.config().device {
-            Ok(())
-        } else {
-            Err(Error::ForeignHandle)
-        }
+        stream.belongs_to(self.source(), self.config().device)
     }
 
     pub(crate) fn same_source(&self, r: &impl Region) -> Result<()> {
