@@ -155,6 +155,58 @@ fn the_c_functions_check_pointers_and_frees_themselves() {
 }
 
 #[test]
+fn null_events_and_the_reserved_dvpp_device_id() {
+    // SAFETY: the drop-in's initialisers have no preconditions.
+    let lib = unsafe { libloading::Library::new(dropin()) }.unwrap();
+    // SAFETY: resolving symbols only.
+    let api = unsafe { sys::AclApi::from_library(lib) }.unwrap();
+    let null = std::ptr::null_mut();
+    let bad = sys::ACL_ERROR_INVALID_PARAM;
+    // SAFETY: every pointer passed is null, a live local, or an address the drop-in handed out.
+    unsafe {
+        // A null event is a bad parameter, as a null stream is to aclrtDestroyStream.
+        let mut status = 0u32;
+        assert_eq!((api.aclrtDestroyEvent.as_ref().unwrap())(null), bad);
+        assert_eq!((api.aclrtSynchronizeEvent.as_ref().unwrap())(null), bad);
+        assert_eq!(
+            (api.aclrtQueryEvent.as_ref().unwrap())(null, &mut status),
+            bad
+        );
+        assert_eq!(
+            (api.aclrtQueryEventStatus.as_ref().unwrap())(null, &mut status),
+            bad
+        );
+        assert_eq!((api.aclrtRecordEvent.as_ref().unwrap())(null, null), bad);
+        assert_eq!(
+            (api.aclrtStreamWaitEvent.as_ref().unwrap())(null, null),
+            bad
+        );
+
+        // hi_mpi_dvpp_malloc's dev_id is reserved: memory lands on the device set last.
+        // Device 6 is this test's alone; the current device is per thread.
+        let (dvpp, dvpp_free) = (
+            api.hi_mpi_dvpp_malloc.as_ref().unwrap(),
+            api.hi_mpi_dvpp_free.as_ref().unwrap(),
+        );
+        let info = api.aclrtGetMemInfo.as_ref().unwrap();
+        let free_on_6 = || {
+            let (mut f, mut t) = (0usize, 0usize);
+            assert_eq!(info(sys::ACL_HBM_MEM, &mut f, &mut t), 0);
+            f
+        };
+        assert_eq!((api.aclrtSetDevice.as_ref().unwrap())(6), 0);
+        let before = free_on_6();
+        let mut p = null;
+        for dev_id in [2, 1000] {
+            assert_eq!(dvpp(dev_id, &mut p, 1 << 20), 0, "dev_id {dev_id}");
+            assert_eq!(before - free_on_6(), (1 << 20) + 32, "dev_id {dev_id}");
+            assert_eq!(dvpp_free(p), 0);
+        }
+        assert_eq!(free_on_6(), before);
+    }
+}
+
+#[test]
 fn copies_fills_streams_and_events_end_to_end() {
     let acl = open();
     let n = 1 << 16;

@@ -515,3 +515,31 @@ fn notifications_refuse_unknown_handles_indices_and_devices() {
     s0.synchronize().unwrap();
     t.intact();
 }
+
+#[test]
+fn dropping_the_simulator_ends_a_wait_queued_behind_an_endless_notification_wait() {
+    // Streams that wait on an event recorded behind a notification wait with no timeout:
+    // the drop must tell every stream it is closing before joining any, or joining one of
+    // the waiting streams first would wait for ever.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let sim = SimSource::new(SimConfig::default().with_devices(2)).unwrap();
+        let y = sim.create_stream(0).unwrap();
+        let thread = sim.acquire_comm_thread(y).unwrap();
+        let channel = sim.acquire_channel(0, 1).unwrap();
+        // No peer ever records the notification; 0 is "no timeout".
+        sim.notify_wait_on_thread(thread, channel, 0, 0).unwrap();
+        let e = sim.create_event(0).unwrap();
+        sim.record_event(e, y).unwrap();
+        for _ in 0..8 {
+            let x = sim.create_stream(0).unwrap();
+            sim.stream_wait_event(x, e).unwrap();
+        }
+        drop(sim);
+        tx.send(()).unwrap();
+    });
+    assert!(
+        rx.recv_timeout(std::time::Duration::from_secs(60)).is_ok(),
+        "dropping the simulator hung"
+    );
+}

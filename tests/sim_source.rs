@@ -28,6 +28,30 @@ fn err<T: std::fmt::Debug>(r: ascend_pool::Result<T>) -> (&'static str, AclError
 
 use common_device::read;
 
+/// Host bytes at a 64-aligned address, as `aclrtMemcpyAsync` wants of both ends.
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+struct Line([u8; 64]);
+
+/// A host buffer of whole [`Line`]s.
+struct HostBuf(Vec<Line>);
+
+impl HostBuf {
+    fn new(len: usize, byte: impl Fn(usize) -> u8) -> Self {
+        let mut lines = vec![Line([0; 64]); len.div_ceil(64)];
+        for (i, b) in lines.iter_mut().flat_map(|l| l.0.iter_mut()).enumerate() {
+            *b = byte(i);
+        }
+        Self(lines)
+    }
+    fn addr(&self) -> usize {
+        self.0.as_ptr() as usize
+    }
+    fn bytes(&self) -> Vec<u8> {
+        self.0.iter().flat_map(|l| l.0).collect()
+    }
+}
+
 /// A block maps host memory lazily and freeing it unmaps all of it: a pipeline that
 /// allocates and frees for hours keeps the same address space.
 #[test]
@@ -202,7 +226,7 @@ fn async_copy_runs_on_the_stream_worker() {
     let dev = sim.alloc_block(0, MemKind::DEVICE, 1 << 20).unwrap();
     let stream = sim.create_stream(0).unwrap();
     let event = sim.create_event(0).unwrap();
-    let src: Vec<u8> = (0..1 << 20).map(|i| (i % 251) as u8).collect();
+    let src = HostBuf::new(1 << 20, |i| (i % 251) as u8);
 
     // Held, so the checks below that the calls returned early cannot race the worker (a
     // delay alone would let a thread descheduled for longer than it fail them).
@@ -214,8 +238,8 @@ fn async_copy_runs_on_the_stream_worker() {
         sim.memcpy_async(
             dev.addr,
             dev.size,
-            src.as_ptr() as usize,
-            src.len() as u64,
+            src.addr(),
+            1 << 20,
             MemcpyKind::HostToDevice,
             stream,
         )
@@ -234,7 +258,7 @@ fn async_copy_runs_on_the_stream_worker() {
         "the event waited for the kernel"
     );
     assert!(sim.query_event(event).unwrap());
-    assert_eq!(read(&sim, dev.addr, src.len()), src);
+    assert_eq!(read(&sim, dev.addr, 1 << 20), src.bytes());
 
     sim.destroy_event(event).unwrap();
     sim.destroy_stream(stream).unwrap();
@@ -309,7 +333,7 @@ fn stream_wait_event_orders_two_streams() {
 }
 
 #[test]
-fn device_to_device_async_needs_64_aligned_addresses() {
+fn async_copies_need_64_aligned_addresses_of_every_kind() {
     let sim = SimSource::default();
     let s = sim.create_stream(0).unwrap();
     let a = sim.alloc_block(0, MemKind::DEVICE, 4096).unwrap();
@@ -340,18 +364,26 @@ fn device_to_device_async_needs_64_aligned_addresses() {
         .unwrap();
         sim.memcpy(a.addr + 160, 64, b.addr + 8, 64, MemcpyKind::DeviceToDevice)
             .unwrap();
-        // Host-side addresses are not checked for alignment.
-        let host = [1u8; 64];
-        sim.memcpy_async(
-            a.addr,
-            64,
-            host.as_ptr() as usize + 1,
-            63,
-            MemcpyKind::HostToDevice,
-            s,
-        )
-        .unwrap();
+        // Host-side addresses need it too: the runtime asks it of every async copy.
+        let host = sim.alloc_block(0, MemKind::Host, 4096).unwrap();
+        std::ptr::write_bytes(host.addr as *mut u8, 1, 128);
+        for (dst, src, kind) in [
+            (a.addr, host.addr + 1, MemcpyKind::HostToDevice),
+            (a.addr + 32, host.addr, MemcpyKind::HostToDevice),
+            (host.addr + 8, a.addr, MemcpyKind::DeviceToHost),
+            (host.addr, a.addr + 16, MemcpyKind::DeviceToHost),
+            (a.addr, host.addr + 32, MemcpyKind::Default),
+        ] {
+            assert_eq!(
+                err(sim.memcpy_async(dst, 64, src, 63, kind, s)),
+                ("aclrtMemcpyAsync", AclError::RT_ADDR_UNALIGNED),
+                "{kind:?}"
+            );
+        }
+        sim.memcpy_async(a.addr, 64, host.addr + 64, 63, MemcpyKind::HostToDevice, s)
+            .unwrap();
         sim.synchronize_stream(s).unwrap();
+        sim.free_block(host).unwrap();
     }
     assert_eq!(read(&sim, a.addr, 63), vec![1; 63]);
     sim.destroy_stream(s).unwrap();
@@ -472,12 +504,12 @@ fn free_with_queued_copy_keeps_memory_mapped() {
     let dev = sim.alloc_block(0, MemKind::DEVICE, 4096).unwrap();
     // SAFETY: dev is live.
     unsafe { sim.memset(dev.addr, 4096, 0x77, 4096).unwrap() };
-    let mut out = vec![0u8; 4096];
+    let out = HostBuf::new(4096, |_| 0);
     let hold = sim.hold_stream(s).unwrap();
     // SAFETY: `out` outlives the copy: we synchronize before reading it.
     unsafe {
         sim.memcpy_async(
-            out.as_mut_ptr() as usize,
+            out.addr(),
             4096,
             dev.addr,
             4096,
@@ -492,7 +524,7 @@ fn free_with_queued_copy_keeps_memory_mapped() {
     assert_eq!(sim.block_containing(dev.addr), None);
     drop(hold);
     sim.synchronize_stream(s).unwrap();
-    assert_eq!(out, vec![0x77; 4096]);
+    assert_eq!(out.bytes(), vec![0x77; 4096]);
 }
 
 #[test]
@@ -500,14 +532,14 @@ fn bandwidth_makes_copies_take_time() {
     let sim = SimSource::new(SimConfig::default().with_copy_bandwidth(10 << 20)).unwrap();
     let s = sim.create_stream(0).unwrap();
     let dev = sim.alloc_block(0, MemKind::DEVICE, 1 << 20).unwrap();
-    let src = vec![5u8; 1 << 20];
+    let src = HostBuf::new(1 << 20, |_| 5);
     let t0 = Instant::now();
     // SAFETY: `src` outlives the copy (synchronized below).
     unsafe {
         sim.memcpy_async(
             dev.addr,
             dev.size,
-            src.as_ptr() as usize,
+            src.addr(),
             1 << 20,
             MemcpyKind::HostToDevice,
             s,
@@ -527,13 +559,13 @@ fn drop_drains_streams_and_unmaps() {
     let sim = SimSource::default();
     let s = sim.create_stream(0).unwrap();
     let dev = sim.alloc_block(0, MemKind::DEVICE, 1 << 16).unwrap();
-    let mut out = vec![0u8; 1 << 16];
+    let out = HostBuf::new(1 << 16, |_| 0);
     sim.enqueue_delay(s, Duration::from_millis(50)).unwrap();
     // SAFETY: dev stays mapped until the queued ops have run; `out` outlives `sim`.
     unsafe {
         sim.memset_async(dev.addr, 1 << 16, 1, 1 << 16, s).unwrap();
         sim.memcpy_async(
-            out.as_mut_ptr() as usize,
+            out.addr(),
             1 << 16,
             dev.addr,
             1 << 16,
@@ -545,7 +577,7 @@ fn drop_drains_streams_and_unmaps() {
     // The stream and the block are still live: dropping drains the stream, then unmaps.
     drop(sim);
     assert_eq!(
-        out,
+        out.bytes(),
         vec![1; 1 << 16],
         "the queued work ran before the drop returned"
     );

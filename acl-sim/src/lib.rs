@@ -328,13 +328,13 @@ pub unsafe extern "C" fn acldvppFree(ptr: *mut c_void) -> c_int {
     run(|s| s.free(ptr, |k| k == MemKind::Dvpp))
 }
 
-/// `hi_mpi_dvpp_malloc`: DVPP memory on `dev_id`.
+/// `hi_mpi_dvpp_malloc`: DVPP memory on the current device. `dev_id` is reserved: the
+/// runtime ignores it, so a program that relies on it fails on hardware.
 #[no_mangle]
-pub unsafe extern "C" fn hi_mpi_dvpp_malloc(dev_id: u32, out: *mut *mut c_void, size: u64) -> i32 {
+pub unsafe extern "C" fn hi_mpi_dvpp_malloc(_dev_id: u32, out: *mut *mut c_void, size: u64) -> i32 {
     run(|s| {
-        let device = DeviceId::try_from(dev_id).map_err(|_| AclError::RT_PARAM_INVALID.0)?;
         let size = usize::try_from(size).map_err(|_| INVALID_PARAM)?;
-        s.alloc(out, device, MemKind::Dvpp, size)
+        s.alloc(out, current_device(), MemKind::Dvpp, size)
     })
 }
 
@@ -505,17 +505,13 @@ pub unsafe extern "C" fn aclrtCreateEvent(out: *mut *mut c_void) -> c_int {
 /// `aclrtDestroyEvent`.
 #[no_mangle]
 pub unsafe extern "C" fn aclrtDestroyEvent(event: *mut c_void) -> c_int {
-    run(|s| acl(s.sim.destroy_event(EventHandle(event as usize))))
+    run(|s| acl(s.sim.destroy_event(event_handle(event)?)))
 }
 
 /// `aclrtRecordEvent` (null stream: the default stream).
 #[no_mangle]
 pub unsafe extern "C" fn aclrtRecordEvent(event: *mut c_void, stream: *mut c_void) -> c_int {
-    run(|s| {
-        acl(s
-            .sim
-            .record_event(EventHandle(event as usize), s.stream(stream)?))
-    })
+    run(|s| acl(s.sim.record_event(event_handle(event)?, s.stream(stream)?)))
 }
 
 /// `aclrtQueryEventStatus`: `ACL_EVENT_RECORDED_STATUS_COMPLETE` (1) or `NOT_READY` (0).
@@ -525,7 +521,7 @@ pub unsafe extern "C" fn aclrtQueryEventStatus(event: *mut c_void, status: *mut 
         if status.is_null() {
             return Err(INVALID_PARAM);
         }
-        let done = acl(s.sim.query_event(EventHandle(event as usize)))?;
+        let done = acl(s.sim.query_event(event_handle(event)?))?;
         // SAFETY: checked non-null; valid per the caller's contract.
         unsafe { put(status, u32::from(done)) }
     })
@@ -538,7 +534,7 @@ pub unsafe extern "C" fn aclrtQueryEvent(event: *mut c_void, status: *mut u32) -
         if status.is_null() {
             return Err(INVALID_PARAM);
         }
-        let done = acl(s.sim.query_event(EventHandle(event as usize)))?;
+        let done = acl(s.sim.query_event(event_handle(event)?))?;
         // SAFETY: checked non-null; valid per the caller's contract.
         unsafe { put(status, u32::from(!done)) }
     })
@@ -550,14 +546,14 @@ pub unsafe extern "C" fn aclrtStreamWaitEvent(stream: *mut c_void, event: *mut c
     run(|s| {
         acl(s
             .sim
-            .stream_wait_event(s.stream(stream)?, EventHandle(event as usize)))
+            .stream_wait_event(s.stream(stream)?, event_handle(event)?))
     })
 }
 
 /// `aclrtSynchronizeEvent`.
 #[no_mangle]
 pub unsafe extern "C" fn aclrtSynchronizeEvent(event: *mut c_void) -> c_int {
-    run(|s| acl(s.sim.synchronize_event(EventHandle(event as usize))))
+    run(|s| acl(s.sim.synchronize_event(event_handle(event)?)))
 }
 
 // ---- virtual memory management ------------------------------------------------------
@@ -590,6 +586,11 @@ unsafe fn prop(raw: *const AclrtPhysicalMemProp) -> Option<PhysicalMemProp> {
         location_id: p.location_id,
         location_type: p.location_type,
     })
+}
+
+/// An event argument: null is a bad parameter, as for every other handle.
+fn event_handle(event: *mut c_void) -> Result<EventHandle, i32> {
+    non_null(event).map(EventHandle)
 }
 
 fn non_null(ptr: *const c_void) -> Result<usize, i32> {

@@ -18,7 +18,7 @@
 //!   complete when never recorded.
 //! - **Copies and fills** move real bytes. Device-side addresses must lie, with the whole
 //!   range, inside a live block of this source (host-side addresses cannot be checked and
-//!   are accepted); `count > dst_max` is refused; an asynchronous device-to-device copy
+//!   are accepted); `count > dst_max` is refused; an asynchronous copy of any kind
 //!   needs 64-aligned `src` and `dst` (`ACL_ERROR_RT_ADDR_UNALIGNED`, 107008).
 //! - **Virtual memory** (`vmm.rs`): reservations are real address-space reservations,
 //!   physical memory is a shareable memory object (memfd) charged against the device,
@@ -41,7 +41,7 @@
 //! | device, DVPP or host capacity exceeded (or the host refuses the mapping) | `ACL_ERROR_RT_MEMORY_ALLOCATION` (207001) |
 //! | free of an unknown address, a double free, or the wrong free function (`aclrtFree` on DVPP memory, or on the data of a shared buffer) | `ACL_ERROR_RT_MEMORY_FREE` (207002) |
 //! | free with the right function but a [`Block`] whose kind, size or device differ from what was handed out | `ACL_ERROR_INVALID_PARAM` (100000) |
-//! | async device-to-device copy with an address not 64-aligned | `ACL_ERROR_RT_ADDR_UNALIGNED` (107008) |
+//! | async copy (any kind, host side included) with an address not 64-aligned | `ACL_ERROR_RT_ADDR_UNALIGNED` (107008) |
 //! | unknown or destroyed stream or event | `ACL_ERROR_RT_INVALID_HANDLE` (107017) |
 //! | a stream worker thread cannot be started; `aclrtSynchronizeStream` after a notification wait on the stream timed out | `ACL_ERROR_RT_FAILURE` (500003) |
 //! | `HcommWriteOnThread` outside the far end's windows or the thread's device, of length 0; a channel from a rank to itself; a notification index not below the channel's, or a thread on another device than the channel's near end | `HCCL_E_PARA` (1, an `HcclResult`) |
@@ -360,11 +360,14 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 ///
 /// let stream = sim.create_stream(0)?;
 /// let done = sim.create_event(0)?;
-/// let src = vec![7u8; 4096];
+/// // Async copies want both ends 64-aligned: pinned host memory is.
+/// let src = sim.alloc_block(0, MemKind::Host, 4096)?;
+/// // SAFETY: `src` is a live block of at least 4096 bytes, written by no one else.
+/// unsafe { std::ptr::write_bytes(src.addr as *mut u8, 7, 4096) };
 /// sim.enqueue_delay(stream, Duration::from_millis(5))?; // a "kernel" holds the stream
-/// // SAFETY: `src` outlives the copy (we synchronize below) and `block` is live.
+/// // SAFETY: `src` stays live until after the copy (we synchronize below); `block` is live.
 /// unsafe {
-///     sim.memcpy_async(block.addr, block.size, src.as_ptr() as usize, 4096,
+///     sim.memcpy_async(block.addr, block.size, src.addr, 4096,
 ///                      MemcpyKind::HostToDevice, stream)?;
 /// }
 /// sim.record_event(done, stream)?;
@@ -377,11 +380,12 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 ///     sim.memcpy(back.as_mut_ptr() as usize, 4096, block.addr, 4096,
 ///                MemcpyKind::DeviceToHost)?;
 /// }
-/// assert_eq!(back, src);
+/// assert_eq!(back, [7u8; 4096]);
 ///
 /// sim.destroy_event(done)?;
 /// sim.destroy_stream(stream)?;
 /// sim.free_block(block)?;
+/// sim.free_block(src)?;
 /// # Ok::<(), ascend_pool::Error>(())
 /// ```
 pub struct SimSource {
@@ -899,8 +903,9 @@ impl SimSource {
                 keep.push(Arc::clone(&rec.mapping));
             }
         }
+        // aclrtMemcpyAsync wants both addresses 64-aligned, whatever the kind.
         let unaligned = |a: usize| a as u64 % DEFAULT_ALIGN != 0;
-        if asynchronous && dst_dev && src_dev && (unaligned(dst) || unaligned(src)) {
+        if asynchronous && (unaligned(dst) || unaligned(src)) {
             return Err(AclError::RT_ADDR_UNALIGNED);
         }
         Ok((count_usize, keep))
@@ -958,6 +963,11 @@ impl Drop for SimSource {
             return;
         }
         let streams: Vec<Arc<Stream>> = lock(&self.streams).drain().map(|(_, s)| s).collect();
+        // Every stream is told first: one may wait on an event queued behind another's
+        // endless notification wait, which gives up only once its own stream is closing.
+        for s in &streams {
+            s.begin_close();
+        }
         for s in &streams {
             s.close();
         }

@@ -261,13 +261,16 @@ impl Stream {
         q.enqueued - q.completed
     }
 
+    /// Refuses new work and tells waits that may give up to do so; does not wait.
+    pub(super) fn begin_close(&self) {
+        let mut q = lock(&self.shared.queue);
+        q.closing = true;
+        self.shared.cv.notify_all();
+    }
+
     /// Refuses new work, lets the worker drain the queue, then joins it. Idempotent.
     pub(super) fn close(&self) {
-        {
-            let mut q = lock(&self.shared.queue);
-            q.closing = true;
-            self.shared.cv.notify_all();
-        }
+        self.begin_close();
         let worker = lock(&self.worker).take();
         if let Some(worker) = worker {
             // The worker never panics on its own; a join error would only relay a panic
