@@ -193,7 +193,9 @@ ap_status ap_stream_create(ap_pool pool, ap_stream *out);
 ap_status ap_stream_synchronize(ap_pool pool, ap_stream stream);
 /* Waits for the stream's work, then destroys it. */
 ap_status ap_stream_destroy(ap_pool pool, ap_stream stream);
-/* Queued on `stream`; both ends 64-byte aligned. Both regions are recorded on the stream. */
+/* Queued on `stream`; both ends 64-byte aligned, and not both host memory (the runtime does no
+ * async copy within the host: AP_ERR_WRONG_KIND; use ap_copy). Both regions are recorded on the
+ * stream. */
 ap_status ap_copy_async(ap_pool pool, ap_region dst, uint64_t dst_offset, ap_region src,
                         uint64_t src_offset, uint64_t len, ap_stream stream);
 ap_status ap_memset_async(ap_pool pool, ap_region dst, uint64_t offset, uint8_t value,

@@ -606,7 +606,9 @@ impl Pool {
 
     /// Queues a copy of `len` bytes between regions on `stream`.
     ///
-    /// Both offsets must keep 64-byte alignment, as `aclrtMemcpyAsync` requires. Both regions
+    /// Both offsets must keep 64-byte alignment, as `aclrtMemcpyAsync` requires, and one end
+    /// at least must be device memory: the runtime does no asynchronous copy within the host
+    /// (two host regions: [`Error::WrongKind`]; use [`Pool::copy`]). Both regions
     /// are recorded on the stream, so dropping either before the copy has run is safe: its
     /// memory is reused only after the stream passes the copy. A stream of another source,
     /// or of another device, is refused with [`Error::ForeignHandle`].
@@ -624,6 +626,12 @@ impl Pool {
         self.same_source(src)?;
         check_bounds(dst_offset, len, dst.len())?;
         check_bounds(src_off, len, src.len())?;
+        if !dst.kind().is_device() && !src.kind().is_device() {
+            return Err(Error::WrongKind {
+                expected: "device",
+                got: src.kind(),
+            });
+        }
         for (addr, off) in [(dst.addr(), dst_offset), (src.addr(), src_off)] {
             let a = addr as u64 + off;
             if a % 64 != 0 {

@@ -448,3 +448,63 @@ fn rlsf_peer_refuses_tokens_of_no_live_segment() {
     let (b, _) = r.alloc(1000, rule).unwrap();
     assert!(a.abs_diff(b) >= rule.footprint(1000).unwrap());
 }
+
+// The runtime does no asynchronous copy within the host (ACL_ERROR_RT_FEATURE_NOT_SUPPORT);
+// two host regions used to reach aclrtMemcpyAsync as a host-to-host copy.
+#[test]
+fn an_async_copy_between_two_host_regions_is_the_wrong_kind() {
+    let sim = sim(64 * MIB);
+    let pool = Pool::new(sim.clone(), PoolConfig::default()).unwrap();
+    let stream = pool.create_stream().unwrap();
+    let mut a = pool.alloc_host(4096).unwrap();
+    let mut b = pool.alloc_host(4096).unwrap();
+    b.as_mut_slice().fill(9);
+    let calls = sim
+        .stats()
+        .calls(ascend_pool::source::sim::AclFunc::MemcpyAsync);
+    let e = pool
+        .copy_async(&mut a, 0, &b, 0, 4096, &stream)
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::WrongKind {
+                expected: "device",
+                got: MemKind::Host
+            }
+        ),
+        "{e:?}"
+    );
+    assert_eq!(
+        sim.stats()
+            .calls(ascend_pool::source::sim::AclFunc::MemcpyAsync),
+        calls,
+        "refused before the runtime"
+    );
+    // The synchronous copy is the way, and one device end makes the async one fine.
+    pool.copy(&mut a, 0, &b, 0, 4096).unwrap();
+    assert_eq!(a.as_slice(), &[9; 4096][..]);
+    let mut d = pool.alloc_device(4096).unwrap();
+    pool.copy_async(&mut d, 0, &b, 0, 4096, &stream).unwrap();
+    pool.copy_async(&mut a, 0, &d, 0, 4096, &stream).unwrap();
+    stream.synchronize().unwrap();
+    // And the simulator refuses what the pool now keeps from it.
+    // SAFETY: both blocks are live host memory of this simulator; the call is refused.
+    let raw = unsafe {
+        sim.memcpy_async(
+            a.addr(),
+            4096,
+            b.addr(),
+            4096,
+            MemcpyKind::HostToHost,
+            stream.handle(),
+        )
+    };
+    assert!(
+        matches!(raw, Err(Error::Runtime { func: "aclrtMemcpyAsync", code }) if code == AclError::RT_FEATURE_NOT_SUPPORT),
+        "{raw:?}"
+    );
+    drop((a, b, d));
+    drop(stream);
+    assert_empty(&pool);
+}

@@ -59,7 +59,8 @@ fn write_async(pool: &Pool, r: &mut Any, offset: u64, staging: &HostRegion, stre
     match r {
         Any::Device(d) => pool.copy_async(d, offset, staging, 0, len, stream).unwrap(),
         Any::Dvpp(d) => pool.copy_async(d, offset, staging, 0, len, stream).unwrap(),
-        Any::Host(h) => pool.copy_async(h, offset, staging, 0, len, stream).unwrap(),
+        // No asynchronous copy runs within the host: the synchronous one waits for `stream`.
+        Any::Host(h) => pool.copy(h, offset, staging, 0, len).unwrap(),
     }
 }
 

@@ -90,7 +90,13 @@ fn copy_async(
     len: u64,
     stream: &Stream,
 ) {
-    with_region!(dst, d => pool.copy_async(d, dst_off, src, 0, len, stream).unwrap())
+    // The runtime does no asynchronous copy within the host: host to host takes the
+    // synchronous copy, which first waits for the work queued on both regions.
+    with_region!(dst, d => if d.kind().is_device() || src.kind().is_device() {
+        pool.copy_async(d, dst_off, src, 0, len, stream).unwrap()
+    } else {
+        pool.copy(d, dst_off, src, 0, len).unwrap()
+    })
 }
 
 fn alloc(pool: &Pool, rng: &mut Rng) -> Any {

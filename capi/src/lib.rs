@@ -1349,7 +1349,8 @@ pub extern "C" fn ap_stream_destroy(pool: u64, stream: u64) -> Status {
 }
 
 /// Queues a copy of `len` bytes between two regions on `stream`; both ends must be 64-byte
-/// aligned, and both regions are recorded on the stream ([`Pool::copy_async`]).
+/// aligned and not both host memory, and both regions are recorded on the stream
+/// ([`Pool::copy_async`]).
 #[no_mangle]
 pub extern "C" fn ap_copy_async(
     pool: u64,

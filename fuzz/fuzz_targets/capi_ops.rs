@@ -612,6 +612,12 @@ fn run(vmm: bool, ops: Vec<Op>) {
                     || !Model::bounds(soff, len, m.live[&s].len)
                 {
                     Status::OutOfBounds
+                } else if stream.is_some()
+                    && m.live[&d].kind == KIND_HOST as u32
+                    && m.live[&s].kind == KIND_HOST as u32
+                {
+                    // The runtime does no async copy within the host.
+                    Status::WrongKind
                 } else if stream.is_some() && !(aligned(d, doff) && aligned(s, soff)) {
                     Status::Misaligned
                 } else {

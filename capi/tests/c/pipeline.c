@@ -99,6 +99,12 @@ int main(int argc, char **argv) {
     ap_region dev;
     EXPECT(ap_alloc(pool, AP_KIND_DEVICE, 4096, &dev), AP_OK);
     EXPECT(ap_copy_async(pool, dev, 32, host, 0, 64, stream), AP_ERR_MISALIGNED);
+    /* No async copy runs within the host: two host regions are refused, the sync copy works. */
+    ap_region host2;
+    EXPECT(ap_alloc(pool, AP_KIND_HOST, 4096, &host2), AP_OK);
+    EXPECT(ap_copy_async(pool, host2, 0, host, 0, 64, stream), AP_ERR_WRONG_KIND);
+    EXPECT(ap_copy(pool, host2, 0, host, 0, 64), AP_OK);
+    EXPECT(ap_free(pool, host2), AP_OK);
     EXPECT(ap_host_ptr(pool, dev, (void **)&bytes), AP_ERR_WRONG_KIND);
     EXPECT(ap_memset_async(pool, dev, 0, 0, 4096, stream + 1000), AP_ERR_BAD_STREAM);
 

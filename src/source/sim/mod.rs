@@ -19,7 +19,8 @@
 //! - **Copies and fills** move real bytes. Device-side addresses must lie, with the whole
 //!   range, inside a live block of this source (host-side addresses cannot be checked and
 //!   are accepted); `count > dst_max` is refused; an asynchronous copy of any kind
-//!   needs 64-aligned `src` and `dst` (`ACL_ERROR_RT_ADDR_UNALIGNED`, 107008).
+//!   needs 64-aligned `src` and `dst` (`ACL_ERROR_RT_ADDR_UNALIGNED`, 107008), and none
+//!   runs within the host.
 //! - **Virtual memory** (`vmm.rs`): reservations are real address-space reservations,
 //!   physical memory is a shareable memory object (memfd) charged against the device,
 //!   mappings are made with `MAP_FIXED` over the reservation; see [`SimSource::map_mem`].
@@ -41,6 +42,7 @@
 //! | device, DVPP or host capacity exceeded (or the host refuses the mapping) | `ACL_ERROR_RT_MEMORY_ALLOCATION` (207001) |
 //! | free of an unknown address, a double free, or the wrong free function (`aclrtFree` on DVPP memory, or on the data of a shared buffer) | `ACL_ERROR_RT_MEMORY_FREE` (207002) |
 //! | free with the right function but a [`Block`] whose kind, size or device differ from what was handed out | `ACL_ERROR_INVALID_PARAM` (100000) |
+//! | async copy within the host (`ACL_MEMCPY_HOST_TO_HOST`, or both ends host memory under `ACL_MEMCPY_DEFAULT`) | `ACL_ERROR_RT_FEATURE_NOT_SUPPORT` (207000) |
 //! | async copy (any kind, host side included) with an address not 64-aligned | `ACL_ERROR_RT_ADDR_UNALIGNED` (107008) |
 //! | unknown or destroyed stream or event | `ACL_ERROR_RT_INVALID_HANDLE` (107017) |
 //! | a stream worker thread cannot be started; `aclrtSynchronizeStream` after a notification wait on the stream timed out | `ACL_ERROR_RT_FAILURE` (500003) |
@@ -894,6 +896,10 @@ impl SimSource {
             MemcpyKind::DeviceToDevice => (true, true),
             MemcpyKind::Default => (mem.is_device_addr(dst), mem.is_device_addr(src)),
         };
+        if asynchronous && !dst_dev && !src_dev {
+            // aclrtMemcpyAsync does no copy within the host.
+            return Err(AclError::RT_FEATURE_NOT_SUPPORT);
+        }
         let mut keep = Vec::with_capacity(2);
         for (addr, on_device) in [(dst, dst_dev), (src, src_dev)] {
             if on_device {
