@@ -40,7 +40,8 @@
 //! # Ok::<(), ascend_pool::Error>(())
 //! ```
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard, PoisonError};
 
 use crate::error::{AclError, Error, Result};
 use crate::region::Region;
@@ -205,9 +206,10 @@ pub struct SharedMapping<R: VmmRuntime> {
     desc: ShareDescriptor,
     /// Start of the local reservation (the exporter's `base`).
     va: usize,
-    /// Imported pieces still held: local address, handle, and whether it is still mapped
-    /// there (a close that could unmap a piece but not free it keeps it unmapped).
-    pieces: Vec<(usize, PhysicalHandle, bool)>,
+    /// Imported pieces still held: local address, shareable handle, and whether it is still
+    /// mapped there (a close that could unmap a piece but not let go of its import keeps it
+    /// unmapped). Each holds one use of the process's import of the handle ([`IMPORTS`]).
+    pieces: Vec<(usize, u64, bool)>,
     /// The reservation at `va` is held: until every piece is freed and it is released.
     reserved: bool,
     /// False from the first close on: reads and writes are refused.
@@ -221,6 +223,90 @@ impl<R: VmmRuntime> std::fmt::Debug for SharedMapping<R> {
             .field("desc", &self.desc)
             .finish()
     }
+}
+
+/// One import this process holds of a shareable handle.
+struct Import {
+    handle: PhysicalHandle,
+    device: DeviceId,
+    /// Pieces of open mappings that map it (or hold it unmapped); more than 0.
+    users: usize,
+}
+
+/// The imports this process holds, by process, runtime and shareable handle.
+///
+/// The runtime maps handles and shareable handles one to one within a process: a second
+/// import of the same shareable handle is refused. Mappings of memory from one allocation
+/// (two regions published from one chunk, or a buffer and a region) share its import here.
+///
+/// Invariant: an entry lives while `users > 0`; its handle is freed when the last user lets
+/// go. The runtime is alive while it has entries (each user's mapping holds an `Arc` of it),
+/// so its address names it. The process id keeps a child made by `fork` off its parent's.
+static IMPORTS: LazyLock<Mutex<HashMap<(u32, usize, u64), Import>>> =
+    LazyLock::new(Default::default);
+
+fn imports() -> MutexGuard<'static, HashMap<(u32, usize, u64), Import>> {
+    // Every entry is updated in one step; a panic elsewhere leaves the table consistent.
+    IMPORTS.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn import_key<R: VmmRuntime>(runtime: &Arc<R>, shareable: u64) -> (u32, usize, u64) {
+    (
+        std::process::id(),
+        Arc::as_ptr(runtime) as *const () as usize,
+        shareable,
+    )
+}
+
+/// This process's handle of `shareable` on `device`: imported on first use, shared after.
+fn acquire_import<R: VmmRuntime>(
+    runtime: &Arc<R>,
+    shareable: u64,
+    device: DeviceId,
+) -> Result<PhysicalHandle> {
+    let key = import_key(runtime, shareable);
+    // Held across the import, so two threads opening the same memory import it once.
+    let mut table = imports();
+    if let Some(i) = table.get_mut(&key) {
+        if i.device != device {
+            return Err(Error::Config(format!(
+                "shareable handle {shareable:#x} is imported here for device {}: a process \
+                 holds one import of it, so open it on that device",
+                i.device
+            )));
+        }
+        i.users += 1;
+        return Ok(i.handle);
+    }
+    let handle = runtime
+        .import_shareable(shareable, device)
+        .map_err(|e| import_error(&**runtime, shareable, e))?;
+    table.insert(
+        key,
+        Import {
+            handle,
+            device,
+            users: 1,
+        },
+    );
+    Ok(handle)
+}
+
+/// Lets go of one use of `shareable`'s import; the last frees the handle. A free the runtime
+/// refuses keeps the use, to be let go again.
+fn release_import<R: VmmRuntime>(runtime: &Arc<R>, shareable: u64) -> Result<()> {
+    let key = import_key(runtime, shareable);
+    let mut table = imports();
+    let Some(i) = table.get_mut(&key) else {
+        return Err(Error::ForeignHandle);
+    };
+    if i.users > 1 {
+        i.users -= 1;
+        return Ok(());
+    }
+    runtime.free_physical(i.handle)?;
+    table.remove(&key);
+    Ok(())
 }
 
 /// The typed error for a failed import of `handle`.
@@ -284,21 +370,20 @@ impl<R: VmmRuntime> SharedMapping<R> {
             open: true,
         };
         for p in &desc.pieces {
-            let handle = match mapping.runtime.import_shareable(p.handle, device) {
+            let handle = match acquire_import(&mapping.runtime, p.handle, device) {
                 Ok(h) => h,
                 Err(e) => {
-                    let e = import_error(&*mapping.runtime, p.handle, e);
                     let _ = mapping.try_close();
                     return Err(e);
                 }
             };
             let at = va + p.offset as usize;
             if let Err(e) = mapping.runtime.map(at, p.len, 0, handle) {
-                mapping.pieces.push((at, handle, false));
+                mapping.pieces.push((at, p.handle, false));
                 let _ = mapping.try_close();
                 return Err(e);
             }
-            mapping.pieces.push((at, handle, true));
+            mapping.pieces.push((at, p.handle, true));
         }
         Ok(mapping)
     }
@@ -417,13 +502,13 @@ impl<R: VmmRuntime> SharedMapping<R> {
         self.open = false;
         let mut first = Ok(());
         let runtime = &self.runtime;
-        self.pieces.retain_mut(|(at, handle, mapped)| {
+        self.pieces.retain_mut(|(at, shareable, mapped)| {
             let r = if *mapped {
                 runtime.unmap(*at).inspect(|()| *mapped = false)
             } else {
                 Ok(())
             };
-            let r = r.and_then(|()| runtime.free_physical(*handle));
+            let r = r.and_then(|()| release_import(runtime, *shareable));
             let kept = r.is_err();
             if first.is_ok() {
                 first = r;

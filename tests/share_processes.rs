@@ -841,3 +841,78 @@ fn two_simulators_in_one_process_import_each_others_memory() {
     into_acl.close().unwrap();
     drop((acl_region, acl_pool, acl_vmm, region, pool, vmm));
 }
+
+#[test]
+fn a_process_imports_a_shareable_handle_once_and_its_mappings_share_that_import() {
+    let (exp, vmm, pool) = exporter();
+    // Two regions of one chunk: both descriptors name the same physical allocation.
+    let a = filled(&pool, 1000);
+    let b = filled(&pool, 3000);
+    let da = vmm.publish_region(&a, &Access::AnyProcess).unwrap();
+    let db = vmm.publish_region(&b, &Access::AnyProcess).unwrap();
+    let handle = da.pieces[0].handle;
+    assert!(
+        db.pieces.iter().any(|p| p.handle == handle),
+        "one allocation"
+    );
+
+    // The runtime maps handles and shareable handles one to one within a process: a
+    // second raw import of the same handle is refused, by any copy of the runtime here.
+    let reader = sim();
+    let first = reader.import_shareable(handle, 0).unwrap();
+    for other in [&reader, &sim()] {
+        let e = other.import_shareable(handle, 0).unwrap_err();
+        assert!(
+            matches!(e, Error::Runtime { func: "aclrtMemImportFromShareableHandle", code }
+                if code == AclError::RT_PARAM_INVALID),
+            "{e:?}"
+        );
+    }
+    reader.free_physical(first).unwrap();
+    let again = reader.import_shareable(handle, 0).unwrap();
+    reader.free_physical(again).unwrap();
+
+    // So mappings of the same allocation share one import, and each reads its own bytes.
+    let ma = SharedMapping::open(Arc::clone(&reader), 0, &da).unwrap();
+    let mb = SharedMapping::open(Arc::clone(&reader), 0, &db).unwrap();
+    let imports = reader.stats().calls(AclFunc::MemImportFromShareableHandle);
+    let mut back = vec![0u8; 3000];
+    mb.read(0, &mut back).unwrap();
+    assert!(patterned(&back, 0));
+    // One closes; the other keeps the import and still reads.
+    ma.close().unwrap();
+    back.fill(0);
+    mb.read(0, &mut back).unwrap();
+    assert!(patterned(&back, 0));
+    mb.close().unwrap();
+    assert_eq!(
+        reader.stats().calls(AclFunc::MemImportFromShareableHandle),
+        imports,
+        "no import since the two opens"
+    );
+    assert_eq!(used(&reader), 0);
+
+    // Another device would be a second import: refused with a typed error, nothing held.
+    let two = Arc::new(
+        SimSource::new(
+            SimConfig::default()
+                .with_devices(2)
+                .with_device_capacity(256 * MIB),
+        )
+        .unwrap(),
+    );
+    let m0 = SharedMapping::open(Arc::clone(&two), 0, &da).unwrap();
+    let e = SharedMapping::open(Arc::clone(&two), 1, &db).unwrap_err();
+    assert!(
+        matches!(e, Error::Config(ref m) if m.contains("device 0")),
+        "{e:?}"
+    );
+    m0.close().unwrap();
+    let m1 = SharedMapping::open(Arc::clone(&two), 1, &db).unwrap();
+    m1.close().unwrap();
+    assert_eq!(used(&two), 0);
+    drop((a, b));
+    pool.trim();
+    eventually(|| "the exporter's memory released", || used(&exp) == 0);
+    drop((pool, vmm));
+}

@@ -13,12 +13,17 @@
 //! the memory charged to its device until the last importer has let go. The memory itself
 //! lives as long as any process maps it or holds its descriptor.
 //!
+//! One departure from the runtime, on purpose: the runtime imports only across processes,
+//! but the simulator also lets a process import what it exported itself, so that tests and
+//! examples can play exporter and importer in one process. Code meant for hardware should
+//! import in another process.
+//!
 //! # Error codes
 //!
 //! | situation | code |
 //! |---|---|
 //! | a handle no process exports (never exported, freed by its exporter, or the exporter is gone) | `ACL_ERROR_RT_INVALID_HANDLE` (107017) |
-//! | exporting a handle twice, or exporting imported memory | `ACL_ERROR_RT_PARAM_INVALID` (107000) |
+//! | exporting a handle twice, or exporting imported memory; importing a handle this process holds imported already (the runtime maps handles one to one within a process) | `ACL_ERROR_RT_PARAM_INVALID` (107000) |
 //! | importing from a process whose whitelist does not name this process (the simulator's choice: the driver refuses) | `ACL_ERROR_DRV_FAILURE` (500004) |
 //! | the service thread or the exchange with the exporter fails | `ACL_ERROR_RT_FAILURE` (500003) |
 
@@ -287,6 +292,39 @@ fn answer(mut conn: UnixStream) {
         // Cannot watch: count the importer gone now rather than never.
         importer_left(handle);
     }
+}
+
+/// Shareable handles this process holds imported, each with the process that imported it
+/// (a child made by `fork` holds none of its parent's imports).
+///
+/// Invariant: an entry of this process lives exactly as long as its [`ImportClaim`].
+static IMPORTED: LazyLock<Mutex<HashMap<u64, u32>>> = LazyLock::new(Default::default);
+
+/// This process's hold on an imported shareable handle; let go on drop.
+#[derive(Debug)]
+pub(super) struct ImportClaim(u64);
+
+impl Drop for ImportClaim {
+    fn drop(&mut self) {
+        let mut imported = IMPORTED.lock().unwrap_or_else(PoisonError::into_inner);
+        if imported.get(&self.0) == Some(&std::process::id()) {
+            imported.remove(&self.0);
+        }
+    }
+}
+
+/// Claims `handle` for an import by this process. The runtime maps handles and shareable
+/// handles one to one within a process, so a handle this process holds imported already is
+/// refused. (The runtime also imports only across processes; the simulator lets a process
+/// import what it exported itself, so that tests and examples can play both sides.)
+pub(super) fn claim_import(handle: u64) -> Result<ImportClaim, AclError> {
+    let pid = std::process::id();
+    let mut imported = IMPORTED.lock().unwrap_or_else(PoisonError::into_inner);
+    if imported.get(&handle) == Some(&pid) {
+        return Err(AclError::RT_PARAM_INVALID);
+    }
+    imported.insert(handle, pid);
+    Ok(ImportClaim(handle))
 }
 
 /// Asks the exporting process for `handle`: the memory object, its size, and the link

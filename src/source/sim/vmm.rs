@@ -59,6 +59,7 @@ enum Origin {
     /// that this process still holds the memory.
     Imported {
         _link: std::os::unix::net::UnixStream,
+        _claim: share::ImportClaim,
     },
 }
 
@@ -414,6 +415,7 @@ impl SimSource {
             if !self.valid_device(device) {
                 return Err(AclError::RT_PARAM_INVALID);
             }
+            let claim = share::claim_import(shareable)?;
             let (fd, size, link) = share::import(shareable)?;
             let id = self.next_handle.fetch_add(1, Ordering::Relaxed);
             lock(&self.mem).vmm.physical.insert(
@@ -423,7 +425,10 @@ impl SimSource {
                     size,
                     device,
                     maps: 0,
-                    origin: Origin::Imported { _link: link },
+                    origin: Origin::Imported {
+                        _link: link,
+                        _claim: claim,
+                    },
                 },
             );
             Ok(PhysicalHandle(id))
