@@ -242,15 +242,17 @@ struct Import {
 /// Invariant: an entry lives while `users > 0`; its handle is freed when the last user lets
 /// go. The runtime is alive while it has entries (each user's mapping holds an `Arc` of it),
 /// so its address names it. The process id keeps a child made by `fork` off its parent's.
-static IMPORTS: LazyLock<Mutex<HashMap<(u32, usize, u64), Import>>> =
-    LazyLock::new(Default::default);
+static IMPORTS: LazyLock<Mutex<HashMap<ImportKey, Import>>> = LazyLock::new(Default::default);
 
-fn imports() -> MutexGuard<'static, HashMap<(u32, usize, u64), Import>> {
+/// Process id, runtime address, shareable handle.
+type ImportKey = (u32, usize, u64);
+
+fn imports() -> MutexGuard<'static, HashMap<ImportKey, Import>> {
     // Every entry is updated in one step; a panic elsewhere leaves the table consistent.
     IMPORTS.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-fn import_key<R: VmmRuntime>(runtime: &Arc<R>, shareable: u64) -> (u32, usize, u64) {
+fn import_key<R: VmmRuntime>(runtime: &Arc<R>, shareable: u64) -> ImportKey {
     (
         std::process::id(),
         Arc::as_ptr(runtime) as *const () as usize,
