@@ -142,8 +142,15 @@ pub extern "C" fn ap_mbuf_free(pool: u64, mbuf: u64) -> Status {
 pub unsafe extern "C" fn ap_mbuf_get_info(pool: u64, mbuf: u64, out: *mut MbufInfo) -> Status {
     run(|| {
         let out = non_null(out, "out")?;
-        let m = entry(pool)?.mbuf(mbuf)?;
+        let e = entry(pool)?;
+        let m = e.mbuf(mbuf)?;
         let (data, size) = m.data();
+        // The handles filed for this buffer: other calls in flight hold clones of it too,
+        // which `Mbuf::refs` would count.
+        let refs = lock(&e.mbufs)
+            .values()
+            .filter(|h| h.data().0 == data)
+            .count();
         let info = MbufInfo {
             data: data as u64,
             size,
@@ -152,8 +159,7 @@ pub unsafe extern "C" fn ap_mbuf_get_info(pool: u64, mbuf: u64, out: *mut MbufIn
                 MbufKind::Normal => MBUF_NORMAL as u32,
                 MbufKind::Dvpp => MBUF_DVPP as u32,
             },
-            // Not counting the one this call holds.
-            refs: u32::try_from(m.refs() - 1).unwrap_or(u32::MAX),
+            refs: u32::try_from(refs).unwrap_or(u32::MAX),
         };
         // SAFETY: non-null, and the caller gives a writable ap_mbuf_info.
         unsafe { out.as_ptr().write(info) };

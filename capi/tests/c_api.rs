@@ -1334,3 +1334,54 @@ fn buffers_of_both_kinds_on_the_simulator() {
     assert_eq!(live, 0, "the buffers went back with their last handles");
     assert_eq!(destroy(pool), 0);
 }
+
+#[test]
+#[cfg_attr(
+    miri,
+    ignore = "threads reading 1 MiB in a loop: far too slow under Miri"
+)]
+fn mbuf_refs_count_handles_not_calls_in_flight() {
+    // Every call on a buffer holds it while it runs; `refs` counts only the handles.
+    let pool = pool_with("");
+    let mut mb = 0;
+    // SAFETY: a writable handle.
+    assert_eq!(
+        unsafe { ap_mbuf_alloc(pool, 1 << 20, MBUF_NORMAL, &mut mb) },
+        Status::Ok
+    );
+    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+    let stop = AtomicBool::new(false);
+    let reads = AtomicU32::new(0);
+    let seen = std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut b = vec![0u8; 1 << 20];
+            while !stop.load(Ordering::Relaxed) {
+                // SAFETY: `b` is 1 MiB of writable bytes.
+                let got = unsafe { ap_mbuf_read(pool, mb, 0, b.as_mut_ptr().cast(), 1 << 20) };
+                assert_eq!(got, Status::Ok);
+                reads.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+        // Sample while the reads run: at least 200 of them (each takes a while, and is
+        // in flight for most of the loop).
+        let mut seen = std::collections::BTreeSet::new();
+        let start = std::time::Instant::now();
+        while reads.load(Ordering::Relaxed) < 200 && start.elapsed().as_secs() < 30 {
+            seen.insert(mbuf_info(pool, mb).refs);
+        }
+        stop.store(true, Ordering::Relaxed);
+        seen
+    });
+    assert_eq!(seen.into_iter().collect::<Vec<_>>(), [1]);
+    let mut copy = 0;
+    // SAFETY: a writable handle.
+    assert_eq!(unsafe { ap_mbuf_copy_ref(pool, mb, &mut copy) }, Status::Ok);
+    assert_eq!(
+        (mbuf_info(pool, mb).refs, mbuf_info(pool, copy).refs),
+        (2, 2)
+    );
+    assert_eq!(ap_mbuf_free(pool, mb), Status::Ok);
+    assert_eq!(mbuf_info(pool, copy).refs, 1);
+    assert_eq!(ap_mbuf_free(pool, copy), Status::Ok);
+    assert_eq!(destroy(pool), 0);
+}

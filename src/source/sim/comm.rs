@@ -111,6 +111,8 @@ impl SimSource {
     ///
     /// [`BlockSource::write_on_thread`]: crate::source::BlockSource::write_on_thread
     pub fn register_window(&self, device: DeviceId, addr: usize, len: u64) -> Result<()> {
+        // In a child made by `fork`, before any lock: a parent's thread may have held one.
+        self.ours()?;
         for value in [addr as u64, len] {
             if value % WINDOW_GRANULE != 0 {
                 return Err(Error::Misaligned {
@@ -304,7 +306,10 @@ impl SimSource {
     /// lets one wait through. `timeout_ms` is HCCL's: 0 waits for ever; otherwise a wait
     /// still unanswered after that many milliseconds fails, and the stream's next
     /// synchronize reports `ACL_ERROR_RT_FAILURE` (the stream then runs on). A wait that
-    /// never ends gives up when its stream is destroyed. Returns once queued.
+    /// never ends gives up when its stream is destroyed with
+    /// [`destroy_stream`](crate::source::BlockSource::destroy_stream), or the simulator
+    /// dropped; a [`Stream`](crate::Stream) waits for its work before it destroys its stream
+    /// on drop, as the runtime asks, so it waits for such a wait too. Returns once queued.
     ///
     /// # Errors
     /// As [`notify_record_on_thread`](Self::notify_record_on_thread).
