@@ -543,3 +543,54 @@ fn dropping_the_simulator_ends_a_wait_queued_behind_an_endless_notification_wait
         "dropping the simulator hung"
     );
 }
+
+#[test]
+fn a_window_goes_with_the_memory_under_it() {
+    // Freed, its address taken by another region: a write through the old window is
+    // refused, and the new region keeps its bytes.
+    let t = ranks();
+    let window = t
+        .rank1
+        .alloc_device_aligned(WINDOW_GRANULE, WINDOW_GRANULE)
+        .unwrap();
+    let at = window.addr();
+    t.sim.register_window(1, at, WINDOW_GRANULE).unwrap();
+    let channel = t.sim.acquire_channel(0, 1).unwrap();
+    let far = RemoteWindow::of_sim(&t.sim, channel).unwrap().remove(0);
+    drop(window);
+    t.rank1.synchronize().unwrap();
+    t.rank1.trim();
+    assert!(RemoteWindow::of_sim(&t.sim, channel).unwrap().is_empty());
+    let mut victim = t
+        .rank1
+        .alloc_device_aligned(WINDOW_GRANULE, WINDOW_GRANULE)
+        .unwrap();
+    t.rank1
+        .copy_from_host(&mut victim, 0, &[0u8; 4096])
+        .unwrap();
+    let stream = t.rank0.create_stream().unwrap();
+    let thread = t.rank0.acquire_comm_thread(&stream).unwrap();
+    let mut src = t.rank0.alloc_device(4096).unwrap();
+    t.rank0.copy_from_host(&mut src, 0, &[0xab; 4096]).unwrap();
+    let r = t.rank0.write_remote(&thread, &far, 0, &src, 0, 4096);
+    stream.synchronize().unwrap();
+    assert!(
+        matches!(&r, Err(e) if refused(e.clone()).0 == "HcommWriteOnThread"),
+        "{r:?}"
+    );
+    let mut seen = [0u8; 16];
+    t.rank1.copy_to_host(&victim, 0, &mut seen).unwrap();
+    assert_eq!(seen, [0; 16], "at {at:#x}: the new region was written");
+    // And a pool's drop takes its windows along.
+    let w = t
+        .rank1
+        .alloc_device_aligned(WINDOW_GRANULE, WINDOW_GRANULE)
+        .unwrap();
+    t.sim.register_window(1, w.addr(), WINDOW_GRANULE).unwrap();
+    drop((w, victim, src, thread));
+    drop(stream);
+    let Ranks { sim, rank0, rank1 } = t;
+    drop((rank0, rank1));
+    assert_eq!(sim.stats().live_blocks, 0);
+    assert!(RemoteWindow::of_sim(&sim, channel).unwrap().is_empty());
+}

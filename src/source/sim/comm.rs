@@ -90,6 +90,21 @@ impl CommState {
             .ok_or(AclError::HCCL_E_NOT_FOUND)
     }
 
+    /// Deregisters every window that overlaps `addr..addr + len`: memory let go of.
+    pub(super) fn drop_windows_in(&mut self, addr: usize, len: u64) {
+        let end = (addr as u64).saturating_add(len);
+        let gone: Vec<usize> = self
+            .windows
+            .range(..end as usize)
+            .rev()
+            .take_while(|(&s, &(_, l))| s as u64 + l > addr as u64)
+            .map(|(&s, _)| s)
+            .collect();
+        for s in gone {
+            self.windows.remove(&s);
+        }
+    }
+
     /// Whether `addr..addr + len` lies inside one window registered by `device`.
     fn in_window(&self, device: DeviceId, addr: usize, len: u64) -> bool {
         let Some((&start, &(owner, wlen))) = self.windows.range(..=addr).next_back() else {
@@ -102,7 +117,9 @@ impl CommState {
 
 impl SimSource {
     /// Registers `len` bytes at `addr`, device memory of `device`, as a window other ranks
-    /// may write with [`BlockSource::write_on_thread`].
+    /// may write with [`BlockSource::write_on_thread`]. The window lasts until
+    /// [`deregister_window`](Self::deregister_window), or until the memory under it is
+    /// freed or unmapped: later writes are refused, whatever is allocated there next.
     ///
     /// # Errors
     /// [`Error::Misaligned`] when `addr` or `len` is not a multiple of 2 MiB (HCCL's rule);
@@ -125,13 +142,13 @@ impl SimSource {
             return Err(Error::Invalid("a window of 0 bytes".into()));
         }
         let mut keep = Vec::new();
-        let on_device = {
-            let mem = lock(&self.mem);
-            mem.range(addr, len, true, &mut keep).is_ok()
-                && mem
-                    .block_containing(addr)
-                    .is_some_and(|b| b.device == device)
-        };
+        // Held until the window is in: a free of the block cannot slip in between and
+        // leave a window on memory let go of (lock order: `mem`, then `comm`).
+        let mem = lock(&self.mem);
+        let on_device = mem.range(addr, len, true, &mut keep).is_ok()
+            && mem
+                .block_containing(addr)
+                .is_some_and(|b| b.device == device);
         if !on_device {
             return Err(Error::Invalid(format!(
                 "{len} bytes at {addr:#x} are not live device memory of device {device}"

@@ -405,7 +405,9 @@ pub struct SimSource {
     next_handle: AtomicUsize,
     counters: Mutex<Counters>,
     faults: Mutex<FaultPlan>,
-    /// The simulated communicator: threads, channels and windows (`comm.rs`).
+    /// The simulated communicator: threads, channels and windows (`comm.rs`). Lock order:
+    /// `mem` before `comm`, never the other way (a free drops the windows on its block
+    /// under both, so no write can reach them once the block is gone).
     comm: Mutex<comm::CommState>,
     /// The fork generation the simulator was made in. A child made by `fork` has neither
     /// the streams' worker threads nor, on hardware, the device context: there, every call
@@ -850,6 +852,9 @@ impl SimSource {
         u.blocks -= 1;
         u.rounded_bytes -= rec.rounded;
         u.requested_bytes -= rec.size;
+        // A window registered on the block goes with it: writes already queued still land
+        // (the block's mapping outlives them), later ones are refused.
+        lock(&self.comm).drop_windows_in(block.addr, rec.rounded);
         // The mapping is unmapped here, or when the last queued op holding it has run.
         drop(rec);
         Ok(())

@@ -315,6 +315,8 @@ impl SimSource {
                     Some(rec) if rec.vmm => {}
                     _ => return Err(AclError::INVALID_PARAM),
                 }
+                // Windows on it go with it, as on a free (lock order: `mem`, then `comm`).
+                lock(&self.comm).drop_windows_in(va, len as u64);
                 (mem.blocks.remove(&va).expect("found above"), len)
             };
             // Queued copies and fills hold the view: wait until they have run.
