@@ -77,18 +77,21 @@ pub fn watch() {
 // outside Miri, which has no `fork`.
 #[cfg_attr(any(not(unix), miri), allow(dead_code))]
 extern "C" fn prepare() {
+    crate::share::hold_for_fork();
     crate::source::sim::hold_for_fork();
 }
 
 #[cfg_attr(any(not(unix), miri), allow(dead_code))]
 extern "C" fn parent() {
     crate::source::sim::release_after_fork(false);
+    crate::share::release_after_fork();
 }
 
 #[cfg_attr(any(not(unix), miri), allow(dead_code))]
 extern "C" fn child() {
     FORKS.fetch_add(1, Ordering::Relaxed);
     crate::source::sim::release_after_fork(true);
+    crate::share::release_after_fork();
     // This thread's last-used thread cache is its parent pool's: forget it, so that the
     // next allocation or free looks again and meets the generation check.
     crate::pool::forget_last_cache();

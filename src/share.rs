@@ -40,6 +40,7 @@
 //! # Ok::<(), ascend_pool::Error>(())
 //! ```
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard, PoisonError};
 
@@ -242,14 +243,35 @@ struct Import {
 /// Invariant: an entry lives while `users > 0`; its handle is freed when the last user lets
 /// go. The runtime is alive while it has entries (each user's mapping holds an `Arc` of it),
 /// so its address names it. The process id keeps a child made by `fork` off its parent's.
-static IMPORTS: LazyLock<Mutex<HashMap<ImportKey, Import>>> = LazyLock::new(Default::default);
+static IMPORTS: LazyLock<Mutex<ImportTable>> = LazyLock::new(Default::default);
 
 /// Process id, runtime address, shareable handle.
 type ImportKey = (u32, usize, u64);
+type ImportTable = HashMap<ImportKey, Import>;
 
-fn imports() -> MutexGuard<'static, HashMap<ImportKey, Import>> {
+fn imports() -> MutexGuard<'static, ImportTable> {
     // Every entry is updated in one step; a panic elsewhere leaves the table consistent.
     IMPORTS.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+thread_local! {
+    /// The import table's lock, taken by [`hold_for_fork`] for the same thread to let go.
+    static HELD_FOR_FORK: RefCell<Option<MutexGuard<'static, ImportTable>>> =
+        const { RefCell::new(None) };
+}
+
+/// Takes the import table's lock just before a fork (before the simulator's locks, the
+/// order an import takes them in), so that the child does not inherit it held by a thread
+/// it does not have. The child's entries are none of the parent's: keys carry the process.
+pub(crate) fn hold_for_fork() {
+    let guard = imports();
+    // A fork from a thread whose thread-locals are gone: the lock goes back at once.
+    let _ = HELD_FOR_FORK.try_with(|h| *h.borrow_mut() = Some(guard));
+}
+
+/// Lets go of the lock [`hold_for_fork`] took, in the parent and in the child.
+pub(crate) fn release_after_fork() {
+    let _ = HELD_FOR_FORK.try_with(|h| drop(h.borrow_mut().take()));
 }
 
 fn import_key<R: VmmRuntime>(runtime: &Arc<R>, shareable: u64) -> ImportKey {

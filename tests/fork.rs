@@ -141,6 +141,62 @@ fn forked_children() {
     a_child_refuses_its_parents_pool_and_simulator_and_makes_its_own();
     a_child_shares_memory_of_its_own_and_opens_its_parents();
     a_child_refuses_the_runtime_library_its_parent_loaded();
+    a_child_does_not_keep_its_parents_imports();
+}
+
+/// The parent imports memory another simulator exported, forks an idle child, and lets go
+/// of the import: the exporter is released at once, not when the child exits (its copy of
+/// the import's link would otherwise tell the exporter an importer still holds it).
+fn a_child_does_not_keep_its_parents_imports() {
+    let exporter = Arc::new(SimSource::default());
+    let vmm = Arc::new(VmmSource::new(Arc::clone(&exporter), 0, VmmConfig::default()).unwrap());
+    let free = || exporter.mem_info(0, MemKind::DEVICE).unwrap().0;
+    let full = free();
+    let block = vmm.alloc_block(0, MemKind::DEVICE, 4096).unwrap();
+    let desc = vmm
+        .publish_range(block.addr, 4096, &Access::AnyProcess)
+        .unwrap();
+    let mapping = SharedMapping::open(Arc::new(SimSource::default()), 0, &desc).unwrap();
+    let mut fds = [0; 2];
+    // SAFETY: `fds` is a live array of two descriptors.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    // SAFETY: the child only reads the pipe and `_exit`s.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        // SAFETY: plain calls on the child's copies of the pipe; the read waits for its end.
+        unsafe {
+            libc::alarm(30);
+            libc::close(fds[1]);
+            let mut b = 0u8;
+            libc::read(fds[0], (&mut b as *mut u8).cast(), 1);
+            libc::_exit(0);
+        }
+    }
+    // SAFETY: the parent's read end, used by no one else.
+    unsafe { libc::close(fds[0]) };
+    mapping.close().unwrap();
+    vmm.free_block(block).unwrap();
+    drop(vmm);
+    let start = std::time::Instant::now();
+    let released = loop {
+        if free() == full {
+            break true;
+        }
+        if start.elapsed() > std::time::Duration::from_secs(5) {
+            break false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    };
+    // SAFETY: ends the child's wait, then reaps it.
+    unsafe {
+        libc::close(fds[1]);
+        libc::waitpid(pid, std::ptr::null_mut(), 0);
+    }
+    assert!(
+        released,
+        "the exporter stayed charged while an idle child lived"
+    );
 }
 
 /// The parent's pool and simulator refuse every call in a child, and dropping them (and

@@ -101,15 +101,17 @@ thread_local! {
 type ForkGuards = (
     MutexGuard<'static, Option<(u32, Result<u32, AclError>)>>,
     MutexGuard<'static, HashMap<u64, Export>>,
+    MutexGuard<'static, HashMap<u64, Imported>>,
 );
 
-/// Takes the service and export locks just before a fork, so that the child does not
-/// inherit one held by a thread it does not have. Each is held alone elsewhere (never
-/// while waiting for the other), so taking both cannot deadlock.
+/// Takes the service, export and import locks just before a fork, so that the child does
+/// not inherit one held by a thread it does not have. Each is held alone elsewhere (never
+/// while waiting for another), so taking all three cannot deadlock.
 pub(crate) fn hold_for_fork() {
     let guards = (
         SERVICE.lock().unwrap_or_else(PoisonError::into_inner),
         exports(),
+        imported(),
     );
     // A fork from a thread whose thread-locals are gone: the locks go back at once.
     let _ = HELD_FOR_FORK.try_with(|h| *h.borrow_mut() = Some(guards));
@@ -120,7 +122,7 @@ pub(crate) fn hold_for_fork() {
 /// started by process id).
 pub(crate) fn release_after_fork(in_child: bool) {
     let _ = HELD_FOR_FORK.try_with(|h| {
-        let Some((_service, mut exports)) = h.borrow_mut().take() else {
+        let Some((_service, mut exports, mut imported)) = h.borrow_mut().take() else {
             return;
         };
         if in_child {
@@ -130,6 +132,23 @@ pub(crate) fn release_after_fork(in_child: bool) {
                 // let go is the parent's business.
                 drop(e.fd);
                 std::mem::forget(e.release);
+            }
+            // The child holds none of its parent's imports. Its copies of their links would
+            // keep each exporter charged while the child lives: /dev/null takes their
+            // place (the descriptors stay valid, for whatever closes them later; closing
+            // or shutting the socket would cut the parent's link too).
+            // SAFETY: a NUL-terminated path; `open` and `dup2` are safe after a fork.
+            let null = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+            for (_, i) in imported.drain() {
+                if let (Some(fd), true) = (i.link, null >= 0) {
+                    // SAFETY: `fd` is this process's copy of the link, open until the parent's
+                    // import is let go, which the child never does.
+                    unsafe { libc::dup2(null, fd) };
+                }
+            }
+            if null >= 0 {
+                // SAFETY: the descriptor opened above, used by no one else.
+                unsafe { libc::close(null) };
             }
         }
     });
@@ -294,20 +313,46 @@ fn answer(mut conn: UnixStream) {
     }
 }
 
-/// Shareable handles this process holds imported, each with the process that imported it
-/// (a child made by `fork` holds none of its parent's imports).
+/// An import this process holds.
+#[derive(Debug)]
+struct Imported {
+    /// The process that imported it.
+    pid: u32,
+    /// The descriptor of its link to the exporter, once made.
+    link: Option<RawFd>,
+}
+
+/// Shareable handles this process holds imported, by handle. A child made by `fork` holds
+/// none of its parent's imports: it empties the table (see [`release_after_fork`]).
 ///
 /// Invariant: an entry of this process lives exactly as long as its [`ImportClaim`].
-static IMPORTED: LazyLock<Mutex<HashMap<u64, u32>>> = LazyLock::new(Default::default);
+static IMPORTED: LazyLock<Mutex<HashMap<u64, Imported>>> = LazyLock::new(Default::default);
+
+fn imported() -> MutexGuard<'static, HashMap<u64, Imported>> {
+    // Entries are updated in one step each; a panic elsewhere leaves them consistent.
+    IMPORTED.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 /// This process's hold on an imported shareable handle; let go on drop.
 #[derive(Debug)]
 pub(super) struct ImportClaim(u64);
 
+impl ImportClaim {
+    /// Notes the link the import keeps open, for a child made by `fork` to let go of.
+    pub(super) fn link(&self, link: &UnixStream) {
+        if let Some(i) = imported().get_mut(&self.0) {
+            i.link = Some(link.as_raw_fd());
+        }
+    }
+}
+
 impl Drop for ImportClaim {
     fn drop(&mut self) {
-        let mut imported = IMPORTED.lock().unwrap_or_else(PoisonError::into_inner);
-        if imported.get(&self.0) == Some(&std::process::id()) {
+        let mut imported = imported();
+        if imported
+            .get(&self.0)
+            .is_some_and(|i| i.pid == std::process::id())
+        {
             imported.remove(&self.0);
         }
     }
@@ -319,11 +364,11 @@ impl Drop for ImportClaim {
 /// import what it exported itself, so that tests and examples can play both sides.)
 pub(super) fn claim_import(handle: u64) -> Result<ImportClaim, AclError> {
     let pid = std::process::id();
-    let mut imported = IMPORTED.lock().unwrap_or_else(PoisonError::into_inner);
-    if imported.get(&handle) == Some(&pid) {
+    let mut imported = imported();
+    if imported.get(&handle).is_some_and(|i| i.pid == pid) {
         return Err(AclError::RT_PARAM_INVALID);
     }
-    imported.insert(handle, pid);
+    imported.insert(handle, Imported { pid, link: None });
     Ok(ImportClaim(handle))
 }
 

@@ -419,6 +419,7 @@ impl SimSource {
             }
             let claim = share::claim_import(shareable)?;
             let (fd, size, link) = share::import(shareable)?;
+            claim.link(&link);
             let id = self.next_handle.fetch_add(1, Ordering::Relaxed);
             lock(&self.mem).vmm.physical.insert(
                 id,
