@@ -844,6 +844,7 @@ fn two_simulators_in_one_process_import_each_others_memory() {
 
 #[test]
 fn a_process_imports_a_shareable_handle_once_and_its_mappings_share_that_import() {
+    let _objects = Counted::begin();
     let (exp, vmm, pool) = exporter();
     // Two regions of one chunk: both descriptors name the same physical allocation.
     let a = filled(&pool, 1000);

@@ -58,8 +58,10 @@ enum Origin {
     /// `aclrtMemImportFromShareableHandle`; the link tells the exporter while it is open
     /// that this process still holds the memory.
     Imported {
-        _link: std::os::unix::net::UnixStream,
+        /// Dropped first: the import table forgets the link's descriptor before it closes,
+        /// so a fork in between never points a reused descriptor at /dev/null.
         _claim: share::ImportClaim,
+        _link: std::os::unix::net::UnixStream,
     },
 }
 
@@ -429,8 +431,8 @@ impl SimSource {
                     device,
                     maps: 0,
                     origin: Origin::Imported {
-                        _link: link,
                         _claim: claim,
+                        _link: link,
                     },
                 },
             );
