@@ -384,7 +384,7 @@ impl<R: VmmRuntime> SharedMapping<R> {
         if end != desc.span {
             return Err(bad("span disagrees with the pieces"));
         }
-        let va = runtime.reserve_address(device, desc.span, granule)?;
+        let va = runtime.reserve_address(device, desc.span)?;
         let mut mapping = Self {
             runtime,
             desc: desc.clone(),

@@ -32,17 +32,22 @@ fn virtual_memory_through_the_c_api() {
     let acl = open();
     assert_eq!(acl.allocation_granularity(0, false).unwrap(), G);
     assert_eq!(acl.allocation_granularity(0, true).unwrap(), G);
-    let va = acl.reserve_address(0, 4 * G, 0).unwrap();
+    let va = acl.reserve_address(0, 4 * G).unwrap();
     let h = acl.malloc_physical(0, 3 * G).unwrap();
-    // The simulator's own checks, through the ABI: misaligned, past the physical end.
-    assert_eq!(
-        code(acl.map(va + 4096, G, 0, h)),
-        ("aclrtMapMem", AclError::INVALID_PARAM)
-    );
-    assert_eq!(
-        code(acl.map(va, 2 * G, 2 * G, h)),
-        ("aclrtMapMem", AclError::INVALID_PARAM)
-    );
+    // The simulator's own checks, through the ABI: misaligned, past the physical end, at
+    // an offset other than 0, part of the physical memory.
+    for (at, size, offset) in [
+        (va + 4096, 3 * G, 0),
+        (va, 2 * G, 2 * G),
+        (va, 2 * G, G),
+        (va, 2 * G, 0),
+    ] {
+        assert_eq!(
+            code(acl.map(at, size, offset, h)),
+            ("aclrtMapMem", AclError::INVALID_PARAM),
+            "{at:#x} {size} {offset}"
+        );
+    }
     acl.map(va, 3 * G, 0, h).unwrap();
     let data: Vec<u8> = (0..3 * G as usize).map(|i| (i % 253) as u8).collect();
     let mut back = vec![0u8; data.len()];

@@ -8,16 +8,16 @@
 //! simulator and by [`AclSource`](crate::source::AclSource).
 //!
 //! [`VmmSource`] turns it into a [`BlockSource`]: device blocks are carved from one
-//! reservation made once, backed by physical memory mapped granule by granule, and a block
+//! reservation made once, backed by physical memory mapped into it, and a block
 //! can grow in place ([`BlockSource::extend_block`]) while the addresses after it are free, or
 //! give back its tail ([`BlockSource::shrink_block`]). Because the reservation is larger than
 //! the device (4x by default), a large request finds contiguous addresses even when the
 //! physical memory left is scattered. DVPP and host memory are not virtual-memory managed:
 //! those kinds go straight to the runtime.
 //!
-//! Every growth is one physical allocation (an *extent*) mapped by one `aclrtMapMem` per
-//! granule; a failure half-way unmaps what was mapped and frees the physical memory, so the
-//! source is as it was before the call.
+//! Every growth is one physical allocation (an *extent*) mapped whole by one `aclrtMapMem`:
+//! the runtime maps a physical allocation only from offset 0 and only all of it. A failure
+//! frees the physical memory again, so the source is as it was before the call.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -40,6 +40,9 @@ pub const LOCATION_TYPE_HOST: u32 = 0;
 pub const LOCATION_TYPE_DEVICE: u32 = 1;
 /// `ACL_HBM_MEM_HUGE`: huge-page device memory.
 pub const MEM_ATTR_HBM_HUGE: u32 = 4;
+/// `aclrtReserveMemAddress` flags for huge pages; the flag must match the page type of the
+/// physical memory mapped into the range ([`MEM_ATTR_HBM_HUGE`] here), 0 being normal pages.
+pub const RESERVE_FLAG_HUGE_PAGE: u64 = 1;
 /// `ACL_RT_MEM_ALLOC_GRANULARITY_MINIMUM`.
 pub const GRANULARITY_MINIMUM: u32 = 0;
 /// `ACL_RT_MEM_ALLOC_GRANULARITY_RECOMMENDED`.
@@ -89,15 +92,17 @@ pub trait VmmRuntime: BlockSource {
     /// Granularity of physical memory on `device` (`aclrtMemGetAllocationGranularity`):
     /// the minimum, or the recommended one when `recommended`.
     fn allocation_granularity(&self, device: DeviceId, recommended: bool) -> Result<u64>;
-    /// Reserves `size` bytes of addresses aligned to `alignment` (0: the granularity).
-    fn reserve_address(&self, device: DeviceId, size: u64, alignment: u64) -> Result<usize>;
+    /// Reserves `size` bytes of addresses for huge-page memory, aligned as the runtime
+    /// chooses (`aclrtReserveMemAddress` takes no alignment but 0).
+    fn reserve_address(&self, device: DeviceId, size: u64) -> Result<usize>;
     /// Releases a reservation; nothing may be mapped in it any more.
     fn release_address(&self, va: usize) -> Result<()>;
     /// Allocates `size` bytes of physical memory on `device`, counted against its capacity.
     fn malloc_physical(&self, device: DeviceId, size: u64) -> Result<PhysicalHandle>;
     /// Frees physical memory (local or imported); it must be unmapped first.
     fn free_physical(&self, handle: PhysicalHandle) -> Result<()>;
-    /// Maps `size` bytes of `handle` from `offset` at `va`, inside a reservation.
+    /// Maps `size` bytes of `handle` from `offset` at `va`, inside a reservation. The
+    /// runtime takes offset 0 and the whole physical allocation only.
     fn map(&self, va: usize, size: u64, offset: u64, handle: PhysicalHandle) -> Result<()>;
     /// Unmaps the mapping that starts at `va`.
     fn unmap(&self, va: usize) -> Result<()>;
@@ -142,7 +147,7 @@ impl VmmConfig {
     }
 }
 
-/// One physical allocation mapped into the reservation, granule by granule.
+/// One physical allocation mapped whole into the reservation.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Extent {
     /// Bytes, a multiple of the granule.
@@ -284,7 +289,7 @@ impl<R: VmmRuntime> VmmSource<R> {
         };
         let reserved = align_up(reserve.max(granule), granule)
             .ok_or_else(|| Error::Config(format!("cannot reserve {reserve} bytes")))?;
-        let base = runtime.reserve_address(device, reserved, granule)?;
+        let base = runtime.reserve_address(device, reserved)?;
         let name = format!("vmm:{}", runtime.name());
         Ok(Self {
             runtime,
@@ -407,21 +412,18 @@ impl<R: VmmRuntime> VmmSource<R> {
         Some(start + slack as usize)
     }
 
-    /// Allocates `len` bytes of physical memory and maps it at `va`, granule by granule.
-    /// On failure everything done is undone and the first error returned.
+    /// Allocates `len` bytes of physical memory and maps all of it at `va` in one call.
+    /// On failure the physical memory is freed again and the error returned.
     fn map_extent(&self, s: &mut VmmState, va: usize, len: u64) -> Result<()> {
         self.retry_orphans(s);
         let handle = self.runtime.malloc_physical(self.device, len)?;
-        let granules = len / self.granule;
-        for i in 0..granules {
-            let at = va + (i * self.granule) as usize;
-            if let Err(e) = self.runtime.map(at, self.granule, i * self.granule, handle) {
-                self.undo_maps(va, i);
-                if self.runtime.free_physical(handle).is_err() {
-                    s.orphans.push(handle);
-                }
-                return Err(e);
+        // One call: `aclrtMapMem` takes offset 0 and the whole allocation, so a failed map
+        // leaves nothing mapped to undo.
+        if let Err(e) = self.runtime.map(va, len, 0, handle) {
+            if self.runtime.free_physical(handle).is_err() {
+                s.orphans.push(handle);
             }
+            return Err(e);
         }
         s.extents.insert(
             va,
@@ -435,15 +437,8 @@ impl<R: VmmRuntime> VmmSource<R> {
         Ok(())
     }
 
-    /// Unmaps the first `granules` granules mapped at `va` (rollback; best effort).
-    fn undo_maps(&self, va: usize, granules: u64) {
-        for j in (0..granules).rev() {
-            let _ = self.runtime.unmap(va + (j * self.granule) as usize);
-        }
-    }
-
-    /// Releases every extent at or after `from` inside the block at `addr`: all granules are
-    /// unmapped first (remapped again if one unmap fails, and the error returned), then the
+    /// Releases every extent at or after `from` inside the block at `addr`: all extents are
+    /// unmapped first (mapped again if one unmap fails, and the error returned), then the
     /// physical memory is freed; a free that fails leaves the handle for a later retry.
     fn release_from(&self, s: &mut VmmState, addr: usize, from: usize) -> Result<()> {
         let end = addr + s.blocks[&addr].mapped as usize;
@@ -452,17 +447,12 @@ impl<R: VmmRuntime> VmmSource<R> {
             .range(from..end)
             .map(|(&va, &e)| (va, e))
             .collect();
-        let mut unmapped: Vec<(usize, u64, u64, PhysicalHandle)> = Vec::new();
-        for &(va, e) in &doomed {
-            for i in 0..e.len / self.granule {
-                let at = va + (i * self.granule) as usize;
-                if let Err(err) = self.runtime.unmap(at) {
-                    for &(at, size, offset, h) in unmapped.iter().rev() {
-                        let _ = self.runtime.map(at, size, offset, h);
-                    }
-                    return Err(err);
+        for (i, &(va, _)) in doomed.iter().enumerate() {
+            if let Err(err) = self.runtime.unmap(va) {
+                for &(at, e) in doomed[..i].iter().rev() {
+                    let _ = self.runtime.map(at, e.len, 0, e.handle);
                 }
-                unmapped.push((at, self.granule, i * self.granule, e.handle));
+                return Err(err);
             }
         }
         for (va, e) in doomed {
@@ -546,9 +536,7 @@ impl<R: VmmRuntime> Drop for VmmSource<R> {
         }
         let s = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
         for (va, e) in std::mem::take(&mut s.extents) {
-            for i in 0..e.len / self.granule {
-                let _ = self.runtime.unmap(va + (i * self.granule) as usize);
-            }
+            let _ = self.runtime.unmap(va);
             let _ = self.runtime.free_physical(e.handle);
         }
         for h in std::mem::take(&mut s.orphans) {

@@ -47,6 +47,8 @@ int fake_event_done = 1;
 int fake_map_calls = 0;
 int fake_unmap_calls = 0;
 int fake_release_calls = 0;
+/* The flags of the last aclrtReserveMemAddress (1: huge pages), -1 before any. */
+int fake_reserve_flags = -1;
 int fake_free_physical_calls = 0;
 
 static int alloc_aligned(void **p, size_t size, size_t align) {
@@ -174,8 +176,10 @@ int aclrtMemGetAllocationGranularity(void *prop, unsigned option, size_t *g) {
     (void)prop; (void)option;
     RET(*g = (size_t)2 << 20);
 }
+/* The documented rules: alignment and hint reserved (0 and null), flags 0 or 1. */
 int aclrtReserveMemAddress(void **va, size_t size, size_t align, void *hint, uint64_t flags) {
-    (void)align; (void)hint; (void)flags;
+    if (align != 0 || hint != NULL || flags > 1) return 100000;
+    fake_reserve_flags = (int)flags;
     RET((*va = (void *)next_va, next_va += size + ((size_t)2 << 20)));
 }
 /* One count for all ranges: enough to see that mappings go before what they use. */
@@ -193,8 +197,10 @@ int aclrtFreePhysical(void *h) {
     if (live_mappings > 0) return 207002;
     RET((free(h), fake_free_physical_calls++));
 }
+/* Offset 0 only, flags 0 only. */
 int aclrtMapMem(void *va, size_t size, size_t offset, void *h, uint64_t flags) {
-    (void)va; (void)size; (void)offset; (void)h; (void)flags;
+    (void)va; (void)size; (void)h;
+    if (offset != 0 || flags != 0) return 100000;
     RET((fake_map_calls++, live_mappings++));
 }
 int aclrtUnmapMem(void *va) { (void)va; RET((fake_unmap_calls++, live_mappings--)); }

@@ -8,6 +8,7 @@ use std::ffi::c_void;
 
 use super::{check, refused, sys, to_usize, AclSource, MbufHandle, PhysicalHandle};
 use crate::error::{AclError, Error, Result};
+use crate::source::vmm::RESERVE_FLAG_HUGE_PAGE;
 use crate::source::DeviceId;
 
 /// Physical memory properties for device `device` as `aclrtMallocPhysical` requires them
@@ -48,17 +49,25 @@ impl AclSource {
         Ok(granularity as u64)
     }
 
-    /// Reserves `size` bytes of device virtual address space aligned to `alignment`
-    /// (`aclrtReserveMemAddress`, no address hint, flags 0). Returns the start.
-    pub fn reserve_address(&self, device: DeviceId, size: u64, alignment: u64) -> Result<usize> {
+    /// Reserves `size` bytes of device virtual address space for the huge-page memory
+    /// [`AclSource::malloc_physical`] allocates (`aclrtReserveMemAddress`: alignment 0, the
+    /// only value it takes; no address hint; flags [`RESERVE_FLAG_HUGE_PAGE`], as the page
+    /// type of the memory mapped into the range must match). Returns the start.
+    pub fn reserve_address(&self, device: DeviceId, size: u64) -> Result<usize> {
         let func = "aclrtReserveMemAddress";
         let f = sym!(self.api()?, aclrtReserveMemAddress);
-        let (size, alignment) = (to_usize(func, size)?, to_usize(func, alignment)?);
+        let size = to_usize(func, size)?;
         self.use_device(device)?;
         let mut va: *mut c_void = std::ptr::null_mut();
         // SAFETY: `va` is a live out-pointer; a null hint asks for any address.
         check(func, unsafe {
-            f(&mut va, size, alignment, std::ptr::null_mut(), 0)
+            f(
+                &mut va,
+                size,
+                0,
+                std::ptr::null_mut(),
+                RESERVE_FLAG_HUGE_PAGE,
+            )
         })?;
         if va.is_null() {
             return Err(Error::Invalid(format!(
@@ -121,7 +130,7 @@ impl AclSource {
     }
 
     /// Maps `size` bytes of `handle`, from `offset`, at `va` inside a reserved range
-    /// (`aclrtMapMem`, flags 0).
+    /// (`aclrtMapMem`, flags 0). The runtime takes offset 0 and the whole allocation only.
     pub fn map(&self, va: usize, size: u64, offset: u64, handle: PhysicalHandle) -> Result<()> {
         let func = "aclrtMapMem";
         let f = sym!(self.api()?, aclrtMapMem);
@@ -372,8 +381,8 @@ impl crate::source::vmm::VmmRuntime for AclSource {
         AclSource::allocation_granularity(self, device, recommended)
     }
 
-    fn reserve_address(&self, device: DeviceId, size: u64, alignment: u64) -> Result<usize> {
-        AclSource::reserve_address(self, device, size, alignment)
+    fn reserve_address(&self, device: DeviceId, size: u64) -> Result<usize> {
+        AclSource::reserve_address(self, device, size)
     }
 
     fn release_address(&self, va: usize) -> Result<()> {

@@ -1,12 +1,15 @@
 //! Virtual memory management on the host, done for real.
 //!
 //! - `aclrtReserveMemAddress` reserves address space: an inaccessible (`PROT_NONE`)
-//!   mapping that costs no memory and that no other mapping can land in.
+//!   mapping that costs no memory and that no other mapping can land in. Its alignment
+//!   argument must be 0: a range is aligned to the granularity, or to 1 GiB from 1 GiB up.
+//!   Its flags say whether huge (1) or normal (0) pages will be mapped into it.
 //! - `aclrtMallocPhysical` creates a shareable memory object (a memfd) of the size rounded
-//!   up to the granularity, charged against the device's capacity like `aclrtMalloc`.
-//! - `aclrtMapMem` maps (part of) an object over reserved addresses (`MAP_SHARED |
-//!   MAP_FIXED`); the mapping is device memory for copies and fills, and mappings that follow
-//!   each other without a gap form one range, so a copy may cross granules.
+//!   up to the granularity of its memory attribute (1 GiB for the `HUGE1G` ones), charged
+//!   against the device's capacity like `aclrtMalloc`.
+//! - `aclrtMapMem` maps a whole object, from offset 0, over reserved addresses of its page
+//!   type (`MAP_SHARED | MAP_FIXED`); the mapping is device memory for copies and fills, and
+//!   mappings that follow each other without a gap form one range, so a copy may cross them.
 //! - `aclrtUnmapMem` waits until the copies and fills queued on the mapping have run, then
 //!   puts the reservation back over it; `aclrtFreePhysical` refuses memory still mapped.
 //! - Export, import and the whitelist are in `share.rs`: physical memory exported to other
@@ -16,7 +19,7 @@
 //!
 //! | situation | code |
 //! |---|---|
-//! | null or zero argument, flags other than documented, a property other than pinned device memory with handle type NONE, an option other than MINIMUM/RECOMMENDED, an address, size or offset not a multiple of the granularity, a mapping outside a reservation, over another mapping or past the end of the physical memory, unmapping where no mapping starts, releasing a reservation that still has mappings or is unknown | `ACL_ERROR_INVALID_PARAM` (100000) |
+//! | null or zero argument, flags other than documented, a reservation's alignment other than 0, a property other than pinned device memory with handle type NONE or with a memory attribute outside `aclrtMemAttr`, an option other than MINIMUM/RECOMMENDED, an address or size not a multiple of the granularity, a mapping at an offset other than 0, of part of the physical memory, outside a reservation, over another mapping or into a reservation for the other page type, unmapping where no mapping starts, releasing a reservation that still has mappings or is unknown | `ACL_ERROR_INVALID_PARAM` (100000) |
 //! | a device id out of range | `ACL_ERROR_RT_PARAM_INVALID` (107000) |
 //! | physical memory past the device's capacity, or the host refuses the object or the reservation | `ACL_ERROR_RT_MEMORY_ALLOCATION` (207001) |
 //! | an unknown or freed physical handle | `ACL_ERROR_RT_INVALID_HANDLE` (107017) |
@@ -35,17 +38,52 @@ use crate::error::{AclError, Result};
 use crate::kind::MemKind;
 use crate::source::vmm::{
     PhysicalHandle, PhysicalMemProp, VmmRuntime, ALLOCATION_TYPE_PINNED, HANDLE_TYPE_NONE,
-    LOCATION_TYPE_DEVICE,
+    LOCATION_TYPE_DEVICE, RESERVE_FLAG_HUGE_PAGE,
 };
 use crate::source::DeviceId;
 
 /// Granularity of simulated physical memory: 2 MiB, the device's huge page.
 pub const DEFAULT_GRANULARITY: u64 = 2 << 20;
 
+/// Granularity of the `HUGE1G` memory attributes, and the alignment of reservations of at
+/// least that size (where the runtime places a range it chooses).
+pub const HUGE1G_GRANULARITY: u64 = 1 << 30;
+
+/// The page type of memory: what a reservation's flags and a memory attribute name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pages {
+    Normal,
+    Huge,
+    /// `ACL_DDR_MEM` and `ACL_HBM_MEM` (huge and normal pages), and imported memory,
+    /// whose attribute stays with the exporter: mapped into either kind of range.
+    Either,
+}
+
+impl Pages {
+    /// The page type and granularity (`base` or 1 GiB) of an `aclrtMemAttr`, `None` for a
+    /// value outside the enum (0 to 17).
+    fn of_attr(attr: u32, base: u64) -> Option<(Pages, u64)> {
+        let huge1g = base.max(HUGE1G_GRANULARITY);
+        Some(match attr {
+            0 | 1 => (Pages::Either, base),
+            3 | 5 | 7 | 9 | 12 | 15 => (Pages::Normal, base),
+            2 | 4 | 6 | 8 | 13 | 16 => (Pages::Huge, base),
+            10 | 11 | 14 | 17 => (Pages::Huge, huge1g),
+            _ => return None,
+        })
+    }
+
+    fn fits(self, range: Pages) -> bool {
+        self == Pages::Either || range == Pages::Either || self == range
+    }
+}
+
 /// One reserved range.
 #[derive(Debug)]
 struct Reservation {
     len: usize,
+    /// The page type its flags named.
+    pages: Pages,
     /// Mappings by start: (bytes, physical handle). They do not overlap and lie inside.
     mappings: BTreeMap<usize, (usize, usize)>,
 }
@@ -69,8 +107,11 @@ enum Origin {
 #[derive(Debug)]
 struct Physical {
     fd: OwnedFd,
-    /// Bytes, a multiple of the granularity.
+    /// Bytes, a multiple of `granularity`.
     size: u64,
+    /// Of its memory attribute; where it may be mapped is a multiple of it.
+    granularity: u64,
+    pages: Pages,
     device: DeviceId,
     /// Live mappings of it.
     maps: u32,
@@ -111,8 +152,12 @@ impl SimSource {
         self.config.vmm_granularity
     }
 
-    /// The device a physical memory property names, after checking what the runtime requires.
-    fn prop_device(&self, prop: Option<&PhysicalMemProp>) -> Result<DeviceId, AclError> {
+    /// The device a physical memory property names, with the page type and granularity of
+    /// its memory attribute, after checking what the runtime requires.
+    fn prop_device(
+        &self,
+        prop: Option<&PhysicalMemProp>,
+    ) -> Result<(DeviceId, Pages, u64), AclError> {
         let prop = prop.ok_or(AclError::INVALID_PARAM)?;
         if prop.handle_type != HANDLE_TYPE_NONE
             || prop.allocation_type != ALLOCATION_TYPE_PINNED
@@ -120,31 +165,36 @@ impl SimSource {
         {
             return Err(AclError::INVALID_PARAM);
         }
+        let (pages, granularity) =
+            Pages::of_attr(prop.mem_attr, self.granularity()).ok_or(AclError::INVALID_PARAM)?;
         let device =
             DeviceId::try_from(prop.location_id).map_err(|_| AclError::RT_PARAM_INVALID)?;
         if !self.valid_device(device) {
             return Err(AclError::RT_PARAM_INVALID);
         }
-        Ok(device)
+        Ok((device, pages, granularity))
     }
 
-    /// `aclrtMemGetAllocationGranularity`: the configured granularity for both options.
+    /// `aclrtMemGetAllocationGranularity`: the granularity of the property's memory
+    /// attribute (the configured one, 1 GiB for `HUGE1G`) for both options.
     pub fn mem_get_allocation_granularity(
         &self,
         prop: Option<&PhysicalMemProp>,
         option: u32,
     ) -> Result<u64> {
         self.call(AclFunc::MemGetAllocationGranularity, || {
-            self.prop_device(prop)?;
+            let (_, _, granularity) = self.prop_device(prop)?;
             if option > 1 {
                 return Err(AclError::INVALID_PARAM);
             }
-            Ok(self.granularity())
+            Ok(granularity)
         })
     }
 
-    /// `aclrtReserveMemAddress`: `size` bytes (a multiple of the granularity) aligned to
-    /// `alignment` (0: the granularity; else a power of two), at `expect` when that is free.
+    /// `aclrtReserveMemAddress`: `size` bytes (a multiple of the granularity) for huge
+    /// (`flags` 1) or normal (0) pages, at `expect` when that is free and aligned. `alignment`
+    /// is reserved and must be 0; the range is aligned to the granularity, or to 1 GiB when
+    /// it is at least that long (so that `HUGE1G` memory maps into it).
     pub fn reserve_mem_address(
         &self,
         size: u64,
@@ -154,17 +204,24 @@ impl SimSource {
     ) -> Result<usize> {
         self.call(AclFunc::ReserveMemAddress, || {
             let g = self.granularity();
-            if size == 0 || size % g != 0 || flags > 1 {
+            if size == 0 || size % g != 0 || flags > 1 || alignment != 0 {
                 return Err(AclError::INVALID_PARAM);
             }
-            if alignment != 0 && !alignment.is_power_of_two() {
-                return Err(AclError::INVALID_PARAM);
-            }
-            let align = usize::try_from(alignment.max(g)).map_err(|_| AclError::INVALID_PARAM)?;
+            let align = if size >= HUGE1G_GRANULARITY {
+                g.max(HUGE1G_GRANULARITY)
+            } else {
+                g
+            };
+            let align = usize::try_from(align).map_err(|_| AclError::INVALID_PARAM)?;
             let len = usize::try_from(size).map_err(|_| AclError::RT_MEMORY_ALLOCATION)?;
             let va = mapping::reserve(len, align, expect).ok_or(AclError::RT_MEMORY_ALLOCATION)?;
             let reservation = Reservation {
                 len,
+                pages: if flags == 1 {
+                    Pages::Huge
+                } else {
+                    Pages::Normal
+                },
                 mappings: BTreeMap::new(),
             };
             lock(&self.mem).vmm.reservations.insert(va, reservation);
@@ -188,8 +245,8 @@ impl SimSource {
         })
     }
 
-    /// `aclrtMallocPhysical`: `size` bytes rounded up to the granularity on the device
-    /// `prop` names; `flags` must be 0.
+    /// `aclrtMallocPhysical`: `size` bytes rounded up to the granularity of the memory
+    /// attribute, on the device `prop` names; `flags` must be 0.
     pub fn malloc_physical_with(
         &self,
         size: u64,
@@ -200,9 +257,8 @@ impl SimSource {
             if size == 0 || flags != 0 {
                 return Err(AclError::INVALID_PARAM);
             }
-            let device = self.prop_device(prop)?;
-            let rounded =
-                align_up(size, self.granularity()).ok_or(AclError::RT_MEMORY_ALLOCATION)?;
+            let (device, pages, granularity) = self.prop_device(prop)?;
+            let rounded = align_up(size, granularity).ok_or(AclError::RT_MEMORY_ALLOCATION)?;
             let mut mem = lock(&self.mem);
             let used = mem.device_used[device as usize];
             if used
@@ -219,6 +275,8 @@ impl SimSource {
                 Physical {
                     fd,
                     size: rounded,
+                    granularity,
+                    pages,
                     device,
                     maps: 0,
                     origin: Origin::Local { exported: None },
@@ -228,7 +286,8 @@ impl SimSource {
         })
     }
 
-    /// `aclrtMapMem`: maps `size` bytes of `handle` from `offset` at `va`; `flags` must be 0.
+    /// `aclrtMapMem`: maps all of `handle` at `va`, inside a reservation for its page type:
+    /// `offset` must be 0, `size` the physical memory's and `flags` 0.
     pub fn map_mem(
         &self,
         va: usize,
@@ -239,7 +298,7 @@ impl SimSource {
     ) -> Result<()> {
         self.call(AclFunc::MapMem, || {
             let g = self.granularity();
-            if flags != 0 || size == 0 || va as u64 % g != 0 || size % g != 0 || offset % g != 0 {
+            if flags != 0 || offset != 0 || size == 0 || va as u64 % g != 0 || size % g != 0 {
                 return Err(AclError::INVALID_PARAM);
             }
             let len = usize::try_from(size).map_err(|_| AclError::INVALID_PARAM)?;
@@ -250,7 +309,8 @@ impl SimSource {
                 .physical
                 .get_mut(&handle.0)
                 .ok_or(AclError::RT_INVALID_HANDLE)?;
-            if offset.checked_add(size).is_none_or(|end| end > phys.size) {
+            // All of it, where its pages can go.
+            if size != phys.size || va as u64 % phys.granularity != 0 {
                 return Err(AclError::INVALID_PARAM);
             }
             let (&start, r) = mem
@@ -260,7 +320,7 @@ impl SimSource {
                 .next_back()
                 .ok_or(AclError::INVALID_PARAM)?;
             let end = va.checked_add(len).ok_or(AclError::INVALID_PARAM)?;
-            if end > start + r.len {
+            if end > start + r.len || !phys.pages.fits(r.pages) {
                 return Err(AclError::INVALID_PARAM);
             }
             let overlaps = r
@@ -428,6 +488,8 @@ impl SimSource {
                 Physical {
                     fd,
                     size,
+                    granularity: self.granularity(),
+                    pages: Pages::Either,
                     device,
                     maps: 0,
                     origin: Origin::Imported {
@@ -489,8 +551,8 @@ impl VmmRuntime for SimSource {
         )
     }
 
-    fn reserve_address(&self, _device: DeviceId, size: u64, alignment: u64) -> Result<usize> {
-        self.reserve_mem_address(size, alignment, 0, 0)
+    fn reserve_address(&self, _device: DeviceId, size: u64) -> Result<usize> {
+        self.reserve_mem_address(size, 0, 0, RESERVE_FLAG_HUGE_PAGE)
     }
 
     fn release_address(&self, va: usize) -> Result<()> {
