@@ -508,3 +508,65 @@ fn an_async_copy_between_two_host_regions_is_the_wrong_kind() {
     drop(stream);
     assert_empty(&pool);
 }
+
+// Used to answer `Error::Invalid` ("invariant violated"), after asking the runtime for the
+// block: a chunk past the engine's (2^32 - 1) * 64 bytes cannot be carved.
+#[test]
+fn a_request_past_what_the_engine_addresses_is_out_of_memory() {
+    let sim = Arc::new(SimSource::new(SimConfig::default().with_host_capacity(1 << 40)).unwrap());
+    let pool = Pool::new(
+        Arc::clone(&sim) as Arc<dyn BlockSource>,
+        PoolConfig::default(),
+    )
+    .unwrap();
+    let err = pool.alloc_host(300 << 30).unwrap_err();
+    assert!(matches!(err, Error::OutOfMemory { .. }), "{err:?}");
+    let st = pool.stats(MemKind::Host);
+    assert_eq!((st.ooms, st.source_alloc_calls), (1, 0), "{st:?}");
+    assert_eq!(sim.stats().live_blocks, 0);
+    pool.validate().unwrap();
+}
+
+// Used to spin for ever holding the kind lock (a release build; an overflow panic in a
+// debug one): with no dedicated chunks, a length rounding to a chunk of 2^64 - 2 MiB made
+// the chunk-size search step past 2^64.
+#[test]
+fn a_huge_request_without_dedicated_chunks_returns() {
+    let config =
+        PoolConfig::parse("thread_cache:off,large_threshold:18446744073709551615").unwrap();
+    let pool = Arc::new(Pool::new(sim(64 * MIB), config).unwrap());
+    let (tx, rx) = std::sync::mpsc::channel();
+    let p = Arc::clone(&pool);
+    std::thread::spawn(move || {
+        let _ = tx.send(p.alloc_device(u64::MAX - (4 << 20)).map(|_| ()));
+    });
+    match rx.recv_timeout(Duration::from_secs(60)) {
+        Ok(r) => assert!(matches!(r, Err(Error::OutOfMemory { .. })), "{r:?}"),
+        Err(_) => panic!("alloc_device(u64::MAX - 4 MiB) did not return within 60 s"),
+    }
+    pool.validate().unwrap();
+}
+
+// Used to count one allocation twice: in debug mode a thread-cache hit whose canary
+// cannot be re-armed goes back, and the fresh carve that serves the caller counted again.
+#[test]
+fn a_cached_segment_that_cannot_be_rearmed_counts_one_allocation() {
+    use ascend_pool::source::sim::{AclFunc, Fault};
+    let sim = sim(512 * MIB);
+    let pool = Pool::new(
+        Arc::clone(&sim) as Arc<dyn BlockSource>,
+        PoolConfig::parse("debug:1").unwrap(),
+    )
+    .unwrap();
+    drop(pool.alloc_device(100).unwrap()); // into this thread's cache
+    sim.inject_fault(Fault::next(AclFunc::Memset, AclError::RT_FAILURE, 1));
+    let r = pool.alloc_device(100).unwrap(); // the hit's re-arm fails: a fresh carve
+    pool.validate().unwrap();
+    let st = pool.stats(MemKind::DEVICE);
+    assert_eq!(
+        (st.allocations, st.frees, st.live_regions),
+        (2, 1, 1),
+        "{st:?}"
+    );
+    drop(r);
+}

@@ -359,3 +359,57 @@ fn a_request_past_the_device_asks_the_runtime_once_per_pass() {
     assert_eq!((st.live_regions, st.ooms), (0, 2));
     pool.validate().unwrap();
 }
+
+/// A kind one chunk short of its limit takes a chunk of just the request when extending
+/// the last chunk would pass the limit (the plain simulator extends nothing): the limit is
+/// filled, not refused one chunk early.
+#[test]
+fn a_request_that_lands_exactly_on_the_limit_is_served() {
+    let pool = Pool::new(
+        Arc::new(SimSource::default()),
+        PoolConfig::default()
+            .with_limit(4 * MIB)
+            .with_thread_cache(0),
+    )
+    .unwrap();
+    // A footprint of exactly one 2 MiB granule, twice.
+    let a = pool.alloc_device(2 * MIB - 64).unwrap();
+    let b = pool.alloc_device(2 * MIB - 64).unwrap();
+    let st = pool.stats(MemKind::DEVICE);
+    assert_eq!(
+        (st.reserved_bytes, st.chunks, st.ooms),
+        (4 * MIB, 2, 0),
+        "{st:?}"
+    );
+    assert!(matches!(
+        pool.alloc_device(64),
+        Err(ascend_pool::Error::LimitExceeded { .. })
+    ));
+    drop((a, b));
+    pool.validate().unwrap();
+}
+
+/// A dedicated chunk that empties goes back at once, but the ordinary empty chunks the
+/// kind keeps under its release threshold stay: freeing a large region does not make the
+/// small ones ask the source again.
+#[test]
+fn freeing_a_dedicated_region_keeps_the_empty_chunks_under_the_threshold() {
+    let pool = pool();
+    let small = pool.alloc_device(MIB).unwrap();
+    let kept = pool.stats(MemKind::DEVICE).reserved_bytes;
+    let large = pool.alloc_device(100 * MIB).unwrap(); // past large_threshold: its own chunk
+    assert_eq!(pool.stats(MemKind::DEVICE).chunks, 2);
+    drop(small); // an empty ordinary chunk, far under the 128 MiB threshold
+    drop(large);
+    let st = pool.stats(MemKind::DEVICE);
+    assert_eq!(
+        (st.chunks, st.reserved_bytes, st.source_free_calls),
+        (1, kept, 1),
+        "{st:?}"
+    );
+    // The kept chunk serves the next small request without the source.
+    let again = pool.alloc_device(MIB).unwrap();
+    assert_eq!(pool.stats(MemKind::DEVICE).source_alloc_calls, 2);
+    drop(again);
+    pool.validate().unwrap();
+}

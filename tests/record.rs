@@ -219,3 +219,79 @@ fn without_record_nothing_is_written_and_flush_is_a_no_op() {
     drop(pool.alloc_device(100).unwrap());
     pool.flush_record().unwrap();
 }
+
+/// A free deferred behind a stream and completed only when the pool's last handle drops is
+/// still written: the application freed the region, and the trace replays to nothing live.
+#[test]
+fn a_free_the_pools_drop_completes_is_recorded() {
+    use ascend_pool::source::sim::SimConfig;
+    use ascend_pool::source::BlockSource;
+    let path = trace_path("drop-pending");
+    let sim =
+        Arc::new(SimSource::new(SimConfig::default().with_device_capacity(512 << 20)).unwrap());
+    let pool = Pool::new(
+        Arc::clone(&sim) as Arc<dyn BlockSource>,
+        PoolConfig::default()
+            .with_record(&path)
+            .with_thread_cache(0),
+    )
+    .unwrap();
+    let stream = pool.create_stream().unwrap();
+    let hold = sim.hold_stream(stream.handle()).unwrap();
+    let mut target = pool.alloc_device(1 << 20).unwrap();
+    pool.memset_async(&mut target, 0, 0xAB, 1 << 20, &stream)
+        .unwrap();
+    drop(target); // freed by the application; the free waits for the stream
+    assert_eq!(pool.stats(MemKind::DEVICE).pending_frees, 1);
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            hold.release();
+        });
+        drop(pool); // waits for the stream, then frees the chunk
+    });
+    drop(stream);
+    let text = std::fs::read_to_string(&path).unwrap();
+    let _ = std::fs::remove_file(&path);
+    let count = |op: &str| text.matches(&format!("\"op\":\"{op}\"")).count();
+    assert_eq!((count("alloc"), count("free")), (1, 1), "trace:\n{text}");
+    let factory = PoolFactory::new(PoolConfig::default(), DEFAULT_DEVICE_SIZE).unwrap();
+    let report = replay(text.as_bytes(), TraceConfig::default(), &factory, |_| {}).unwrap();
+    assert_eq!((report.errors.total(), report.live_at_end), (0, 0));
+}
+
+/// In debug mode an allocation whose canary cannot be written (`aclrtMemset` fails) gives
+/// the caller an error and leaves no trace: neither the allocation nor a free is counted
+/// or recorded.
+#[test]
+fn a_debug_allocation_that_fails_is_neither_counted_nor_recorded() {
+    use ascend_pool::source::sim::{AclFunc, Fault};
+    use ascend_pool::source::BlockSource;
+    use ascend_pool::AclError;
+    let path = trace_path("debug-fails");
+    let sim = Arc::new(SimSource::default());
+    let config = PoolConfig::parse("debug:1,thread_cache:off")
+        .unwrap()
+        .with_record(&path);
+    let pool = Pool::new(Arc::clone(&sim) as Arc<dyn BlockSource>, config).unwrap();
+    sim.inject_fault(Fault::next(AclFunc::Memset, AclError::RT_FAILURE, 1));
+    assert!(matches!(
+        pool.alloc_device(100),
+        Err(ascend_pool::Error::Runtime { .. })
+    ));
+    pool.validate().unwrap();
+    let st = pool.stats(MemKind::DEVICE);
+    assert_eq!(
+        (st.allocations, st.frees, st.live_regions),
+        (0, 0, 0),
+        "{st:?}"
+    );
+    // The next one is recorded, once.
+    let r = pool.alloc_device(100).unwrap();
+    pool.flush_record().unwrap();
+    let text = std::fs::read_to_string(&path).unwrap();
+    let _ = std::fs::remove_file(&path);
+    assert_eq!(text.lines().count(), 1, "trace:\n{text}");
+    assert!(text.contains("\"op\":\"alloc\""), "{text}");
+    drop(r);
+}

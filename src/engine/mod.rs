@@ -128,6 +128,24 @@ pub enum RangeTier {
     Buddy,
 }
 
+impl RangeTier {
+    /// The largest capacity an engine with this tier takes ([`CarveEngine::new`]): with
+    /// TLSF `(2^32 - 1) * 64` bytes, just under 256 GiB; the buddy tier has no bound of its own.
+    ///
+    /// ```
+    /// use ascend_pool::engine::RangeTier;
+    ///
+    /// assert_eq!(RangeTier::Tlsf.max_capacity(), u64::from(u32::MAX) * 64);
+    /// assert_eq!(RangeTier::Buddy.max_capacity(), u64::MAX);
+    /// ```
+    pub const fn max_capacity(self) -> u64 {
+        match self {
+            Self::Tlsf => tlsf::MAX_UNITS * crate::align::DEFAULT_ALIGN,
+            Self::Buddy => u64::MAX,
+        }
+    }
+}
+
 /// Engine settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EngineConfig {

@@ -25,7 +25,7 @@ const SL_COUNT: usize = 1 << SL_SHIFT;
 /// First levels: enough for every length up to [`MAX_UNITS`].
 const FL_COUNT: usize = 32 - SL_SHIFT as usize + 1;
 /// Most units a range spans, so node starts and lengths fit 32 bits (256 GiB at 64 bytes).
-const MAX_UNITS: u64 = u32::MAX as u64;
+pub(crate) const MAX_UNITS: u64 = u32::MAX as u64;
 /// How many entries of a bin are tried, lowest address winning, before settling.
 const BIN_PROBES: usize = 8;
 /// Slots of the parked-block table (direct-mapped by exact length).

@@ -226,6 +226,13 @@ impl PoolConfig {
                 self.chunk_size
             )));
         }
+        let engine_max = self.engine.range.max_capacity();
+        if self.chunk_size > engine_max {
+            return Err(Error::Config(format!(
+                "chunk_size {} is past what the engine addresses, {engine_max}",
+                self.chunk_size
+            )));
+        }
         crate::align::CarveRule::new(self.padding, 64)?;
         if self.thread_cache > 0
             && (self.thread_cache_max > self.thread_cache
@@ -464,9 +471,12 @@ mod tests {
             "thread_cache:lots",
             "thread_cache:64k,thread_cache_max:128k",
             "thread_cache_max:32m",
+            "chunk_size:256g", // past the TLSF engine's (2^32 - 1) * 64 bytes
         ] {
             assert!(PoolConfig::parse(bad).is_err(), "{bad} was accepted");
         }
         assert_eq!(PoolConfig::parse("").unwrap(), PoolConfig::default());
+        // The buddy tier takes chunks of any size.
+        PoolConfig::parse("chunk_size:256g,range:buddy").unwrap();
     }
 }

@@ -953,6 +953,10 @@ impl Drop for PoolInner {
             // Chunks a stream may still write, that the runtime would not wait for.
             let mut unsafe_to_free = SmallVec::<[usize; 2]>::new();
             for p in k.pending.drain(..) {
+                if let Some(r) = &self.recorder {
+                    // The application freed it: the trace says so, as `finish_free` would.
+                    r.free(k.kind, k.live[p.key].addr);
+                }
                 for (ev, s) in p.events {
                     let waited = ev.is_some_and(|ev| {
                         let ok = self.source.synchronize_event(ev).is_ok();
@@ -1252,7 +1256,7 @@ impl PoolInner {
         s.live_regions += 1;
         s.allocations += 1;
         self.note_free(&k);
-        if let Some(r) = &self.recorder {
+        if let Some(r) = self.recorder.as_ref().filter(|_| !self.config.debug) {
             // Under the kind lock, so the free that released this address is written first.
             r.alloc(kind, addr, len, align);
         }
@@ -1261,10 +1265,16 @@ impl PoolInner {
             // SAFETY: [addr, addr + footprint) is the segment just carved from a live block
             // of this source; nothing else uses it yet.
             if let Err(e) = unsafe { self.arm_canary(addr, len, alloc.footprint()) } {
-                // The caller gets no region: take the segment back rather than lose it.
+                // The caller gets no region: take the segment back rather than lose it, and
+                // count neither an allocation nor a free (nor record either).
                 let mut k = self.kinds[kind.index()].lock();
-                self.finish_free(&mut k, key, true);
+                self.finish_free(&mut k, key, false);
+                k.stats.allocations -= 1;
                 return Err(e);
+            }
+            if let Some(r) = &self.recorder {
+                // The address is this call's until it returns: no free of it can come first.
+                r.alloc(kind, addr, len, align);
             }
         }
         Ok(RawSegment::new(kind, addr, align, key, alloc))
@@ -1407,7 +1417,10 @@ impl PoolInner {
             if l * best_left.1 < best_left.0 * s {
                 (best, best_left) = (size, (l, s));
             }
-            size += step;
+            let Some(next) = size.checked_add(step) else {
+                break;
+            };
+            size = next;
         }
         best
     }
@@ -1427,11 +1440,17 @@ impl PoolInner {
             crate::engine::RangeTier::Tlsf => Some(footprint),
             crate::engine::RangeTier::Buddy => footprint.checked_next_power_of_two(),
         };
-        let Some((need, fit)) = needs.and_then(|n| Some((n, crate::align::align_up(n, granule)?)))
+        // A chunk past what the engine addresses (just under 256 GiB with TLSF) could not
+        // be carved, so the source is not asked for it.
+        let engine_max = self.config.engine.range.max_capacity();
+        let Some((need, fit)) = needs
+            .and_then(|n| Some((n, crate::align::align_up(n, granule)?)))
+            .filter(|&(_, fit)| fit <= engine_max)
         else {
-            // The rule accepted the length, but no chunk size in 64 bits holds it (a buddy
-            // range's power of two, or whole granules, pass 2^64): refused as any request
-            // that fits no chunk is, and the source is not asked for what it cannot have.
+            // The rule accepted the length, but no chunk holds it (a buddy range's power of
+            // two, or whole granules, pass 2^64, or the engine cannot address that much):
+            // refused as any request that fits no chunk is, and the source is not asked for
+            // what it cannot have.
             k.stats.ooms += 1;
             return Err(if self.config.limit != 0 {
                 self.limit_exceeded(k, len)
@@ -1460,10 +1479,9 @@ impl PoolInner {
             match self.grow_in_place(k, len, rule, footprint) {
                 Ok(Some(x)) => return Ok(x),
                 Ok(None) => {}
-                Err(e @ Error::LimitExceeded { .. }) => {
-                    last_err = Some(e);
-                    continue;
-                }
+                // Extending the chunk would pass the limit (or the source has no room to
+                // extend it): a new chunk of just the request may still fit.
+                Err(e @ Error::LimitExceeded { .. }) => last_err = Some(e),
                 Err(Error::Runtime { code, .. }) if code.is_out_of_memory() => {
                     last_err = Some(Self::out_of_memory(k, len, Some(code)));
                     continue;
@@ -1725,7 +1743,7 @@ impl PoolInner {
         let mut released = 0;
         for id in empty {
             let size = k.chunks[id].block.size;
-            if kept + size <= keep {
+            if !k.chunks[id].dedicated && kept + size <= keep {
                 kept += size;
                 continue;
             }
@@ -1995,14 +2013,9 @@ impl PoolInner {
                 .map(|(_, c)| c.block.size)
                 .sum();
             if dedicated || empty > self.config.release_threshold {
-                self.trim_kind(
-                    k,
-                    if dedicated {
-                        0
-                    } else {
-                        self.config.release_threshold
-                    },
-                );
+                // Empty dedicated chunks go back whatever the threshold; ordinary ones stay
+                // up to it.
+                self.trim_kind(k, self.config.release_threshold);
             }
         }
         self.note_free(k);
@@ -2205,6 +2218,10 @@ impl PoolInner {
                 // segment back and carve a fresh one.
                 let mut k = self.kinds[c.raw.kind.index()].lock();
                 self.finish_free(&mut k, c.raw.key(), false);
+                // The cache counts this hit as an allocation and the fresh carve that serves
+                // the caller counts again: take one back from the kind's own count (which
+                // counted this segment's first carve, so it is at least 1).
+                k.stats.allocations -= 1;
                 drop(k);
                 return None;
             }
