@@ -1,9 +1,11 @@
 //! Streams with a worker thread each, and events recorded on them.
 //!
-//! A stream is a FIFO of [`Op`]s run one at a time by its own thread. An event counts
-//! records: `recorded` is the sequence number of the most recent `aclrtRecordEvent`,
-//! `completed` the highest record a worker has passed. The event is complete when
-//! `completed >= recorded` (so an event never recorded is complete).
+//! A stream is a FIFO of [`Op`]s run one at a time by its own thread. An event numbers its
+//! records: `recorded` is the sequence number of the most recent `aclrtRecordEvent`, and
+//! each record is passed on its own, when the stream it was queued on gets there. The event
+//! is complete when its most recent record has been passed (so an event never recorded is
+//! complete); a wait queued for an earlier record waits for that record, even when a later
+//! one on a faster stream has been passed already.
 //!
 //! A [`Notify`] is HCCL's notification between ranks: a record lets one wait through. A wait
 //! that times out fails its stream's task, and the stream's next synchronize reports it.
@@ -330,15 +332,24 @@ impl Gate {
     }
 }
 
-/// Record counters of an event.
+/// Records of an event and which of them have been passed.
 ///
-/// Invariant: `completed <= recorded`.
+/// Invariant: `passed_upto <= recorded`; every number in `passed_above` lies in
+/// `passed_upto + 2..=recorded` (the one after `passed_upto` would have been folded in).
 #[derive(Debug, Default)]
 struct EventState {
     /// Sequence number of the most recent record (0: never recorded).
     recorded: u64,
-    /// Highest record number a worker has passed.
-    completed: u64,
+    /// Every record up to this one has been passed.
+    passed_upto: u64,
+    /// Records passed out of order (queued on different streams), above `passed_upto`.
+    passed_above: std::collections::BTreeSet<u64>,
+}
+
+impl EventState {
+    fn passed(&self, seq: u64) -> bool {
+        seq <= self.passed_upto || self.passed_above.contains(&seq)
+    }
 }
 
 /// A simulated `aclrtEvent`.
@@ -346,7 +357,7 @@ struct EventState {
 pub(super) struct Event {
     device: i32,
     state: Mutex<EventState>,
-    /// Signalled whenever `completed` grows.
+    /// Signalled whenever a record is passed.
     cv: Condvar,
 }
 
@@ -379,7 +390,7 @@ impl Event {
     /// Whether the most recent record has been passed.
     pub(super) fn is_complete(&self) -> bool {
         let s = lock(&self.state);
-        s.completed >= s.recorded
+        s.passed(s.recorded)
     }
 
     /// Blocks until the most recent record (as of this call) has been passed.
@@ -390,16 +401,24 @@ impl Event {
 
     fn complete(&self, seq: u64) {
         let mut s = lock(&self.state);
-        if seq > s.completed {
-            s.completed = seq;
-            debug_assert!(s.completed <= s.recorded);
-            self.cv.notify_all();
+        debug_assert!(seq <= s.recorded && !s.passed(seq));
+        if s.passed(seq) {
+            return;
         }
+        s.passed_above.insert(seq);
+        while let Some(next) = s.passed_upto.checked_add(1) {
+            if !s.passed_above.remove(&next) {
+                break;
+            }
+            s.passed_upto = next;
+        }
+        self.cv.notify_all();
     }
 
+    /// Blocks until record `seq` itself has been passed.
     fn wait_for(&self, seq: u64) {
         let mut s = lock(&self.state);
-        while s.completed < seq {
+        while !s.passed(seq) {
             s = self.cv.wait(s).unwrap_or_else(PoisonError::into_inner);
         }
     }
@@ -457,5 +476,43 @@ mod tests {
         assert!(e.is_complete());
         drop(a);
         drop(b);
+    }
+
+    /// An event recorded on a held stream, then again on a free one: a wait queued for
+    /// the first record waits for it, though the second (later) record has been passed.
+    #[test]
+    fn a_wait_is_for_its_own_record_not_a_later_one() {
+        let (slow, fast, waiter) = (
+            Stream::spawn(1, 0).unwrap(),
+            Stream::spawn(2, 0).unwrap(),
+            Stream::spawn(3, 0).unwrap(),
+        );
+        let e = Arc::new(Event::new(0));
+        let gate = Arc::new(Gate::default());
+        assert!(slow.push(Op::Gate(Arc::clone(&gate))));
+        let first = e.next_record();
+        assert!(slow.push(Op::Record {
+            event: Arc::clone(&e),
+            seq: first,
+        }));
+        assert!(waiter.push(Op::Wait {
+            event: Arc::clone(&e),
+            seq: first,
+        }));
+        let second = e.next_record();
+        assert!(fast.push(Op::Record {
+            event: Arc::clone(&e),
+            seq: second,
+        }));
+        fast.synchronize();
+        assert!(e.is_complete(), "the most recent record was passed");
+        std::thread::sleep(Duration::from_millis(30));
+        let still_waiting = waiter.pending() == 1;
+        gate.open(); // before any assertion: a held stream never joins
+        assert!(still_waiting, "the wait let go before its record ran");
+        waiter.synchronize();
+        slow.synchronize();
+        let s = lock(&e.state);
+        assert_eq!((s.passed_upto, s.passed_above.len()), (2, 0));
     }
 }
