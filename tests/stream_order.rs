@@ -801,3 +801,57 @@ fn a_free_fenced_on_its_second_stream_only_is_not_reused_on_the_first() {
     drop(on_s1);
     every_free_completes(&pool);
 }
+
+/// Set in the child process `a_dropped_pool_reports_held_regions_not_pending_frees` runs
+/// itself in.
+const DROP_REPORT_CHILD: &str = "ASCEND_POOL_DROP_REPORT_CHILD";
+
+/// A pool dropped with one region still held and one freed behind a held stream reports
+/// the held region as live, and not the free, which the application did make.
+#[test]
+fn a_dropped_pool_reports_held_regions_not_pending_frees() {
+    if std::env::var_os(DROP_REPORT_CHILD).is_none() {
+        // The report goes to stderr: read it from a child running this test.
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "a_dropped_pool_reports_held_regions_not_pending_frees",
+                "--test-threads=1",
+                "--nocapture",
+            ])
+            .env(DROP_REPORT_CHILD, "1")
+            .output()
+            .unwrap();
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        assert!(out.status.success(), "{stdout}{stderr}");
+        assert!(
+            stdout.contains("1 passed"),
+            "the child ran no test: {stdout}"
+        );
+        let held = stdout
+            .lines()
+            .find_map(|l| l.split_once("held at ").map(|(_, at)| at))
+            .expect("the child names the held region");
+        assert!(
+            stderr.contains("pool dropped with 1 live region(s)"),
+            "{stderr}"
+        );
+        assert_eq!(stderr.matches(" at 0x").count(), 1, "{stderr}");
+        assert!(stderr.contains(&format!(" at {held} ")), "{stderr}");
+        return;
+    }
+    let sim = sim(1 << 30);
+    let pool = pool_over(&sim);
+    let stream = pool.create_stream().unwrap();
+    let hold = sim.hold_stream(stream.handle()).unwrap();
+    drop(filled_on(&pool, &stream)); // freed; the free waits for the held stream
+    let held = pool.alloc_device(LEN).unwrap();
+    println!("held at {:#x}", held.addr());
+    assert_eq!(pool.stats(MemKind::DEVICE).pending_frees, 1);
+    drop(pool);
+    hold.release();
+    drop((held, stream));
+}
