@@ -31,7 +31,11 @@ mod sync {
         }
 
         pub(crate) fn with<R>(&self, f: impl FnOnce(&mut T) -> R) -> R {
-            f(&mut self.0.lock().unwrap())
+            f(&mut self.lock())
+        }
+
+        pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
+            self.0.lock().unwrap()
         }
     }
 }
@@ -173,7 +177,7 @@ fn two_users_and_a_flush_lose_nothing() {
         let t = reg.totals(CLASS);
         assert_eq!((t.items, t.bytes), (0, 0));
         let mut reg_empty = true;
-        reg.for_each(|_| reg_empty = false);
+        reg.for_each_locked(|_, _| reg_empty = false);
         assert!(reg_empty, "every cache unregistered");
     });
 }
@@ -203,9 +207,9 @@ fn validate_sees_consistent_bins_while_users_work() {
         // What Pool::validate does: check every cache's invariants and its items.
         {
             let _b = backing.lock().unwrap();
-            reg.for_each(|c| {
-                c.check().unwrap();
-                c.for_each_held(CLASS, |i| assert!(i.0 < 2));
+            reg.for_each_locked(|c, b| {
+                c.check_bins(b).unwrap();
+                ThreadCache::for_each_held_locked(b, CLASS, |i| assert!(i.0 < 2));
             });
         }
         for u in users {

@@ -86,7 +86,7 @@ fn key_len(key: u64) -> u64 {
 }
 
 #[derive(Debug)]
-struct Bins<T> {
+pub(crate) struct Bins<T> {
     /// The shape of each bin, as [`bin_key`] names it; `0` for a bin never used. No two
     /// used bins share a key. Kept apart from the items so that a lookup scans one line.
     keys: [u64; MAX_BINS],
@@ -248,20 +248,14 @@ impl<T: CacheItem> ThreadCache<T> {
     /// Keeps `item` if there is room: a bin of its shape, or one it may take over (never
     /// used, or empty). Gives it back when not (for the caller to free, or to flush the
     /// cache and try again). Only the owning thread puts.
-    #[inline]
+    #[cfg(test)]
     pub(crate) fn put(&self, item: T) -> Result<(), T> {
         let (class, shape, bytes) = (item.class(), item.shape(), item.bytes());
         self.put_with(class, shape, bytes, item, |item| item)
     }
 
-    /// [`put`](Self::put) of the item `make(parts)` would build, of `class`, `shape` and
-    /// `bytes`: built only once it has a place, and straight into its bin. Gives `parts`
-    /// back when there is no room.
-    ///
-    /// The free path builds its item here rather than on its own stack: a 48-byte item
-    /// written in 8-byte fields and read back in 16-byte words cannot be forwarded from the
-    /// store buffer, and a lone put waited for its stores to reach the cache.
-    #[inline]
+    /// [`put_open`](Self::put_open) that is always open.
+    #[cfg(test)]
     pub(crate) fn put_with<P>(
         &self,
         class: usize,
@@ -270,12 +264,35 @@ impl<T: CacheItem> ThreadCache<T> {
         parts: P,
         make: impl FnOnce(P) -> T,
     ) -> Result<(), P> {
+        self.put_open(class, shape, bytes, parts, |_| true, make)
+    }
+
+    /// Keeps the item `make(parts)` would build, of `class`, `shape` and `bytes`, if there
+    /// is room (a bin of its shape, or one it may take over: never used, or empty) and
+    /// `open(&parts)` holds when asked under the
+    /// cache's lock (so a flush that takes the lock after setting what `open` reads is
+    /// ordered before the question). The item is built only once it has a place, and
+    /// straight into its bin. Gives `parts` back otherwise. Only the owning thread puts.
+    ///
+    /// The free path builds its item here rather than on its own stack: a 48-byte item
+    /// written in 8-byte fields and read back in 16-byte words cannot be forwarded from the
+    /// store buffer, and a lone put waited for its stores to reach the cache.
+    #[inline]
+    pub(crate) fn put_open<P>(
+        &self,
+        class: usize,
+        shape: (u64, u64),
+        bytes: u64,
+        parts: P,
+        open: impl FnOnce(&P) -> bool,
+        make: impl FnOnce(P) -> T,
+    ) -> Result<(), P> {
         let Some(key) = bin_key(class, shape) else {
             return Err(parts);
         };
         // `move`: the closure holds its values, not pointers to them to load first.
         self.bins.with(move |b| {
-            if b.bytes + bytes > self.limit {
+            if b.bytes + bytes > self.limit || !open(&parts) {
                 return Err(parts);
             }
             let Some(at) = self.bin_of(key).or_else(|| self.assign_bin(b, key)) else {
@@ -384,18 +401,17 @@ impl<T: CacheItem> ThreadCache<T> {
         self.bins.with(|b| std::array::from_fn(|c| b.held[c].0))
     }
 
-    /// Calls `f` on every held item of `class`.
-    pub(crate) fn for_each_held(&self, class: usize, mut f: impl FnMut(&T)) {
-        self.bins.with(|b| {
-            for (key, items) in b.keys.iter().zip(b.items.iter()) {
-                if *key != 0 && key_class(*key) == class {
-                    items.iter().for_each(&mut f);
-                }
+    /// Calls `f` on every held item of `class`, in bins the caller holds locked.
+    pub(crate) fn for_each_held_locked(b: &Bins<T>, class: usize, mut f: impl FnMut(&T)) {
+        for (key, items) in b.keys.iter().zip(b.items.iter()) {
+            if *key != 0 && key_class(*key) == class {
+                items.iter().for_each(&mut f);
             }
-        })
+        }
     }
 
-    /// Checks the invariants written on [`Bins`]' fields, and the copy in `shapes`.
+    /// [`check_bins`](Self::check_bins), taking the lock.
+    #[cfg(test)]
     pub(crate) fn check(&self) -> Result<(), String> {
         self.bins.with(|b| self.check_bins(b))
     }
@@ -436,7 +452,9 @@ impl<T: CacheItem> ThreadCache<T> {
         })
     }
 
-    fn check_bins(&self, b: &Bins<T>) -> Result<(), String> {
+    /// Checks the invariants written on [`Bins`]' fields, and the copy in `shapes`, on bins
+    /// the caller holds locked.
+    pub(crate) fn check_bins(&self, b: &Bins<T>) -> Result<(), String> {
         let mut held = [(0u64, 0u64); CLASSES];
         let mut total = 0;
         for (i, (&key, items)) in b.keys.iter().zip(b.items.iter()).enumerate() {
@@ -545,33 +563,45 @@ impl<T: CacheItem> CacheRegistry<T> {
         left
     }
 
-    /// Calls `f` on every registered cache, holding the registry lock (so no cache joins
-    /// or leaves meanwhile).
-    pub(crate) fn for_each(&self, mut f: impl FnMut(&ThreadCache<T>)) {
-        let g = lock(&self.caches);
-        for c in &g.0 {
-            f(c);
+    /// Calls `f` on each of `caches` with its bins, every cache's lock held at once: a
+    /// segment that moves from one thread's cache to another's meanwhile (taken by one
+    /// thread, freed by the other) is seen in exactly one. The caller holds the registry
+    /// lock: only such walks take more than one cache lock, so they cannot deadlock.
+    fn walk_locked(caches: &[Arc<ThreadCache<T>>], mut f: impl FnMut(&ThreadCache<T>, &Bins<T>)) {
+        let held: Vec<_> = caches.iter().map(|c| c.bins.lock()).collect();
+        for (c, b) in caches.iter().zip(&held) {
+            f(c, b);
         }
+    }
+
+    /// Calls `f` on every registered cache with its bins, holding the registry lock (no
+    /// cache joins or leaves) and every cache's lock at once (see [`Self::walk_locked`]).
+    pub(crate) fn for_each_locked(&self, f: impl FnMut(&ThreadCache<T>, &Bins<T>)) {
+        let g = lock(&self.caches);
+        Self::walk_locked(&g.0, f);
     }
 
     /// Sum of `class` figures over every registered cache and the retired totals.
     pub(crate) fn totals(&self, class: usize) -> ClassCounters {
         let g = lock(&self.caches);
         let mut t = lock(&self.retired)[class];
-        for c in &g.0 {
-            let k = c.counters(class);
+        Self::walk_locked(&g.0, |_, b| {
+            let k = b.counters(class);
             t.items += k.items;
             t.bytes += k.bytes;
             t.requested += k.requested;
             t.absorb_totals(&k);
-        }
+        });
         t
     }
 
     /// Drains `class` from every registered cache.
     pub(crate) fn drain_all(&self, class: usize) -> Vec<T> {
+        let g = lock(&self.caches);
         let mut out = Vec::new();
-        self.for_each(|c| c.drain_class_into(class, &mut out));
+        for c in &g.0 {
+            c.drain_class_into(class, &mut out);
+        }
         out
     }
 }

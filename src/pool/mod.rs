@@ -780,11 +780,11 @@ impl Pool {
             let Some(reg) = &self.inner.caches else {
                 continue;
             };
-            reg.for_each(|c| {
-                if let Err(e) = c.check() {
+            reg.for_each_locked(|c, b| {
+                if let Err(e) = c.check_bins(b) {
                     problem.get_or_insert(e);
                 }
-                c.for_each_held(class, |c| {
+                ThreadCache::for_each_held_locked(b, class, |c| {
                     if let Some(p) = unsettled(c) {
                         problem.get_or_insert(p);
                     }
@@ -1896,11 +1896,18 @@ impl PoolInner {
         // The handle moves into the cache with the segment: no reference-count traffic.
         let raw = *seg;
         let (class, shape, bytes) = (raw.kind.index(), (raw.len, raw.align()), raw.footprint());
-        match cache.put_with(class, shape, bytes, owner, |owner| OwnedSegment {
+        // Asked again under the cache's lock: the pool handle may have dropped, and flushed
+        // every cache, since the check above; a segment put after that flush would keep the
+        // pool alive through its anchor until this thread exits.
+        let open = |o: &Owner| !o.closed.load(Ordering::Acquire);
+        match cache.put_open(class, shape, bytes, owner, open, |owner| OwnedSegment {
             raw,
             owner,
         }) {
             Ok(()) => Ok(()),
+            Err(owner) if owner.closed.load(Ordering::Acquire) => {
+                owner.release_to_kind(&raw, streams)
+            }
             Err(owner) => Self::put_into_full(cache, OwnedSegment { raw, owner }),
         }
     }
@@ -2235,7 +2242,9 @@ impl PoolInner {
     #[inline(never)]
     fn put_into_full(cache: &ThreadCache<OwnedSegment>, seg: OwnedSegment) -> Result<()> {
         seg.owner.flush_cache(cache);
-        match cache.put(seg) {
+        let (class, shape, bytes) = (seg.class(), seg.shape(), seg.bytes());
+        let open = |s: &OwnedSegment| !s.owner.closed.load(Ordering::Acquire);
+        match cache.put_open(class, shape, bytes, seg, open, |s| s) {
             Ok(()) => Ok(()),
             Err(back) => back.owner.release_to_kind(&back.raw, &[]),
         }
@@ -2400,8 +2409,8 @@ impl PoolInner {
             keys.insert(c.raw.key());
         });
         if let Some(reg) = &self.caches {
-            reg.for_each(|c| {
-                c.for_each_held(k.kind.index(), |c| {
+            reg.for_each_locked(|_, b| {
+                ThreadCache::for_each_held_locked(b, k.kind.index(), |c| {
                     keys.insert(c.raw.key());
                 })
             });
