@@ -173,12 +173,17 @@ impl Segment {
     }
 
     /// Marks the segment as used by work queued on `stream`: its memory is reused only
-    /// after that work has run. A stream of another source is refused with
-    /// [`Error::ForeignHandle`]: its handle would name another stream here, or none, and
-    /// the free would wait on the wrong work. So is a stream of another device: the pool
-    /// could not record the end of its work (events live on one device).
+    /// after that work has run. Call it before queuing that work: memory taken over from a
+    /// region freed on another stream while its work was still queued
+    /// ([`Pool::alloc_device_on`]) has `stream` wait for that work first, as the pool's
+    /// own copies and fills do (the runtime's error if it cannot, and nothing noted). A
+    /// stream of another source is refused with [`Error::ForeignHandle`]: its handle would
+    /// name another stream here, or none, and the free would wait on the wrong work. So is
+    /// a stream of another device: the pool could not record the end of its work (events
+    /// live on one device).
     pub fn record_stream(&self, stream: &Stream) -> Result<()> {
         stream.belongs_to(self.source(), self.pool().config.device)?;
+        self.settle_for_stream(stream.handle)?;
         self.note_stream(stream.handle);
         Ok(())
     }

@@ -855,3 +855,33 @@ fn a_dropped_pool_reports_held_regions_not_pending_frees() {
     hold.release();
     drop((held, stream));
 }
+
+/// Work a caller queues itself on a second stream, after `record_stream`, on memory taken
+/// over behind the first stream's queued work runs after that work: `record_stream` has the
+/// stream wait for the previous owner's work, as the pool's own copies and fills do.
+#[test]
+fn record_stream_orders_the_callers_own_work_after_the_previous_owner() {
+    let sim = sim(1 << 30);
+    let pool = pool_over(&sim);
+    let (first, second) = (pool.create_stream().unwrap(), pool.create_stream().unwrap());
+    let hold = sim.hold_stream(first.handle()).unwrap();
+    let mut old = pool.alloc_device_on(LEN, &first).unwrap();
+    pool.memset_async(&mut old, 0, 0xAA, LEN, &first).unwrap(); // queued behind the hold
+    let addr = old.addr();
+    drop(old);
+    let new = pool.alloc_device_on(LEN, &first).unwrap();
+    assert_eq!(new.addr(), addr, "taken over at once on the same stream");
+    new.record_stream(&second).unwrap();
+    // The caller's own work on the second stream (a kernel, say), straight to the runtime.
+    // SAFETY: `new` is a live region of LEN bytes at `addr`; the fill stays inside it.
+    unsafe { sim.memset_async(addr, LEN, 0xBB, LEN, second.handle()) }.unwrap();
+    hold.release();
+    second.synchronize().unwrap();
+    first.synchronize().unwrap();
+    assert!(
+        read(&pool, &new).iter().all(|&b| b == 0xBB),
+        "the previous owner's fill ran after the new owner's"
+    );
+    drop(new);
+    every_free_completes(&pool);
+}
