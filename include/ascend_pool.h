@@ -176,7 +176,8 @@ ap_status ap_free(ap_pool pool, ap_region region);
 ap_status ap_region_get_info(ap_pool pool, ap_region region, ap_region_info *out);
 /* The bytes of a host region, once every stream with work queued on it has run that work. */
 ap_status ap_host_ptr(ap_pool pool, ap_region region, void **out);
-/* Marks a region as used by work the caller queues on `stream` itself. */
+/* Marks a region as used by work the caller queues on `stream` itself; call it before queuing
+ * that work: memory ap_alloc_on took over behind another stream's work has `stream` wait for it. */
 ap_status ap_record_stream(ap_pool pool, ap_region region, ap_stream stream);
 
 /* Synchronous copies and fills: they wait for streams with work queued on the regions first.
