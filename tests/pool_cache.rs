@@ -473,3 +473,21 @@ mod races {
         assert!(bad.is_none(), "after {calls} checks: {}", bad.unwrap());
     }
 }
+
+/// The same for segments too large for the thread caches, which go to the shape slots:
+/// a slot never hands a segment carved without padding to a request that needs it.
+#[test]
+fn a_slot_never_serves_a_padded_request_an_unpadded_segment() {
+    let pool = pool();
+    for len in [1 << 20, 8 << 20] {
+        let unpadded = pool
+            .alloc_device_kind(MemKind::Device(MallocPolicy::Huge1gOnly), len)
+            .unwrap();
+        assert_eq!(footprint_at(&pool, unpadded.addr()), len);
+        drop(unpadded);
+        let padded = pool.alloc_device(len).unwrap();
+        assert_eq!(footprint_at(&pool, padded.addr()), len + 64, "len {len}");
+        drop(padded);
+        pool.validate().unwrap();
+    }
+}

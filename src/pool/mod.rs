@@ -1136,9 +1136,15 @@ impl PoolInner {
         self.ours()?;
         if known.is_none() && self.slots_on {
             let key = shapes::shape_key(len, align);
-            if let Some(c) =
-                self.shapes[kind.index()].take(key, |c| c.raw.len == len && c.raw.align() == align)
-            {
+            // Policies of one kind differ in padding: a segment carved without it has no
+            // room for a request that needs it (the thread caches compare footprints too).
+            let fits = |c: &OwnedSegment| {
+                c.raw.len == len
+                    && c.raw.align() == align
+                    && crate::align::footprint_of(len, self.padding(kind), align)
+                        .is_some_and(|f| c.raw.footprint() >= f)
+            };
+            if let Some(c) = self.shapes[kind.index()].take(key, fits) {
                 return Ok(c);
             }
         }
