@@ -191,7 +191,7 @@ pub enum Error {
     Corruption {
         /// The memory kind.
         kind: MemKind,
-        /// Offset of the segment in its chunk.
+        /// Offset of the segment from its chunk's address.
         offset: u64,
         /// Requested length of the segment.
         len: u64,

@@ -401,6 +401,11 @@ impl Pool {
     }
 
     /// Device memory of one of the device kinds (`Device`, `DeviceAlign32`, `Cached`).
+    ///
+    /// The allocation policy is the pool's ([`PoolConfig::policy`](crate::PoolConfig::policy)),
+    /// whatever `kind` names: every chunk of a kind comes from the source under it, and so
+    /// does the carve rule (the 32 bytes of padding, or none under the 1 GiB-page
+    /// policies); the region's [`kind`](Region::kind) says so.
     pub fn alloc_device_kind(&self, kind: MemKind, len: u64) -> Result<DeviceRegion> {
         if matches!(kind, MemKind::Dvpp | MemKind::Host) {
             return Err(Error::WrongKind {
@@ -527,6 +532,15 @@ impl Pool {
         stream.belongs_to(self.source(), self.config().device)
     }
 
+    /// For work queued on `stream` (already checked to be this pool's): a region of
+    /// another source, or of another device of this one, is refused with
+    /// [`Error::ForeignHandle`], as [`Segment::record_stream`] refuses it: its free could
+    /// not fence the stream (events live on one device).
+    fn on_our_stream(&self, r: &impl Region, stream: &Stream) -> Result<()> {
+        let seg = r.segment();
+        stream.belongs_to(seg.source(), seg.pool().config.device)
+    }
+
     pub(crate) fn same_source(&self, r: &impl Region) -> Result<()> {
         if Arc::ptr_eq(r.segment().pool(), &self.inner)
             || Arc::ptr_eq(r.segment().source(), self.source())
@@ -615,8 +629,8 @@ impl Pool {
     /// at least must be device memory: the runtime does no asynchronous copy within the host
     /// (two host regions: [`Error::WrongKind`]; use [`Pool::copy`]). Both regions
     /// are recorded on the stream, so dropping either before the copy has run is safe: its
-    /// memory is reused only after the stream passes the copy. A stream of another source,
-    /// or of another device, is refused with [`Error::ForeignHandle`].
+    /// memory is reused only after the stream passes the copy. A stream or a region of
+    /// another source, or of another device, is refused with [`Error::ForeignHandle`].
     pub fn copy_async(
         &self,
         dst: &mut impl AsyncCopySafe,
@@ -627,8 +641,8 @@ impl Pool {
         stream: &Stream,
     ) -> Result<()> {
         self.own_stream(stream)?;
-        self.same_source(dst)?;
-        self.same_source(src)?;
+        self.on_our_stream(dst, stream)?;
+        self.on_our_stream(src, stream)?;
         check_bounds(dst_offset, len, dst.len())?;
         check_bounds(src_off, len, src.len())?;
         if !dst.kind().is_device() && !src.kind().is_device() {
@@ -677,8 +691,8 @@ impl Pool {
         }
     }
 
-    /// Queues a fill on `stream`; the region is recorded on the stream. A stream of another
-    /// source is refused with [`Error::ForeignHandle`].
+    /// Queues a fill on `stream`; the region is recorded on the stream. A stream or a region
+    /// of another source, or of another device, is refused with [`Error::ForeignHandle`].
     pub fn memset_async(
         &self,
         dst: &mut impl AsyncCopySafe,
@@ -688,7 +702,7 @@ impl Pool {
         stream: &Stream,
     ) -> Result<()> {
         self.own_stream(stream)?;
-        self.same_source(dst)?;
+        self.on_our_stream(dst, stream)?;
         check_bounds(offset, len, dst.len())?;
         dst.segment().settle_for_stream(stream.handle)?;
         dst.segment().note_stream(stream.handle);

@@ -570,3 +570,46 @@ fn a_cached_segment_that_cannot_be_rearmed_counts_one_allocation() {
     );
     drop(r);
 }
+
+// Used to queue device 1's memory on a device-0 stream: `copy_async` and `memset_async`
+// checked the stream's device but not the regions', which `record_stream` refuses (the free
+// could not fence the stream: events live on one device).
+#[test]
+fn async_work_on_a_region_of_another_device_is_refused() {
+    let sim = Arc::new(SimSource::new(SimConfig::default().with_devices(2)).unwrap());
+    let p0 = Pool::new(
+        Arc::clone(&sim) as Arc<dyn BlockSource>,
+        PoolConfig::default(),
+    )
+    .unwrap();
+    let p1 = Pool::new(
+        Arc::clone(&sim) as Arc<dyn BlockSource>,
+        PoolConfig {
+            device: 1,
+            ..PoolConfig::default()
+        },
+    )
+    .unwrap();
+    let s0 = p0.create_stream().unwrap();
+    let mut a = p0.alloc_device(4096).unwrap();
+    let mut b = p1.alloc_device(4096).unwrap();
+    assert!(matches!(b.record_stream(&s0), Err(Error::ForeignHandle)));
+    for r in [
+        p0.copy_async(&mut a, 0, &b, 0, 4096, &s0),
+        p0.copy_async(&mut b, 0, &a, 0, 4096, &s0),
+        p0.memset_async(&mut b, 0, 7, 4096, &s0),
+    ] {
+        assert!(matches!(r, Err(Error::ForeignHandle)), "{r:?}");
+    }
+    // Nothing was queued or noted: both frees complete at once.
+    drop((a, b));
+    for p in [&p0, &p1] {
+        assert_eq!(p.stats(MemKind::DEVICE).pending_frees, 0);
+        p.validate().unwrap();
+    }
+    assert_eq!(
+        sim.stats()
+            .calls(ascend_pool::source::sim::AclFunc::MemcpyAsync),
+        0
+    );
+}

@@ -22,28 +22,33 @@ fn footprint_at(pool: &Pool, addr: usize) -> u64 {
         .expect("the segment is live")
 }
 
+/// A device request naming another allocation policy gets the pool's, and its carve rule:
+/// the chunk under it came from the source under the pool's policy. So a segment of one
+/// kind always has the padding its block asks for, from the thread cache, a shape slot or
+/// the kind (sizes below, within and past the thread caches' range).
 #[test]
-fn an_unpadded_segment_is_not_reused_for_a_padded_request() {
-    let pool = pool();
-    // 1 GiB-page policies add no padding: 64 bytes take 64; the pool's policy takes 128.
-    let unpadded = pool
-        .alloc_device_kind(MemKind::Device(MallocPolicy::Huge1gOnly), 64)
-        .unwrap();
-    let addr = unpadded.addr();
-    assert_eq!(footprint_at(&pool, addr), 64);
-    drop(unpadded);
-    let padded = pool.alloc_device(64).unwrap();
-    assert_eq!(footprint_at(&pool, padded.addr()), 128);
-    // The other way round is fine: a padded segment has room for an unpadded request.
-    let a = padded.addr();
-    drop(padded);
-    let reused = pool
-        .alloc_device_kind(MemKind::Device(MallocPolicy::Huge1gOnly), 64)
-        .unwrap();
-    assert_eq!(reused.addr(), a, "served from the thread cache");
-    assert!(footprint_at(&pool, a) >= 64);
-    drop(reused);
-    pool.validate().unwrap();
+fn a_device_request_takes_the_pools_policy_and_its_padding() {
+    let huge1g = MemKind::Device(MallocPolicy::Huge1gOnly);
+    let unpadded = Pool::new(
+        Arc::new(SimSource::default()),
+        PoolConfig::parse("policy:huge1g_only").unwrap(),
+    )
+    .unwrap();
+    for (pool, padding, kind) in [(pool(), 64, MemKind::DEVICE), (unpadded, 0, huge1g)] {
+        for len in [64, 1 << 20, 8 << 20] {
+            for asked in [MemKind::DEVICE, huge1g, MemKind::DEVICE] {
+                let r = pool.alloc_device_kind(asked, len).unwrap();
+                assert_eq!(r.kind(), kind);
+                assert_eq!(
+                    footprint_at(&pool, r.addr()),
+                    len + padding,
+                    "{len} bytes asked as {asked:?} in a pool of {kind:?}"
+                );
+                drop(r); // into a cache or slot, for the next one
+            }
+        }
+        pool.validate().unwrap();
+    }
 }
 
 #[test]
@@ -471,23 +476,5 @@ mod races {
     fn validate_passes_while_threads_hand_regions_to_each_other() {
         let (bad, calls) = hand_over_while(|pool| pool.validate().err().map(|e| e.to_string()));
         assert!(bad.is_none(), "after {calls} checks: {}", bad.unwrap());
-    }
-}
-
-/// The same for segments too large for the thread caches, which go to the shape slots:
-/// a slot never hands a segment carved without padding to a request that needs it.
-#[test]
-fn a_slot_never_serves_a_padded_request_an_unpadded_segment() {
-    let pool = pool();
-    for len in [1 << 20, 8 << 20] {
-        let unpadded = pool
-            .alloc_device_kind(MemKind::Device(MallocPolicy::Huge1gOnly), len)
-            .unwrap();
-        assert_eq!(footprint_at(&pool, unpadded.addr()), len);
-        drop(unpadded);
-        let padded = pool.alloc_device(len).unwrap();
-        assert_eq!(footprint_at(&pool, padded.addr()), len + 64, "len {len}");
-        drop(padded);
-        pool.validate().unwrap();
     }
 }

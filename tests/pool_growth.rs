@@ -413,3 +413,37 @@ fn freeing_a_dedicated_region_keeps_the_empty_chunks_under_the_threshold() {
     drop(again);
     pool.validate().unwrap();
 }
+
+/// A snapshot's segment offsets are from their chunk's address, also in a chunk whose
+/// engine starts past its block's first address to meet a large alignment: chunk address
+/// plus offset is the segment's address (the pool-state picture draws from that).
+#[test]
+fn snapshot_offsets_count_from_the_chunks_address_in_over_aligned_chunks() {
+    let pool = pool();
+    let mut keep = Vec::new();
+    for align in [4 * MIB, 16 * MIB, 64 * MIB] {
+        keep.push(pool.alloc_device_aligned(70 * MIB, align).unwrap());
+        keep.push(pool.alloc_device_aligned(MIB, align).unwrap());
+    }
+    let snap = pool.snapshot();
+    let mut skipped = 0;
+    for c in snap.kinds.iter().flat_map(|k| &k.chunks) {
+        for s in &c.segments {
+            assert_eq!(
+                s.addr,
+                c.addr + s.offset as usize,
+                "chunk {:#x}: {s:?}",
+                c.addr
+            );
+            assert!(
+                s.offset + s.footprint <= c.size,
+                "chunk {:#x}: {s:?}",
+                c.addr
+            );
+        }
+        skipped += usize::from(c.segments.iter().all(|s| s.offset > 0));
+    }
+    assert!(skipped > 0, "no chunk started past its block: {snap:#?}");
+    drop(keep);
+    pool.validate().unwrap();
+}

@@ -286,6 +286,11 @@ fn a_debug_allocation_that_fails_is_neither_counted_nor_recorded() {
         (0, 0, 0),
         "{st:?}"
     );
+    assert_eq!(
+        (st.peak_allocated_bytes, st.peak_requested_bytes),
+        (0, 0),
+        "the peaks saw a segment never handed out: {st:?}"
+    );
     // The next one is recorded, once.
     let r = pool.alloc_device(100).unwrap();
     pool.flush_record().unwrap();

@@ -149,6 +149,13 @@ impl KindStats {
             cached_regions: 0,
         }
     }
+
+    /// Raises the peaks to the current allocated and requested bytes.
+    #[inline]
+    fn raise_peaks(&mut self) {
+        self.peak_allocated_bytes = self.peak_allocated_bytes.max(self.allocated_bytes);
+        self.peak_requested_bytes = self.peak_requested_bytes.max(self.requested_bytes);
+    }
 }
 
 /// One live segment in a snapshot or leak report.
@@ -158,7 +165,7 @@ pub struct SegmentInfo {
     pub kind: MemKind,
     /// Address of the segment.
     pub addr: usize,
-    /// Offset in its chunk.
+    /// Offset from its chunk's address ([`ChunkInfo::addr`]).
     pub offset: u64,
     /// Requested bytes.
     pub len: u64,
@@ -233,11 +240,17 @@ struct LiveEntry {
 }
 
 impl LiveEntry {
-    fn info(&self, kind: MemKind, cached: bool) -> SegmentInfo {
+    /// Its offset from the start of its chunk's block ([`ChunkInfo::addr`]), which an
+    /// over-aligned chunk's engine does not start at.
+    fn chunk_offset(&self, k: &KindPool) -> u64 {
+        (self.addr - k.chunks[self.chunk].block.addr) as u64
+    }
+
+    fn info(&self, k: &KindPool, cached: bool) -> SegmentInfo {
         SegmentInfo {
-            kind,
+            kind: k.kind,
             addr: self.addr,
-            offset: self.alloc.offset(),
+            offset: self.chunk_offset(k),
             len: self.alloc.len(),
             footprint: self.alloc.footprint(),
             pending: self.pending,
@@ -809,7 +822,7 @@ impl Pool {
             let cached = self.inner.cached_keys(&k);
             for (key, e) in k.live.iter() {
                 if !cached.contains(&key) {
-                    out.push(e.info(k.kind, false));
+                    out.push(e.info(&k, false));
                 }
             }
         }
@@ -861,7 +874,7 @@ impl Pool {
                 .collect();
             for (key, e) in k.live.iter() {
                 if let Some((_, info)) = chunks.iter_mut().find(|(id, _)| *id == e.chunk) {
-                    info.segments.push(e.info(k.kind, cached.contains(&key)));
+                    info.segments.push(e.info(&k, cached.contains(&key)));
                 }
             }
             let mut chunks: Vec<ChunkInfo> = chunks.into_iter().map(|(_, c)| c).collect();
@@ -1080,12 +1093,15 @@ impl PoolInner {
         Ok(CarveRule::new(self.padding(kind), align)?)
     }
 
-    /// Padding after each segment of `kind` (none under the policies that add none).
+    /// Padding after each segment of `kind`: none for a device kind when the pool's policy
+    /// adds none. The pool's policy, not the one a request names: every device chunk comes
+    /// from the source under the pool's policy, and the carve rule is that block's.
     #[inline]
     fn padding(&self, kind: MemKind) -> u64 {
-        match kind.policy() {
-            Some(p) if p.has_no_padding() => 0,
-            _ => self.config.padding,
+        if kind.policy().is_some() && self.config.policy.has_no_padding() {
+            0
+        } else {
+            self.config.padding
         }
     }
 
@@ -1136,15 +1152,10 @@ impl PoolInner {
         self.ours()?;
         if known.is_none() && self.slots_on {
             let key = shapes::shape_key(len, align);
-            // Policies of one kind differ in padding: a segment carved without it has no
-            // room for a request that needs it (the thread caches compare footprints too).
-            let fits = |c: &OwnedSegment| {
-                c.raw.len == len
-                    && c.raw.align() == align
-                    && crate::align::footprint_of(len, self.padding(kind), align)
-                        .is_some_and(|f| c.raw.footprint() >= f)
-            };
-            if let Some(c) = self.shapes[kind.index()].take(key, fits) {
+            // Length and alignment make the footprint: a kind's padding is the pool's.
+            if let Some(c) =
+                self.shapes[kind.index()].take(key, |c| c.raw.len == len && c.raw.align() == align)
+            {
                 return Ok(c);
             }
         }
@@ -1254,31 +1265,34 @@ impl PoolInner {
         let s = &mut k.stats;
         s.allocated_bytes += alloc.footprint();
         s.requested_bytes += len;
-        s.peak_allocated_bytes = s.peak_allocated_bytes.max(s.allocated_bytes);
-        s.peak_requested_bytes = s.peak_requested_bytes.max(s.requested_bytes);
         s.live_regions += 1;
         s.allocations += 1;
-        self.note_free(&k);
-        if let Some(r) = self.recorder.as_ref().filter(|_| !self.config.debug) {
-            // Under the kind lock, so the free that released this address is written first.
-            r.alloc(kind, addr, len, align);
-        }
-        drop(k);
-        if self.config.debug {
-            // SAFETY: [addr, addr + footprint) is the segment just carved from a live block
-            // of this source; nothing else uses it yet.
-            if let Err(e) = unsafe { self.arm_canary(addr, len, alloc.footprint()) } {
-                // The caller gets no region: take the segment back rather than lose it, and
-                // count neither an allocation nor a free (nor record either).
-                let mut k = self.kinds[kind.index()].lock();
-                self.finish_free(&mut k, key, false);
-                k.stats.allocations -= 1;
-                return Err(e);
-            }
+        if !self.config.debug {
+            s.raise_peaks();
+            self.note_free(&k);
             if let Some(r) = &self.recorder {
-                // The address is this call's until it returns: no free of it can come first.
+                // Under the kind lock, so the free that released this address is written first.
                 r.alloc(kind, addr, len, align);
             }
+            return Ok(RawSegment::new(kind, addr, align, key, alloc));
+        }
+        self.note_free(&k);
+        drop(k);
+        // SAFETY: [addr, addr + footprint) is the segment just carved from a live block of
+        // this source; nothing else uses it yet.
+        let armed = unsafe { self.arm_canary(addr, len, alloc.footprint()) };
+        let mut k = self.kinds[kind.index()].lock();
+        if let Err(e) = armed {
+            // The caller gets no region: take the segment back rather than lose it, and
+            // count neither an allocation nor a free (nor record either); the peaks never
+            // saw it.
+            self.finish_free(&mut k, key, false);
+            k.stats.allocations -= 1;
+            return Err(e);
+        }
+        k.stats.raise_peaks();
+        if let Some(r) = &self.recorder {
+            r.alloc(kind, addr, len, align);
         }
         Ok(RawSegment::new(kind, addr, align, key, alloc))
     }
@@ -1956,7 +1970,7 @@ impl PoolInner {
         // it, so stopping here would lose it for good.
         let overrun =
             if self.config.debug && !(streams.is_empty() && self.cacheable(seg.footprint())) {
-                let offset = k.live.get(seg.key()).map(|e| e.alloc.offset());
+                let offset = k.live.get(seg.key()).map(|e| e.chunk_offset(&k));
                 self.check_canary(seg, offset).err()
             } else {
                 None
@@ -2107,11 +2121,8 @@ impl PoolInner {
         }
         if let Some(i) = buf.iter().position(|&b| b != CANARY) {
             let offset = offset.unwrap_or_else(|| {
-                self.kinds[seg.kind.index()]
-                    .lock()
-                    .live
-                    .get(seg.key())
-                    .map_or(0, |e| e.alloc.offset())
+                let k = self.kinds[seg.kind.index()].lock();
+                k.live.get(seg.key()).map_or(0, |e| e.chunk_offset(&k))
             });
             let err = Error::Corruption {
                 kind: seg.kind,
