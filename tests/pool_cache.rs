@@ -317,7 +317,7 @@ mod races {
 
     /// Regions freed on other threads while the pool's last handle drops never land in a
     /// cache after the drop flushed them: every block is back once the regions are gone,
-    /// while those threads live on. (Before, 1 trial in about 700 left a segment in a
+    /// while those threads live on. (Before, 1 trial in 200 to 700 left a segment in a
     /// cache, whose anchor held every chunk until the thread exited.)
     #[test]
     fn a_pool_dropped_while_threads_free_gives_every_chunk_back() {
