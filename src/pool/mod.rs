@@ -1267,31 +1267,25 @@ impl PoolInner {
         s.requested_bytes += len;
         s.live_regions += 1;
         s.allocations += 1;
-        if !self.config.debug {
-            s.raise_peaks();
-            self.note_free(&k);
-            if let Some(r) = &self.recorder {
-                // Under the kind lock, so the free that released this address is written first.
-                r.alloc(kind, addr, len, align);
-            }
-            return Ok(RawSegment::new(kind, addr, align, key, alloc));
-        }
         self.note_free(&k);
-        drop(k);
-        // SAFETY: [addr, addr + footprint) is the segment just carved from a live block of
-        // this source; nothing else uses it yet.
-        let armed = unsafe { self.arm_canary(addr, len, alloc.footprint()) };
-        let mut k = self.kinds[kind.index()].lock();
-        if let Err(e) = armed {
-            // The caller gets no region: take the segment back rather than lose it, and
-            // count neither an allocation nor a free (nor record either); the peaks never
-            // saw it.
-            self.finish_free(&mut k, key, false);
-            k.stats.allocations -= 1;
-            return Err(e);
+        if self.config.debug {
+            drop(k);
+            // SAFETY: [addr, addr + footprint) is the segment just carved from a live block
+            // of this source; nothing else uses it yet.
+            let armed = unsafe { self.arm_canary(addr, len, alloc.footprint()) };
+            k = self.kinds[kind.index()].lock();
+            if let Err(e) = armed {
+                // The caller gets no region: take the segment back rather than lose it, and
+                // count neither an allocation nor a free (nor record either); the peaks never
+                // saw it.
+                self.finish_free(&mut k, key, false);
+                k.stats.allocations -= 1;
+                return Err(e);
+            }
         }
         k.stats.raise_peaks();
         if let Some(r) = &self.recorder {
+            // Under the kind lock, so the free that released this address is written first.
             r.alloc(kind, addr, len, align);
         }
         Ok(RawSegment::new(kind, addr, align, key, alloc))
