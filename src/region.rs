@@ -182,10 +182,17 @@ impl Segment {
     /// a stream of another device: the pool could not record the end of its work (events
     /// live on one device).
     pub fn record_stream(&self, stream: &Stream) -> Result<()> {
-        stream.belongs_to(self.source(), self.pool().config.device)?;
+        self.takes_stream(stream)?;
         self.settle_for_stream(stream.handle)?;
         self.note_stream(stream.handle);
         Ok(())
+    }
+
+    /// Whether work on `stream` may use the segment: a stream of this source and of the
+    /// pool's device ([`Error::ForeignHandle`] otherwise, see
+    /// [`record_stream`](Self::record_stream)).
+    pub(crate) fn takes_stream(&self, stream: &Stream) -> Result<()> {
+        stream.belongs_to(self.source(), self.pool().config.device)
     }
 
     /// [`record_stream`](Self::record_stream) for a stream already checked to be this
@@ -532,15 +539,6 @@ impl Pool {
         stream.belongs_to(self.source(), self.config().device)
     }
 
-    /// For work queued on `stream` (already checked to be this pool's): a region of
-    /// another source, or of another device of this one, is refused with
-    /// [`Error::ForeignHandle`], as [`Segment::record_stream`] refuses it: its free could
-    /// not fence the stream (events live on one device).
-    fn on_our_stream(&self, r: &impl Region, stream: &Stream) -> Result<()> {
-        let seg = r.segment();
-        stream.belongs_to(seg.source(), seg.pool().config.device)
-    }
-
     pub(crate) fn same_source(&self, r: &impl Region) -> Result<()> {
         if Arc::ptr_eq(r.segment().pool(), &self.inner)
             || Arc::ptr_eq(r.segment().source(), self.source())
@@ -641,8 +639,8 @@ impl Pool {
         stream: &Stream,
     ) -> Result<()> {
         self.own_stream(stream)?;
-        self.on_our_stream(dst, stream)?;
-        self.on_our_stream(src, stream)?;
+        dst.segment().takes_stream(stream)?;
+        src.segment().takes_stream(stream)?;
         check_bounds(dst_offset, len, dst.len())?;
         check_bounds(src_off, len, src.len())?;
         if !dst.kind().is_device() && !src.kind().is_device() {
@@ -702,7 +700,7 @@ impl Pool {
         stream: &Stream,
     ) -> Result<()> {
         self.own_stream(stream)?;
-        self.on_our_stream(dst, stream)?;
+        dst.segment().takes_stream(stream)?;
         check_bounds(offset, len, dst.len())?;
         dst.segment().settle_for_stream(stream.handle)?;
         dst.segment().note_stream(stream.handle);
