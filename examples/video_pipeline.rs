@@ -39,9 +39,26 @@ fn infer(
 }
 
 fn main() -> ascend_pool::Result<()> {
-    let mut args = std::env::args().skip(1);
-    let channels: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(8);
-    let frames: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(120);
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    // A mistyped count runs nothing rather than the defaults, so a figure is never of a run
+    // other than the one asked for.
+    let count = |i: usize, default: u64| {
+        match args.get(i) {
+        None => Ok(default),
+        Some(a) => a.parse::<u64>().ok().filter(|&n| n > 0).ok_or_else(|| {
+            ascend_pool::Error::Config(format!(
+                "`{a}` is not a positive count; usage: video_pipeline [channels] [frames per channel]"
+            ))
+        }),
+    }
+    };
+    if args.len() > 2 {
+        return Err(ascend_pool::Error::Config(
+            "usage: video_pipeline [channels] [frames per channel]".into(),
+        ));
+    }
+    let channels = count(0, 8)?;
+    let frames = count(1, 120)?;
     let pool = Arc::new(Pool::new(
         Arc::new(SimSource::default()),
         PoolConfig::from_env()?,
