@@ -1,7 +1,8 @@
 //! Property tests of whole-pool sequences on the simulator: random allocations of every
 //! kind, data written synchronously and through async copies from pinned staging buffers
 //! that are dropped while the copy is queued, random frees — every region's bytes are read
-//! back and compared with a shadow copy, and `validate()` passes after every step.
+//! back and compared with a shadow copy, and `validate()` passes after every step; each
+//! sequence runs under one of several configurations (tier, padding, canaries, caches).
 
 use ascend_pool::region::{DeviceRegion, DvppRegion, HostRegion, Region};
 use ascend_pool::source::sim::{SimConfig, SimSource};
@@ -79,13 +80,20 @@ fn read(pool: &Pool, r: &Any) -> Vec<u8> {
     out
 }
 
-fn run(ops: Vec<Op>) {
+/// The configurations each sequence may run under: the default, the buddy tier, canaries
+/// in the padding, no padding (newer SoCs), and no thread caches or shape slots.
+const CONFIGS: [&str; 5] = [
+    "",
+    "range:buddy",
+    "debug:1",
+    "padding:0,range:buddy",
+    "thread_cache:off",
+];
+
+fn run(conf: &str, ops: Vec<Op>) {
     let sim = SimSource::new(SimConfig::default().with_copy_bandwidth(4_000_000_000)).unwrap();
-    let pool = Pool::new(
-        Arc::new(sim),
-        PoolConfig::default().with_chunk_size(8 << 20),
-    )
-    .unwrap();
+    let config = PoolConfig::parse(&format!("chunk_size:8m,{conf}")).unwrap();
+    let pool = Pool::new(Arc::new(sim), config).unwrap();
     let stream = pool.create_stream().unwrap();
     let mut live: Vec<(Any, Vec<u8>)> = Vec::new();
     for op in ops {
@@ -142,6 +150,8 @@ fn run(ops: Vec<Op>) {
     pool.trim();
     pool.validate().unwrap();
     assert!(pool.leak_report().is_empty());
+    // Every write stayed inside its region: no canary (debug) was touched.
+    assert_eq!(pool.take_corruption_reports(), vec![]);
     for s in pool.all_stats() {
         assert_eq!((s.reserved_bytes, s.live_regions), (0, 0), "{:?}", s.kind);
     }
@@ -151,7 +161,10 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: cases(24), ..ProptestConfig::default() })]
 
     #[test]
-    fn pool_sequences_keep_data_intact(ops in prop::collection::vec(op(), 1..120)) {
-        run(ops);
+    fn pool_sequences_keep_data_intact(
+        conf in prop::sample::select(&CONFIGS[..]),
+        ops in prop::collection::vec(op(), 1..120),
+    ) {
+        run(conf, ops);
     }
 }
