@@ -676,7 +676,8 @@ impl Pool {
         Ok(Self { inner, anchors })
     }
 
-    /// A pool over the simulator with the configuration in `ASCEND_POOL_CONF`.
+    /// A pool over `source` with the configuration in `ASCEND_POOL_CONF` (see
+    /// [`PoolConfig::from_env`]).
     pub fn from_env(source: Arc<dyn BlockSource>) -> Result<Self> {
         Self::new(source, PoolConfig::from_env()?)
     }
