@@ -256,6 +256,17 @@ fn temporary_file() -> std::io::Result<File> {
     }
 }
 
+/// What the backends of one trace's replays are built from, kept over its rounds.
+struct Backends<'a> {
+    pool_config: &'a PoolConfig,
+    pool_source: ReplaySource,
+    /// rlsf's factory keeps each kind's region mapped, its header pages faulted in, for the
+    /// next replay: one factory for every round, so that the rounds after the first (which
+    /// have no warm-up pass) find them warm too, as the other backends find their heap.
+    /// A factory per round gave rlsf fresh regions, and every later round a cold p99.
+    rlsf: RlsfFactory,
+}
+
 /// Replays `input` through `backend` `passes` times with one factory (the last pass is
 /// reported), advancing `bar` by bytes read.
 fn replay_one(
@@ -264,8 +275,7 @@ fn replay_one(
     config: TraceConfig,
     passes: u32,
     bar: &ProgressBar,
-    pool_config: &PoolConfig,
-    pool_source: ReplaySource,
+    backends: &Backends<'_>,
 ) -> std::io::Result<ReplayReport> {
     fn go<F: ReplayerFactory>(
         input: &TraceInput,
@@ -298,16 +308,16 @@ fn replay_one(
     };
     match backend {
         Backend::Pool => {
-            let factory = PoolFactory::new(pool_config.clone(), config.device_size)
+            let factory = PoolFactory::new(backends.pool_config.clone(), config.device_size)
                 .map_err(std::io::Error::other)?
-                .with_source(pool_source);
+                .with_source(backends.pool_source);
             go(input, config, &factory, passes, bar)
         }
         Backend::Carve => go(input, config, &engine(RangeTier::Tlsf), passes, bar),
         Backend::CarveBuddy => go(input, config, &engine(RangeTier::Buddy), passes, bar),
         Backend::CarveLocked => go(input, config, &LockedEngineFactory::default(), passes, bar),
         Backend::OffsetAllocator => go(input, config, &OffsetAllocatorFactory, passes, bar),
-        Backend::Rlsf => go(input, config, &RlsfFactory::default(), passes, bar),
+        Backend::Rlsf => go(input, config, &backends.rlsf, passes, bar),
         Backend::Buddy => go(input, config, &BuddyFactory, passes, bar),
     }
 }
@@ -456,6 +466,11 @@ fn run_replay(args: &ReplayArgs) -> ExitCode {
         // Round-robin: every backend once per round. Only the first round warms up (the
         // process is warm after it) and records the lead's pictures.
         let mut rounds: Vec<Vec<ReplayReport>> = vec![Vec::new(); backends.len()];
+        let factories = Backends {
+            pool_config: &pool_config,
+            pool_source: args.source.into(),
+            rlsf: RlsfFactory::default(),
+        };
         let mut failure = None;
         'rounds: for round in 0..args.rounds {
             for (i, &b) in backends.iter().enumerate() {
@@ -464,7 +479,7 @@ fn run_replay(args: &ReplayArgs) -> ExitCode {
                     (0, false) => (config, passes),
                     _ => (config, 1),
                 };
-                match replay_one(&input, b, c, p, &bar, &pool_config, args.source.into()) {
+                match replay_one(&input, b, c, p, &bar, &factories) {
                     Ok(r) => rounds[i].push(r),
                     Err(e) => {
                         failure = Some(e);
