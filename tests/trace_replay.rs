@@ -786,3 +786,32 @@ fn later_rounds_find_rlsf_warm() {
     );
 }
 
+/// `--device-size` takes 1 byte and up: a replay the pool does not take part in (`--ranges`,
+/// a peer as lead) runs on a device smaller than the pool's first chunk, and reports what did
+/// not fit, instead of refusing to start because the pool could not be built on it.
+#[test]
+fn a_device_too_small_for_the_pool_still_replays_ranges() {
+    let dir = temp_dir("small-device");
+    let p = write_trace(&dir, "hand.jsonl", HAND_TRACE);
+    for lead in [["--ranges"].as_slice(), &["--engine", "offset-allocator"]] {
+        let mut args = vec![p.as_os_str()];
+        args.extend(
+            ["--json", "--device-size", "1048576"]
+                .iter()
+                .chain(lead)
+                .map(std::ffi::OsStr::new),
+        );
+        let out = run(&args);
+        assert!(out.status.success(), "{lead:?}: {out:?}");
+        let v = json_of(&out);
+        // The 3 MB frame does not fit 1 MiB (so its free names an unknown id); the other
+        // eight events replay.
+        assert_eq!(v["errors"]["size_too_large"], 1, "{lead:?}");
+        assert_eq!(v["errors"]["unknown_id"], 1, "{lead:?}");
+        assert_eq!(v["ops"], 8, "{lead:?}");
+    }
+    // The pool itself still needs a device it can take a chunk from.
+    let out = run(&[p.as_os_str(), "--device-size".as_ref(), "1048576".as_ref()]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot build the pool"));
+}

@@ -393,11 +393,6 @@ fn run_replay(args: &ReplayArgs) -> ExitCode {
         Ok(c) => c,
         Err(e) => return usage_error(&format!("--pool-conf: {e}")),
     };
-    let factory = PoolFactory::new(pool_config.clone(), args.device_size)
-        .map(|f| f.with_source(args.source.into()));
-    if let Err(e) = factory.and_then(|f| f.check()) {
-        return usage_error(&format!("cannot build the pool: {e}"));
-    }
     let pictures = args.svg_state.is_some() || args.svg_timeline.is_some();
     if pictures && args.traces.len() != 1 {
         return usage_error("--svg-state and --svg-timeline take exactly one trace");
@@ -417,6 +412,15 @@ fn run_replay(args: &ReplayArgs) -> ExitCode {
     } else {
         vec![lead]
     };
+    // A configuration the pool refuses is a usage error whoever runs; whether the source
+    // serves it is asked only when the pool runs: `--ranges` and the peers take any device
+    // size, down to one the pool's first chunk does not fit.
+    let pool_runs = backends.contains(&Backend::Pool);
+    let factory = PoolFactory::new(pool_config.clone(), args.device_size)
+        .map(|f| f.with_source(args.source.into()));
+    if let Err(e) = factory.and_then(|f| if pool_runs { f.check() } else { Ok(()) }) {
+        return usage_error(&format!("cannot build the pool: {e}"));
+    }
 
     let passes = if args.cold { 1 } else { 2 };
     let show_bar = progress_wanted(args.json, std::io::stderr().is_terminal());
