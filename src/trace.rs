@@ -603,8 +603,9 @@ pub trait ReplayerFactory {
 /// The shadow model behind [`TraceConfig::check_placement`]: live segments per kind.
 #[derive(Debug, Default)]
 struct PlacementCheck {
-    /// Start -> end of every live segment, per kind.
-    live: [std::collections::BTreeMap<u64, u64>; KIND_COUNT],
+    /// Start -> (end, live segments starting there) per kind: a backend that hands one start
+    /// out twice is told once, and freeing one of the two leaves the other checked.
+    live: [std::collections::BTreeMap<u64, (u64, u32)>; KIND_COUNT],
     /// Highest end handed out, per kind.
     max_end: [u64; KIND_COUNT],
     /// The first few problems, and how many there were.
@@ -645,19 +646,33 @@ impl PlacementCheck {
         let before = self.live[k]
             .range(..=offset)
             .next_back()
-            .map(|(&s, &e)| (s, e));
-        let after = self.live[k].range(offset..).next().map(|(&s, &e)| (s, e));
+            .map(|(&s, &(e, _))| (s, e));
+        // Strictly after: a live segment at `offset` itself is `before`, and is said once.
+        let after = self.live[k]
+            .range((
+                std::ops::Bound::Excluded(offset),
+                std::ops::Bound::Unbounded,
+            ))
+            .next()
+            .map(|(&s, &(e, _))| (s, e));
         for (s, e) in before.into_iter().chain(after) {
             if s < end && offset < e {
                 self.report(format!("{name}: {offset}..{end} overlaps live {s}..{e}"));
             }
         }
-        self.live[k].insert(offset, end);
+        let at = self.live[k].entry(offset).or_insert((end, 0));
+        *at = (at.0.max(end), at.1 + 1);
         self.max_end[k] = self.max_end[k].max(end);
     }
 
     fn free(&mut self, kind: MemKind, offset: u64) {
-        self.live[kind.index()].remove(&offset);
+        let live = &mut self.live[kind.index()];
+        if let Some(at) = live.get_mut(&offset) {
+            at.1 -= 1;
+            if at.1 == 0 {
+                live.remove(&offset);
+            }
+        }
     }
 
     fn finish<R: RangeReplayer>(mut self, ranges: &[Option<R>; KIND_COUNT]) -> Vec<String> {
@@ -1937,6 +1952,16 @@ not json
         assert!(c.problems.is_empty(), "{:?}", c.problems);
         c.alloc(host, 192, 64, 64, Some(192));
         assert_eq!(c.problems, ["host: 192..256 passes the capacity 192"]);
+        // One start handed out twice is one problem, and either copy stays checked after
+        // the other is freed.
+        let mut c = PlacementCheck::default();
+        c.alloc(host, 64, 64, 64, None);
+        c.alloc(host, 64, 64, 64, None);
+        assert_eq!(c.problems, ["host: 64..128 overlaps live 64..128"]);
+        c.free(host, 64);
+        c.alloc(host, 0, 128, 64, None);
+        assert_eq!(c.problems.len(), 2, "{:?}", c.problems);
+        assert_eq!(c.problems[1], "host: 0..128 overlaps live 64..128");
         let hw = |h: u64| {
             let mut ranges: [Option<Fixed>; KIND_COUNT] = Default::default();
             ranges[host.index()] = Some(LIAR);
