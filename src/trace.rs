@@ -836,7 +836,9 @@ pub struct ReplayReport {
     pub peak_required_bytes: u64,
     /// Sum over kinds of each kind's peak reserved bytes.
     pub peak_reserved_bytes: u64,
-    /// `peak_required_bytes / peak_reserved_bytes`.
+    /// `peak_required_bytes / peak_reserved_bytes`. The required bytes are the trace's, so
+    /// a backend that refused allocations (`errors` counts them as out of memory) can read
+    /// above 1: its figure does not compare.
     pub utilization: f64,
     /// Allocation calls to the block source, over every kind: one per range for a plain
     /// range, chunk growth for the pool.

@@ -17,7 +17,9 @@
 //! every backend N times, taking turns, and reports each one's median time over the rounds.
 //!
 //! Exit status: 0 when every trace was read to its end (bad events are counted,
-//! not fatal), 1 when a trace could not be opened or read, 2 on a usage error.
+//! not fatal) and every backend's invariants held, 1 when a trace could not be opened or
+//! read, a backend broke an invariant (`validate()`, or a placement `--check` refuses) or a
+//! picture could not be written, 2 on a usage error.
 
 use std::fs::File;
 use std::io::{BufReader, IsTerminal, Seek, SeekFrom, Write};
@@ -332,6 +334,17 @@ struct TraceResult {
     p50_by_round: Vec<Vec<u64>>,
 }
 
+/// Whether a backend broke an invariant on some trace (`validate()`, a placement `--check`
+/// refused, rounds that disagree on memory): that fails the run, so the replay can gate a
+/// change; the report still says what broke.
+fn broke_an_invariant(results: &[TraceResult]) -> bool {
+    results.iter().any(|r| {
+        r.outcome
+            .as_ref()
+            .is_ok_and(|(_, all)| all.iter().any(|p| !p.invariant_errors.is_empty()))
+    })
+}
+
 /// The lower median of `values` (the middle one of an odd count); 0 when empty.
 fn median(values: &[u64]) -> u64 {
     let mut v = values.to_vec();
@@ -509,7 +522,7 @@ fn run_replay(args: &ReplayArgs) -> ExitCode {
     }
     bar.finish_and_clear();
 
-    let mut failed = results.iter().any(|r| r.outcome.is_err());
+    let mut failed = broke_an_invariant(&results) || results.iter().any(|r| r.outcome.is_err());
     for r in &results {
         if let Err(e) = &r.outcome {
             eprintln!("ascend-pool: cannot read {}: {e}", r.path.display());
@@ -788,6 +801,15 @@ mod tests {
         let (r, _) = combine_rounds(vec![run(20, 20), odd]).unwrap();
         assert_eq!(r.invariant_errors.len(), 1, "{:?}", r.invariant_errors);
         assert!(r.invariant_errors[0].contains("round 2"));
+        // A broken invariant in any backend of any trace fails the run.
+        let result = |peer: ReplayReport| TraceResult {
+            path: PathBuf::from("t.jsonl"),
+            snapshot_at: None,
+            outcome: Ok((run(20, 20), vec![run(20, 20), peer])),
+            p50_by_round: Vec::new(),
+        };
+        assert!(!broke_an_invariant(&[result(run(20, 20))]));
+        assert!(broke_an_invariant(&[result(run(20, 20)), result(r)]));
 
         // Each broken check is said once, whichever rounds it broke in.
         let failing = |errors: &[&str]| {
