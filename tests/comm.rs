@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use ascend_pool::comm::{CommThread, RemoteWindow, WINDOW_GRANULE};
 use ascend_pool::source::sim::{AclFunc, Fault, SimConfig, SimSource};
+use ascend_pool::source::vmm::VmmRuntime;
 use ascend_pool::source::{BlockSource, ChannelHandle, CommThreadHandle};
 use ascend_pool::{AclError, DeviceRegion, Error, Pool, PoolConfig, Region};
 
@@ -593,4 +594,70 @@ fn a_window_goes_with_the_memory_under_it() {
     drop((rank0, rank1));
     assert_eq!(sim.stats().live_blocks, 0);
     assert!(RemoteWindow::of_sim(&sim, channel).unwrap().is_empty());
+}
+
+/// One reservation holding a granule of device `first`'s physical memory and, right after
+/// it, one of device `second`'s: mappings that follow each other, of two ranks.
+fn joined(sim: &SimSource, first: i32, second: i32) -> (usize, impl FnOnce() + '_) {
+    let g = WINDOW_GRANULE;
+    let va = sim.reserve_address(first, 2 * g).unwrap();
+    let a = sim.malloc_physical(first, g).unwrap();
+    let b = sim.malloc_physical(second, g).unwrap();
+    sim.map(va, g, 0, a).unwrap();
+    sim.map(va + g as usize, g, 0, b).unwrap();
+    let undo = move || {
+        for at in [va, va + g as usize] {
+            sim.unmap(at).unwrap();
+        }
+        for h in [a, b] {
+            sim.free_physical(h).unwrap();
+        }
+        sim.release_address(va).unwrap();
+    };
+    (va, undo)
+}
+
+#[test]
+fn a_window_is_memory_of_its_rank_to_its_last_byte() {
+    // Rank 1's granule followed by rank 0's: live device memory throughout, but only its
+    // first half is rank 1's to register.
+    let t = ranks();
+    let (va, undo) = joined(&t.sim, 1, 0);
+    let g = WINDOW_GRANULE;
+    let r = t.sim.register_window(1, va, 2 * g);
+    assert!(matches!(r, Err(Error::Invalid(_))), "{r:?}");
+    t.sim.register_window(1, va, g).unwrap();
+    t.sim.deregister_window(va).unwrap();
+    undo();
+    t.intact();
+}
+
+#[test]
+fn a_write_reads_only_its_ranks_memory() {
+    // A source range that starts in rank 0's memory and runs on into rank 1's: the write
+    // would read the far rank's memory as the near rank's.
+    let t = ranks();
+    let (window, far) = t.window(WINDOW_GRANULE);
+    let (va, undo) = joined(&t.sim, 0, 1);
+    let stream = t.rank0.create_stream().unwrap();
+    let thread = t.rank0.acquire_comm_thread(&stream).unwrap();
+    let straddling = va + WINDOW_GRANULE as usize - 32;
+    // SAFETY: the simulator checks both ranges before it queues the write.
+    let r = unsafe {
+        t.sim
+            .write_on_thread(thread.handle(), far.channel(), far.addr(), straddling, 64)
+    };
+    stream.synchronize().unwrap();
+    assert_eq!(refusal(r), AclError::HCCL_E_PARA);
+    // Within rank 0's granule, the same write is taken.
+    // SAFETY: as above.
+    unsafe {
+        t.sim
+            .write_on_thread(thread.handle(), far.channel(), far.addr(), va, 64)
+    }
+    .unwrap();
+    stream.synchronize().unwrap();
+    undo();
+    drop(window);
+    t.intact();
 }

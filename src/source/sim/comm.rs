@@ -145,10 +145,8 @@ impl SimSource {
         // Held until the window is in: a free of the block cannot slip in between and
         // leave a window on memory let go of (lock order: `mem`, then `comm`).
         let mem = lock(&self.mem);
-        let on_device = mem.range(addr, len, true, &mut keep).is_ok()
-            && mem
-                .block_containing(addr)
-                .is_some_and(|b| b.device == device);
+        let on_device =
+            mem.range(addr, len, true, &mut keep).is_ok() && mem.all_on_device(addr, len, device);
         if !on_device {
             return Err(Error::Invalid(format!(
                 "{len} bytes at {addr:#x} are not live device memory of device {device}"
@@ -276,8 +274,9 @@ impl SimSource {
                     .map_err(|_| AclError::HCCL_E_PARA)?;
                 mem.range(dst, len, true, &mut keep)
                     .map_err(|_| AclError::HCCL_E_PARA)?;
-                let device_of = |a| mem.block_containing(a).map(|b| b.device);
-                if device_of(src) != Some(local) || device_of(dst) != Some(remote) {
+                // Every byte on its rank's device, not just the first: a run of mappings
+                // may join memory of several devices.
+                if !mem.all_on_device(src, len, local) || !mem.all_on_device(dst, len, remote) {
                     return Err(AclError::HCCL_E_PARA);
                 }
             }

@@ -327,6 +327,20 @@ impl MemState {
         Ok(())
     }
 
+    /// Whether every block `addr..addr + count` touches is memory of `device`: a run of
+    /// mappings that [`range`](Self::range) accepts may join physical memory of several
+    /// devices, so the first block alone does not tell.
+    fn all_on_device(&self, addr: usize, count: u64, device: DeviceId) -> bool {
+        let Some(first) = self.block_containing(addr) else {
+            return false;
+        };
+        let end = (addr as u64).saturating_add(count);
+        self.blocks
+            .range(first.start()..)
+            .take_while(|(&start, _)| (start as u64) < end)
+            .all(|(_, rec)| rec.device == device)
+    }
+
     fn is_device_addr(&self, addr: usize) -> bool {
         self.block_containing(addr)
             .is_some_and(|rec| rec.kind.is_device())
