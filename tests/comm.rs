@@ -4,12 +4,14 @@
 //! valid and holding nothing. The channels' notifications (the simulator's) order a write
 //! before the far rank's reads.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use ascend_pool::comm::{CommThread, RemoteWindow, WINDOW_GRANULE};
 use ascend_pool::source::sim::{AclFunc, Fault, SimConfig, SimSource};
 use ascend_pool::source::vmm::VmmRuntime;
-use ascend_pool::source::{BlockSource, ChannelHandle, CommThreadHandle};
+use ascend_pool::source::{BlockSource, ChannelHandle, CommThreadHandle, MemcpyKind};
 use ascend_pool::{AclError, DeviceRegion, Error, Pool, PoolConfig, Region};
 
 #[path = "common/runtime.rs"]
@@ -660,4 +662,86 @@ fn a_write_reads_only_its_ranks_memory() {
     undo();
     drop(window);
     t.intact();
+}
+
+#[test]
+fn a_write_never_lands_in_memory_mapped_where_a_window_was() {
+    // Rank 1 maps a granule, registers it as a window and unmaps it (the window goes), then
+    // maps other memory, never registered, at the same address; four threads of rank 0 keep
+    // writing to that address meanwhile. A write checked against the old window must not
+    // land in the new memory. A stress test: without the fix it fails in about a second on two
+    // cores; with it, it runs its 8 seconds.
+    let sim = Arc::new(SimSource::new(SimConfig::default().with_devices(2)).unwrap());
+    let g = WINDOW_GRANULE;
+    let va = sim.reserve_address(1, g).unwrap();
+    let window = sim.malloc_physical(1, g).unwrap();
+    let other = sim.malloc_physical(1, g).unwrap();
+    let channel = sim.acquire_channel(0, 1).unwrap();
+    let stream = sim.create_stream(0).unwrap();
+    let thread = sim.acquire_comm_thread(stream).unwrap();
+    let src = sim
+        .alloc_block(0, ascend_pool::MemKind::DEVICE, 4 * KIB)
+        .unwrap();
+    let ones = [0xABu8; 64];
+    // SAFETY: 64 bytes of a live device block, from a host array of 64.
+    unsafe {
+        sim.memcpy(
+            src.addr,
+            64,
+            ones.as_ptr() as usize,
+            64,
+            MemcpyKind::HostToDevice,
+        )
+    }
+    .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers: Vec<_> = (0..4)
+        .map(|_| {
+            let (sim, stop, from) = (Arc::clone(&sim), Arc::clone(&stop), src.addr);
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    // SAFETY: the simulator checks both ranges; refusals are expected.
+                    let _ = unsafe { sim.write_on_thread(thread, channel, va, from, 64) };
+                }
+            })
+        })
+        .collect();
+    let start = Instant::now();
+    let mut written = None;
+    while written.is_none() && start.elapsed() < Duration::from_secs(8) {
+        sim.map(va, g, 0, window).unwrap();
+        sim.register_window(1, va, g).unwrap();
+        sim.unmap(va).unwrap();
+        sim.map(va, g, 0, other).unwrap();
+        sim.synchronize_stream(stream).unwrap();
+        let mut seen = [0u8; 64];
+        // SAFETY: 64 bytes of a live mapping, into a host array of 64.
+        unsafe {
+            sim.memcpy(
+                seen.as_mut_ptr() as usize,
+                64,
+                va,
+                64,
+                MemcpyKind::DeviceToHost,
+            )
+        }
+        .unwrap();
+        sim.unmap(va).unwrap();
+        if seen != [0u8; 64] {
+            written = Some(start.elapsed());
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    for w in writers {
+        w.join().unwrap();
+    }
+    assert_eq!(written, None, "memory never registered was written");
+    sim.synchronize_stream(stream).unwrap();
+    sim.destroy_stream(stream).unwrap();
+    sim.free_block(src).unwrap();
+    for h in [window, other] {
+        sim.free_physical(h).unwrap();
+    }
+    sim.release_address(va).unwrap();
+    assert_eq!(sim.stats().live_blocks, 0);
 }

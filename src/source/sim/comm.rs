@@ -254,22 +254,26 @@ impl SimSource {
             if dst == 0 || src == 0 {
                 return Err(AclError::HCCL_E_PTR);
             }
-            let (stream, Channel { local, remote, .. }, in_window) = {
-                let comm = lock(&self.comm);
-                let (stream, ends) = comm.endpoints(thread, channel)?;
-                (stream, ends, comm.in_window(ends.remote, dst, len))
-            };
+            let (stream, Channel { local, remote, .. }) =
+                lock(&self.comm).endpoints(thread, channel)?;
             // A thread whose stream is gone has nowhere to run.
             let s = self
                 .stream(stream)
                 .map_err(|_| AclError::HCCL_E_NOT_FOUND)?;
-            if len == 0 || !in_window || s.device() != local {
+            if len == 0 || s.device() != local {
                 return Err(AclError::HCCL_E_PARA);
             }
             let count = usize::try_from(len).map_err(|_| AclError::HCCL_E_PARA)?;
             let mut keep = Vec::with_capacity(2);
             {
                 let mem = lock(&self.mem);
+                // The window is looked up under the memory lock (lock order: `mem`, then
+                // `comm`): a free or an unmap drops the windows on its memory under that
+                // lock, so the memory found below is the window's, not memory mapped at
+                // the same address after the window went.
+                if !lock(&self.comm).in_window(remote, dst, len) {
+                    return Err(AclError::HCCL_E_PARA);
+                }
                 mem.range(src, len, true, &mut keep)
                     .map_err(|_| AclError::HCCL_E_PARA)?;
                 mem.range(dst, len, true, &mut keep)
