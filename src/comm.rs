@@ -174,8 +174,8 @@ impl Pool {
     /// - [`Error::OutOfBounds`] when either range leaves its region or window (or the
     ///   address space), or `len` is 0;
     /// - [`Error::WrongKind`] when `src` is host memory;
-    /// - [`Error::ForeignHandle`] when `src` or the thread's stream belongs to another source
-    ///   (the stream: or to another device);
+    /// - [`Error::ForeignHandle`] when `src` or the thread's stream belongs to another source,
+    ///   or the stream to another device than this pool's or `src`'s pool's;
     /// - [`Error::Runtime`] (`HcommWriteOnThread` and its `HcclResult`) when the
     ///   communication library refuses, and [`Error::NotSupported`] when there is none.
     pub fn write_remote(
@@ -190,6 +190,10 @@ impl Pool {
         let stream = thread.stream;
         self.own_stream(stream)?;
         self.same_source(src)?;
+        // As for `copy_async`: the source's pool fences its free with an event on the
+        // stream, which it cannot record on a stream of another device (it would wait for
+        // the stream instead, under its lock).
+        src.segment().takes_stream(stream)?;
         // A window given by address (`from_raw`, or an address from C) may run past the end
         // of the address space; the bytes before that end are all it can hold.
         let room = (usize::MAX - dst.addr) as u64;
