@@ -268,6 +268,10 @@ ap_status ap_mbuf_get_info(ap_pool pool, ap_mbuf mbuf, ap_mbuf_info *out);
 ap_status ap_mbuf_write(ap_pool pool, ap_mbuf mbuf, uint64_t offset, const void *src,
                         uint64_t len);
 ap_status ap_mbuf_read(ap_pool pool, ap_mbuf mbuf, uint64_t offset, void *dst, uint64_t len);
+/* Marks a buffer as used by work the caller queues on `stream` on its data (call it before
+ * queuing that work): the buffer goes back to the pool, with its last handle, only once that
+ * work has run, and ap_mbuf_read/write wait for it. */
+ap_status ap_mbuf_record_stream(ap_pool pool, ap_mbuf mbuf, ap_stream stream);
 /* At most the size (acltdtSetBufDataLen). */
 ap_status ap_mbuf_set_data_len(ap_pool pool, ap_mbuf mbuf, uint64_t len);
 /* `len` bytes at `offset` of the 96 bytes of user data (acltdtSetBufUserData, ...Get...). */

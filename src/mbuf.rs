@@ -43,7 +43,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::error::{Error, Result};
 use crate::pool::Pool;
-use crate::region::{Align128, DeviceRegion, DvppRegion, Region};
+use crate::region::{Align128, DeviceRegion, DvppRegion, Region, Stream};
 use crate::share::{Access, ShareDescriptor, SharedMapping};
 use crate::source::vmm::{VmmRuntime, VmmSource};
 use crate::source::DeviceId;
@@ -205,6 +205,18 @@ impl Mbuf {
     /// Reads user data from `offset` of the 96 bytes (`acltdtGetBufUserData`).
     pub fn user_data(&self, out: &mut [u8], offset: u64) -> Result<()> {
         self.get(user_range(offset, out.len())?, out)
+    }
+
+    /// Marks the buffer as used by work queued on `stream` on its [`data`](Self::data) area
+    /// (a model's input, a DVPP call): the memory goes back to the pool, with the last
+    /// handle, only once that work has run, and the buffer's own reads and writes wait for
+    /// it. Call it before queuing the work. A stream of another source or device is refused
+    /// with [`Error::ForeignHandle`], as for a region.
+    pub fn record_stream(&self, stream: &Stream) -> Result<()> {
+        match &*self.region() {
+            MbufRegion::Normal(r) => r.record_stream(stream),
+            MbufRegion::Dvpp(r) => r.record_stream(stream),
+        }
     }
 
     /// Handles on this buffer alive (this one included).

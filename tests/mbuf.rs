@@ -10,6 +10,7 @@ use ascend_pool::mbuf::{Mbuf, MbufKind, HEADER_LEN};
 use ascend_pool::share::Access;
 use ascend_pool::source::sim::{SimConfig, SimSource};
 use ascend_pool::source::vmm::{VmmConfig, VmmSource};
+use ascend_pool::source::BlockSource;
 use ascend_pool::{Error, MemKind, Pool, PoolConfig};
 
 fn pool() -> Arc<Pool> {
@@ -129,4 +130,53 @@ fn dvpp_buffers_are_not_published_and_foreign_pools_are_refused() {
         other.publish(&vmm, &Access::AnyProcess),
         Err(Error::ForeignHandle)
     ));
+}
+
+/// The caller's own work on a buffer's data (a model's input, a DVPP call) is queued by
+/// address; with the stream recorded, the memory goes back to the pool, with the last
+/// handle, only once that work has run.
+#[test]
+fn a_buffer_used_on_a_stream_is_reused_only_once_the_stream_has_run() {
+    let sim =
+        Arc::new(SimSource::new(SimConfig::default().with_device_capacity(256 << 20)).unwrap());
+    let pool = Arc::new(Pool::new(sim.clone(), PoolConfig::default()).unwrap());
+    let stream = pool.create_stream().unwrap();
+    for (kind, mem) in [
+        (MbufKind::Normal, MemKind::DEVICE),
+        (MbufKind::Dvpp, MemKind::Dvpp),
+    ] {
+        let buf = Mbuf::alloc(&pool, 4096, kind).unwrap();
+        let (addr, size) = buf.data();
+        let hold = sim.hold_stream(stream.handle()).unwrap();
+        buf.record_stream(&stream).unwrap();
+        // SAFETY: the buffer's data area, kept from reuse until the stream has passed the fill.
+        unsafe { sim.memset_async(addr, size, 5, size, stream.handle()) }.unwrap();
+        let copy = buf.clone();
+        drop(buf);
+        drop(copy);
+        assert_eq!(pool.stats(mem).pending_frees, 1, "{kind:?}");
+        // While the fill waits, the same size is not handed the same memory.
+        let next = Mbuf::alloc(&pool, 4096, kind).unwrap();
+        assert_ne!(next.data().0, addr, "{kind:?}");
+        hold.release();
+        stream.synchronize().unwrap();
+        drop(next);
+        pool.synchronize().unwrap();
+        assert_eq!(pool.stats(mem).pending_frees, 0, "{kind:?}");
+    }
+    // A stream of another source names some other stream, or none, there.
+    let other = pool_with_stream();
+    let buf = Mbuf::alloc(&pool, 64, MbufKind::Normal).unwrap();
+    assert_eq!(buf.record_stream(&other.1), Err(Error::ForeignHandle));
+    drop(buf);
+    pool.validate().unwrap();
+    for s in pool.all_stats() {
+        assert_eq!(s.live_regions, 0, "{:?}", s.kind);
+    }
+}
+
+fn pool_with_stream() -> (Arc<Pool>, ascend_pool::Stream) {
+    let pool = pool();
+    let stream = pool.create_stream().unwrap();
+    (pool, stream)
 }

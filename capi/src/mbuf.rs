@@ -205,6 +205,18 @@ pub unsafe extern "C" fn ap_mbuf_read(
     })
 }
 
+/// Marks a buffer as used by work the caller queued on `stream` on its data: the buffer goes
+/// back to the pool, with its last handle, only once that work has run.
+#[no_mangle]
+pub extern "C" fn ap_mbuf_record_stream(pool: u64, mbuf: u64, stream: u64) -> Status {
+    run(|| {
+        let e = entry(pool)?;
+        let m = e.mbuf(mbuf)?;
+        let s = e.stream(stream)?;
+        Ok(m.record_stream(&s)?)
+    })
+}
+
 /// Sets the valid data length, at most the size (`acltdtSetBufDataLen`).
 #[no_mangle]
 pub extern "C" fn ap_mbuf_set_data_len(pool: u64, mbuf: u64, len: u64) -> Status {

@@ -195,6 +195,7 @@ fn the_header_declares_what_the_library_exports() {
         "ap_mbuf_get_info",
         "ap_mbuf_write",
         "ap_mbuf_read",
+        "ap_mbuf_record_stream",
         "ap_mbuf_set_data_len",
         "ap_mbuf_set_user_data",
         "ap_mbuf_get_user_data",
@@ -1182,6 +1183,8 @@ fn buffers_carry_data_length_and_user_data_and_open_read_only() {
         let not_buffer = text_of(|b, c, n| ap_share_publish(pool, region, &me, 1, b, c, n));
         let not_buffer = std::ffi::CString::new(not_buffer).unwrap();
         let gone = format!("buffer {m}");
+        let mut stream = 0;
+        assert_eq!(ap_stream_create(pool, &mut stream), Status::Ok);
         // Each status in turn (the messages of a few are checked one call at a time below).
         for (what, got, want) in [
             (
@@ -1205,6 +1208,16 @@ fn buffers_carry_data_length_and_user_data_and_open_read_only() {
                 Status::NullArgument,
             ),
             ("freed", ap_mbuf_set_data_len(pool, m, 1), Status::BadBuffer),
+            (
+                "a freed buffer's stream",
+                ap_mbuf_record_stream(pool, m, stream),
+                Status::BadBuffer,
+            ),
+            (
+                "another pool's stream",
+                ap_mbuf_record_stream(plain, on_plain, stream),
+                Status::BadStream,
+            ),
             (
                 "another pool's",
                 ap_mbuf_free(pool, on_plain),
@@ -1259,6 +1272,8 @@ fn buffers_carry_data_length_and_user_data_and_open_read_only() {
             assert_eq!(got, want, "{what}");
         }
         assert_eq!(r, 0, "no handle written");
+        assert_eq!(ap_mbuf_record_stream(pool, copy, stream), Status::Ok);
+        assert_eq!(ap_stream_synchronize(pool, stream), Status::Ok);
         // The messages, one call at a time.
         expect(
             "kind",
