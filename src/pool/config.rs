@@ -23,7 +23,7 @@ pub const CONF_ENV: &str = "ASCEND_POOL_CONF";
 /// | `thread_cache_max` | [`thread_cache_max`](Self::thread_cache_max): largest footprint a thread cache keeps | `256k` |
 /// | `slab_max` | largest footprint served by slabs (at most `256k`) | `1024` |
 /// | `range` | `tlsf` or `buddy` | `tlsf` |
-/// | `policy` | `huge_first`, `huge_only`, `normal_only`, `huge1g_only` | `huge_first` |
+/// | `policy` | `huge_first`, `huge_only`, `normal_only`, `huge1g_only`, and each with `_p2p` | `huge_first` |
 /// | `device` | device id | `0` |
 /// | `record` | [`record`](Self::record): write every allocation and free to this JSON Lines trace | none |
 ///
@@ -188,6 +188,11 @@ impl PoolConfig {
                         "huge_only" => MallocPolicy::HugeOnly,
                         "normal_only" => MallocPolicy::NormalOnly,
                         "huge1g_only" => MallocPolicy::Huge1gOnly,
+                        // Memory other devices reach directly (HCCL's peer-to-peer paths).
+                        "huge_first_p2p" => MallocPolicy::HugeFirstP2p,
+                        "huge_only_p2p" => MallocPolicy::HugeOnlyP2p,
+                        "normal_only_p2p" => MallocPolicy::NormalOnlyP2p,
+                        "huge1g_only_p2p" => MallocPolicy::Huge1gOnlyP2p,
                         _ => return Err(Error::Config(format!("unknown policy {v}"))),
                     }
                 }
@@ -360,6 +365,10 @@ mod tests {
             ("huge_only", MallocPolicy::HugeOnly),
             ("normal_only", MallocPolicy::NormalOnly),
             ("huge1g_only", MallocPolicy::Huge1gOnly),
+            ("huge_first_p2p", MallocPolicy::HugeFirstP2p),
+            ("huge_only_p2p", MallocPolicy::HugeOnlyP2p),
+            ("normal_only_p2p", MallocPolicy::NormalOnlyP2p),
+            ("huge1g_only_p2p", MallocPolicy::Huge1gOnlyP2p),
         ] {
             // Start from a policy other than the default, so the default cannot pass.
             let c = PoolConfig::parse(&format!("policy:huge1g_only,policy:{v}")).unwrap();
