@@ -472,14 +472,10 @@ impl CarveEngine {
                     offset = off;
                     place = SLAB_PLACE | slab_place;
                 }
-                // No room for a page of a mid-sized class (up to a megabyte): the segment
-                // alone may still fit. A page of an exact class is at most 64 KiB, so a range
-                // without room for one is full; the pool, whose slabs stop at 1 KiB, then
-                // looks in its other chunks.
-                None if footprint > slab::EXACT_MAX => {
-                    (offset, place) = self.alloc_in_range(footprint, align, tag)?;
-                }
-                None => return Err(self.out_of_space(footprint)),
+                // No room for a page (up to 64 KiB for an exact class, a megabyte for a
+                // mid-sized one): the segment alone may still fit, in a range that is
+                // small or nearly full, and `OutOfSpace` would claim no free range holds it.
+                None => (offset, place) = self.alloc_in_range(footprint, align, tag)?,
             }
         } else {
             (offset, place) = self.alloc_in_range(footprint, align, tag)?;
@@ -962,6 +958,38 @@ mod tests {
             assert_eq!(slab, [false, true, false, true], "{cfg:?}");
             e.validate().unwrap();
             for a in [over, at, wide, small] {
+                e.free(a).unwrap();
+            }
+            e.validate().unwrap();
+            assert!(e.is_empty());
+        }
+    }
+
+    #[test]
+    fn a_small_segment_with_no_room_for_a_slab_page_takes_the_range_tier() {
+        // 100 bytes: a footprint of 192, whose slab page holds 32 objects (6 KiB).
+        let rule = CarveRule::default();
+        for cfg in both_tiers() {
+            // A range smaller than the page: empty, yet it refused the segment.
+            let mut e = CarveEngine::new(4096, cfg).unwrap();
+            let a = e.alloc(100, rule).unwrap();
+            assert_eq!(
+                (a.offset(), a.footprint(), a.is_slab()),
+                (0, 192, false),
+                "{cfg:?}"
+            );
+            e.validate().unwrap();
+            e.free(a).unwrap();
+            e.validate().unwrap();
+            // A range with 16 KiB free at its end: a 960-byte footprint (a 30 KiB page)
+            // still fits there.
+            let mut e = CarveEngine::new(1 << 20, cfg).unwrap();
+            let big = e.alloc((1 << 20) - (16 << 10) - 32, rule).unwrap();
+            assert_eq!(e.largest_free(), 16 << 10, "{cfg:?}");
+            let small = e.alloc(900, rule).unwrap();
+            assert_eq!(small.offset(), big.footprint(), "{cfg:?}");
+            e.validate().unwrap();
+            for a in [small, big] {
                 e.free(a).unwrap();
             }
             e.validate().unwrap();
