@@ -515,6 +515,20 @@ impl SlabAllocator {
             if c.list.first() != Some(&NIL) || c.list.last() != Some(&c.top) {
                 return fail(format!("class {n}: list lost its sentinel or top"));
             }
+            // Each held page's check above sees only its own class's cached page: one named
+            // by another class, or a vacant record, would be taken by this class's next
+            // allocation, and the counts below miss it while a full page is held.
+            if c.cached_empty != NIL
+                && self
+                    .pages
+                    .get(c.cached_empty as usize)
+                    .is_none_or(|p| p.objects == 0 || usize::from(p.class) != n)
+            {
+                return fail(format!(
+                    "class {n}: cached page {} is not one of its own",
+                    c.cached_empty
+                ));
+            }
             // With each page's own check above, positions and entries match one to one.
             for (pos, &page) in c.pages().iter().enumerate() {
                 match self.pages.get(page as usize) {
@@ -770,6 +784,40 @@ mod tests {
         assert_eq!(s.trim().len(), 1);
         assert_eq!((s.page_count(), s.page_bytes()), (0, 0));
         s.validate().unwrap();
+    }
+
+    #[test]
+    fn validate_catches_a_cached_page_of_another_class_or_a_vacant_record() {
+        // One full page of 64 KiB objects (neither listed nor cached) and one vacant record:
+        // no count gives a stray cached page away, each must be checked on its own.
+        let build = || {
+            let f = 64 << 10;
+            let mut s = SlabAllocator::new(f);
+            s.add_page(f, 0, 1, 1);
+            s.add_page(f, 1 << 20, 2, 2);
+            let objs: Vec<_> = (1..=8).map(|t| (s.alloc(f, t).unwrap(), t)).collect();
+            let mut released = 0;
+            for &((o, p), t) in objs.iter().filter(|((_, p), _)| p >> SLOT_BITS == 0) {
+                released += s.free(o, p, t).unwrap().into_iter().count();
+            }
+            assert_eq!((released, s.page_count(), s.vacant), (0, 2, NIL));
+            // Page 0 emptied alone in its list: kept listed. Trim it to a vacant record.
+            assert_eq!(s.trim().len(), 1);
+            assert_eq!((s.page_count(), s.vacant), (1, 0));
+            s.validate().unwrap();
+            s
+        };
+        let drifts: [crate::engine::Drift<SlabAllocator>; 2] = [
+            ("a class's cached page is a vacant record", |s| {
+                s.classes[0].cached_empty = s.vacant
+            }),
+            ("a class's cached page is another class's full page", |s| {
+                s.classes[0].cached_empty = 1
+            }),
+        ];
+        // (Either one, let pass, sends the class's next allocation into a page with no free
+        // object: a slot past the tags, a panic.)
+        crate::engine::assert_each_drift_reported(build, &drifts, SlabAllocator::validate);
     }
 
     #[test]
