@@ -592,7 +592,10 @@ impl TlsfRange {
                 let mut p = NIL;
                 let mut i = head;
                 while i != NIL {
-                    let n = &self.nodes[i as usize];
+                    // A link past the table is corruption to report, not an index to panic on.
+                    let Some(n) = self.nodes.get(i as usize) else {
+                        return fail(format!("bin ({fl},{sl}) links to a missing node {i}"));
+                    };
                     if !n.is_free()
                         || n.len == 0
                         || n.prev_free != p
@@ -630,11 +633,16 @@ impl TlsfRange {
         u64::from(list.len) == len && self.list_holds(list.head, idx)
     }
 
+    /// The node the back links from `last` lead to; `validate` walks corrupt links with
+    /// it, so an index past the table ends the walk (the tiling then reports it).
     fn first_node(&self) -> u32 {
         let mut i = self.last;
         let mut steps = 0;
-        while i != NIL && self.nodes[i as usize].prev_phys != NIL && steps <= self.nodes.len() {
-            i = self.nodes[i as usize].prev_phys;
+        while let Some(n) = self.nodes.get(i as usize) {
+            if n.prev_phys == NIL || steps > self.nodes.len() {
+                break;
+            }
+            i = n.prev_phys;
             steps += 1;
         }
         i
@@ -1094,6 +1102,43 @@ mod tests {
         t.unpark_all();
         t.validate().unwrap();
         assert!(t.is_empty());
+    }
+
+    #[test]
+    fn validate_reports_links_past_the_node_table_without_panicking() {
+        // Two free nodes in one bin, apart; used nodes around them.
+        let build = || {
+            let mut t = TlsfRange::new(1 << 20, 64).unwrap();
+            let a: Vec<_> = (0..5).map(|_| alloc(&mut t, 4096, 64).unwrap()).collect();
+            for i in [1, 3] {
+                t.free(a[i].1, a[i].0, a[i].2).unwrap();
+            }
+            t.unpark_all();
+            t.validate().unwrap();
+            t
+        };
+        let drifts: [crate::engine::Drift<TlsfRange>; 4] = [
+            ("the last node past the table", |t| {
+                t.last = t.nodes.len() as u32 + 3
+            }),
+            ("a back link past the table", |t| {
+                let last = t.last as usize;
+                t.nodes[last].prev_phys = t.nodes.len() as u32;
+            }),
+            // Every free node is still found in its bin: only the walk of the bin sees it.
+            ("a bin's tail linked past the table", |t| {
+                let (fl, sl) = mapping_insert(4096 >> 6);
+                let second = t.nodes[t.heads[fl][sl] as usize].next_free;
+                t.nodes[second as usize].next_free = t.nodes.len() as u32;
+            }),
+            ("an empty bin's head past the table", |t| {
+                let (fl, sl) = mapping_insert(7);
+                t.heads[fl][sl] = t.nodes.len() as u32 + 9;
+                t.sl_bitmap[fl] |= 1 << sl;
+                t.fl_bitmap |= 1 << fl;
+            }),
+        ];
+        crate::engine::assert_each_drift_reported(build, &drifts, TlsfRange::validate);
     }
 
     #[test]
