@@ -305,6 +305,11 @@ impl BuddyRange {
         self.capacity - self.free_bytes
     }
 
+    /// Blocks handed out and not given back.
+    pub fn live_count(&self) -> u64 {
+        self.live.len() as u64
+    }
+
     /// Bytes of the largest free block (the highest order with a free block), in O(1).
     pub fn largest_free(&self) -> u64 {
         if self.nonempty == 0 {

@@ -349,6 +349,12 @@ impl Range {
             Self::Buddy(b) => b.used_bytes(),
         }
     }
+    fn live_count(&self) -> u64 {
+        match self {
+            Self::Tlsf(t) => t.live_count(),
+            Self::Buddy(b) => b.live_count(),
+        }
+    }
     fn capacity(&self) -> u64 {
         match self {
             Self::Tlsf(t) => t.capacity(),
@@ -389,7 +395,10 @@ static NEXT_ENGINE_ID: AtomicU32 = AtomicU32::new(1);
 /// - the range tier and the slab layer are each valid;
 /// - the bytes the range tier has in use equal the slab pages plus the footprints of
 ///   live range allocations (nothing is lost between the tiers);
-/// - the counters equal the sums over live allocations.
+/// - the counters equal the sums over live allocations: the live count is the slab objects
+///   in use plus the range tier's blocks that are no slab page, and the footprints sum to
+///   the range blocks' bytes plus, for the slab objects, between 64 bytes and their class's
+///   size each (a slab object keeps its class, not its footprint).
 #[derive(Debug)]
 pub struct CarveEngine {
     /// Unique per engine, so handles from another engine are refused.
@@ -737,6 +746,26 @@ impl CarveEngine {
         if self.counters.live != self.counters.allocs - self.counters.frees {
             return Err(EngineError::Corrupt("live counter drifted".into()));
         }
+        // The live segments are the slab objects in use and the range tier's blocks that
+        // are no slab page. A slab object's footprint is not kept, only its class: at least
+        // 64 bytes and at most the class's size.
+        let (objects, object_bytes) = self.slabs.live_objects();
+        let in_range = self
+            .range
+            .live_count()
+            .checked_sub(self.slabs.page_count() as u64);
+        let c = &self.counters;
+        let slab_footprints = c.footprint_bytes.checked_sub(self.range_live_bytes);
+        if in_range.is_none_or(|r| c.live != objects + r)
+            || c.requested_bytes > c.footprint_bytes
+            || slab_footprints.is_none_or(|f| f < objects * 64 || f > object_bytes)
+        {
+            return Err(EngineError::Corrupt(format!(
+                "counters say {} live segments of {} bytes ({} asked), the tiers {objects} slab \
+                 objects of at most {object_bytes} bytes and {in_range:?} range blocks of {}",
+                c.live, c.footprint_bytes, c.requested_bytes, self.range_live_bytes
+            )));
+        }
         Ok(())
     }
 
@@ -923,10 +952,16 @@ mod tests {
                 e
             };
             // The last two reach the tiers' own checks through the engine's.
-            let drifts: [Drift<CarveEngine>; 5] = [
+            let drifts: [Drift<CarveEngine>; 8] = [
                 ("range-tier live bytes", |e| e.range_live_bytes += 64),
                 ("capacity", |e| e.capacity += 64),
                 ("live counter", |e| e.counters.live += 1),
+                ("live and alloc counters together", |e| {
+                    e.counters.live += 1;
+                    e.counters.allocs += 1;
+                }),
+                ("footprint counter", |e| e.counters.footprint_bytes += 4096),
+                ("requested counter", |e| e.counters.requested_bytes += 4096),
                 ("the range tier's own state", |e| match &mut e.range {
                     Range::Tlsf(t) => t.drift_for_test(),
                     Range::Buddy(b) => b.drift_for_test(),

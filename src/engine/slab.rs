@@ -444,6 +444,16 @@ impl SlabAllocator {
         self.held
     }
 
+    /// Objects in use and the bytes of their class (a walk over the pages, for `validate`).
+    pub fn live_objects(&self) -> (u64, u64) {
+        self.pages.iter().fold((0, 0), |(n, bytes), p| {
+            (
+                n + u64::from(p.used),
+                bytes + u64::from(p.used) * u64::from(p.footprint),
+            )
+        })
+    }
+
     /// Test helper: a held-page count one too high, a drift only this tier's `validate` sees.
     #[cfg(test)]
     pub(super) fn drift_for_test(&mut self) {

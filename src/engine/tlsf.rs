@@ -628,6 +628,14 @@ impl TlsfRange {
         self.used_units << self.unit_shift
     }
 
+    /// Blocks handed out and not given back (a walk over the node table, for `validate`).
+    pub fn live_count(&self) -> u64 {
+        self.nodes
+            .iter()
+            .filter(|n| n.len > 0 && !n.is_free() && n.tag != PARKED)
+            .count() as u64
+    }
+
     fn parked_contains(&self, idx: u32, len: u64) -> bool {
         let list = &self.parked[park_slot(len)];
         u64::from(list.len) == len && self.list_holds(list.head, idx)
