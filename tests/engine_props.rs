@@ -23,6 +23,8 @@ enum Op {
         len: u64,
         align: u64,
         padding: u64,
+        /// `alloc_in_pages` rather than `alloc`.
+        in_pages: bool,
     },
     /// `alloc_parked` of a freed segment's length under the default rule.
     Parked(usize),
@@ -46,8 +48,8 @@ fn op() -> impl Strategy<Value = Op> {
     let align =
         prop_oneof![6 => Just(64u64), 3 => Just(128u64), 1 => Just(4096u64), 1 => Just(2u64 << 20)];
     prop_oneof![
-        6 => (len, align, prop_oneof![Just(32u64), Just(0u64), Just(64u64)])
-            .prop_map(|(len, align, padding)| Op::Alloc { len, align, padding }),
+        6 => (len, align, prop_oneof![Just(32u64), Just(0u64), Just(64u64)], any::<bool>())
+            .prop_map(|(len, align, padding, in_pages)| Op::Alloc { len, align, padding, in_pages }),
         4 => any::<usize>().prop_map(Op::Free),
         2 => any::<usize>().prop_map(Op::Parked),
         1 => any::<usize>().prop_map(Op::DoubleFree),
@@ -111,9 +113,16 @@ fn run(ops: Vec<Op>, tier: RangeTier, slab_max: u64) {
                 len,
                 align,
                 padding,
+                in_pages,
             } => {
                 let rule = CarveRule::new(padding, align).unwrap();
-                match e.alloc(len, rule) {
+                let before = e.largest_free();
+                let got = if in_pages {
+                    e.alloc_in_pages(len, rule)
+                } else {
+                    e.alloc(len, rule)
+                };
+                match got {
                     Ok(a) => {
                         assert_eq!(a.len(), len);
                         assert_eq!(Ok(a.footprint()), rule.footprint(len));
@@ -125,6 +134,14 @@ fn run(ops: Vec<Op>, tier: RangeTier, slab_max: u64) {
                     Err(EngineError::Carve(_)) => assert!(len == 0 || len > 1 << 40),
                     Err(EngineError::OutOfSpace { footprint, .. }) => {
                         assert_eq!(Ok(footprint), rule.footprint(len))
+                    }
+                    // Only a slab-sized segment, whose page no free range holds.
+                    Err(EngineError::NoRoomForPage { footprint, page }) => {
+                        assert!(in_pages);
+                        assert_eq!(Ok(footprint), rule.footprint(len));
+                        assert!(footprint <= cfg.slab_max && page > footprint);
+                        // A refusal merges parked blocks, and takes nothing.
+                        assert!(e.largest_free() >= before, "a refusal took free space");
                     }
                     Err(other) => panic!("unexpected {other:?}"),
                 }

@@ -447,3 +447,31 @@ fn snapshot_offsets_count_from_the_chunks_address_in_over_aligned_chunks() {
     drop(keep);
     pool.validate().unwrap();
 }
+
+/// A small segment goes in a slab page; a chunk with too little room left for a page, in a
+/// kind that cannot grow, still serves the segment alone from its range.
+#[test]
+fn a_small_request_with_no_room_for_its_slab_page_is_served_before_the_kind_is_refused() {
+    let pool = Pool::new(
+        Arc::new(SimSource::default()),
+        PoolConfig::default()
+            .with_chunk_size(4 * MIB)
+            .with_limit(2 * MIB)
+            .with_thread_cache(0),
+    )
+    .unwrap();
+    // 16 KiB left at the end of the one 2 MiB chunk: a 900-byte segment's page takes 30 KiB.
+    let big = pool.alloc_device(2 * MIB - (16 << 10) - 64).unwrap();
+    let small = pool.alloc_device(900).unwrap();
+    let st = pool.stats(MemKind::DEVICE);
+    assert_eq!((st.chunks, st.live_regions, st.ooms), (1, 2, 0), "{st:?}");
+    // Then the chunk is full: the next is refused by the limit.
+    assert!(matches!(
+        pool.alloc_device(16 << 10),
+        Err(ascend_pool::Error::LimitExceeded { .. })
+    ));
+    pool.validate().unwrap();
+    drop((big, small));
+    pool.validate().unwrap();
+    assert_eq!(pool.stats(MemKind::DEVICE).live_regions, 0);
+}

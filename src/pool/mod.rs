@@ -1374,7 +1374,7 @@ impl PoolInner {
                 if c.base & misaligned != 0 || (footprint >= c.refused.0 && align >= c.refused.1) {
                     continue;
                 }
-                match c.engine.alloc(len, rule) {
+                match c.engine.alloc_in_pages(len, rule) {
                     Ok(a) => return Some((id, a)),
                     Err(_) if footprint < c.refused.0 => c.refused = (footprint, align),
                     Err(_) => {}
@@ -1529,6 +1529,17 @@ impl PoolInner {
                     }
                     Err(e @ Error::LimitExceeded { .. }) => last_err = Some(e),
                     Err(e) => return Err(e),
+                }
+            }
+        }
+        // Nothing grew: a segment small enough for the slabs, that no chunk had room to
+        // start a page for, may still fit some chunk's range alone.
+        if footprint <= self.config.engine.slab_max {
+            for (id, c) in k.chunks.iter_mut() {
+                if c.base & (rule.align() as usize - 1) == 0 {
+                    if let Ok(a) = c.engine.alloc(len, rule) {
+                        return Ok((id, a));
+                    }
                 }
             }
         }
@@ -1708,7 +1719,7 @@ impl PoolInner {
             c.refused = NOTHING_REFUSED;
             k.stats.reserved_bytes += block.size - old.size;
             k.stats.peak_reserved_bytes = k.stats.peak_reserved_bytes.max(k.stats.reserved_bytes);
-            if let Ok(a) = k.chunks[id].engine.alloc(len, rule) {
+            if let Ok(a) = k.chunks[id].engine.alloc_in_pages(len, rule) {
                 return Ok(Some((id, a)));
             }
         }
