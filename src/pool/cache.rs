@@ -582,10 +582,18 @@ impl<T: CacheItem> CacheRegistry<T> {
     }
 
     /// Sum of `class` figures over every registered cache and the retired totals.
+    #[cfg(test)]
     pub(crate) fn totals(&self, class: usize) -> ClassCounters {
+        self.totals_with(class, |_| {})
+    }
+
+    /// [`totals`](Self::totals), calling `held` on every item of `class` they count, in the
+    /// same walk: the figures and the items agree while threads take and put.
+    pub(crate) fn totals_with(&self, class: usize, mut held: impl FnMut(&T)) -> ClassCounters {
         let g = lock(&self.caches);
         let mut t = lock(&self.retired)[class];
         Self::walk_locked(&g.0, |_, b| {
+            ThreadCache::for_each_held_locked(b, class, &mut held);
             let k = b.counters(class);
             t.items += k.items;
             t.bytes += k.bytes;

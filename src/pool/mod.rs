@@ -703,7 +703,7 @@ impl Pool {
             return KindStats::new(kind);
         }
         let k = self.inner.kinds[kind.index()].lock();
-        self.inner.kind_stats(&k)
+        self.inner.kind_stats(&k, |_| {})
     }
 
     /// Counters of every kind, summed where summing makes sense (peaks are sums of peaks).
@@ -855,8 +855,10 @@ impl Pool {
             if k.stats.allocations == 0 && k.chunks.is_empty() {
                 continue;
             }
-            let stats = self.inner.kind_stats(&k);
-            let cached = self.inner.cached_keys(&k);
+            let mut cached = std::collections::HashSet::new();
+            let stats = self.inner.kind_stats(&k, |key| {
+                cached.insert(key);
+            });
             let mut chunks: Vec<(usize, ChunkInfo)> = k
                 .chunks
                 .iter()
@@ -2442,8 +2444,10 @@ impl PoolInner {
     }
 
     /// `k`'s counters as users see them: segments in thread caches and shape slots are
-    /// free, not live.
-    fn kind_stats(&self, k: &KindPool) -> KindStats {
+    /// free, not live. `held` gets the registry key of each such segment, from the walks the
+    /// counters come from: other threads take and put without the kind lock, so a second
+    /// walk could list other segments than the counters count.
+    fn kind_stats(&self, k: &KindPool, mut held: impl FnMut(usize)) -> KindStats {
         let mut s = k.stats;
         s.pending_frees = k.pending.len() as u64;
         let (mut bytes, mut requested, mut items) = (0, 0, 0);
@@ -2451,6 +2455,7 @@ impl PoolInner {
             bytes += c.raw.footprint();
             requested += c.raw.len();
             items += 1;
+            held(c.raw.key());
         });
         s.allocated_bytes -= bytes;
         s.requested_bytes -= requested;
@@ -2460,7 +2465,7 @@ impl PoolInner {
         s.cached_bytes += bytes;
         s.cached_regions += items;
         if let Some(reg) = &self.caches {
-            let t = reg.totals(k.kind.index());
+            let t = reg.totals_with(k.kind.index(), |c| held(c.raw.key()));
             s.allocated_bytes -= t.bytes;
             s.requested_bytes -= t.requested;
             s.live_regions -= t.items;

@@ -1,0 +1,62 @@
+//! Snapshots, leak reports and statistics agree with each other and with the pool, also
+//! while other threads allocate and free.
+
+use ascend_pool::pool::{Pool, PoolConfig};
+use ascend_pool::source::sim::SimSource;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// A snapshot's counters describe the segments it lists: the live ones (not held free in
+/// a thread cache or shape slot) are `live_regions`, the cached ones `cached_regions`,
+/// even while another thread takes segments from its cache and puts them back.
+#[test]
+fn a_snapshots_counters_match_its_segments_under_traffic() {
+    let pool = Arc::new(Pool::new(Arc::new(SimSource::default()), PoolConfig::default()).unwrap());
+    let stop = Arc::new(AtomicBool::new(false));
+    let worker = {
+        let (pool, stop) = (Arc::clone(&pool), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            let mut i = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                held.push(pool.alloc_host(100 + (i % 3) * 64).unwrap());
+                if held.len() > 3 {
+                    held.remove((i % 3) as usize);
+                }
+                i += 1;
+            }
+        })
+    };
+    let mut bad = None;
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(1);
+    let mut seen = 0u64;
+    while std::time::Instant::now() < end {
+        let snap = pool.snapshot();
+        seen += snap.kinds.len() as u64;
+        for k in &snap.kinds {
+            let segs = k.chunks.iter().flat_map(|c| &c.segments);
+            let cached = segs.clone().filter(|s| s.cached).count() as u64;
+            let live = segs.clone().filter(|s| !s.cached).count() as u64;
+            let bytes: u64 = segs.filter(|s| !s.cached).map(|s| s.footprint).sum();
+            let got = (live, cached, bytes);
+            let want = (
+                k.stats.live_regions,
+                k.stats.cached_regions,
+                k.stats.allocated_bytes,
+            );
+            if got != want {
+                bad.get_or_insert(format!(
+                    "{:?}: segments {got:?}, counters {want:?}",
+                    k.stats.kind
+                ));
+            }
+        }
+        if bad.is_some() {
+            break;
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    worker.join().unwrap();
+    assert!(seen > 0, "no snapshot saw the worker's kind");
+    assert!(bad.is_none(), "{}", bad.unwrap());
+}
