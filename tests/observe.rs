@@ -60,3 +60,31 @@ fn a_snapshots_counters_match_its_segments_under_traffic() {
     assert!(seen > 0, "no snapshot saw the worker's kind");
     assert!(bad.is_none(), "{}", bad.unwrap());
 }
+
+/// A kind whose only requests failed was still used: the snapshot lists it with its
+/// counters (the failure among them), as `stats` does, rather than leaving it out.
+#[test]
+fn a_kind_whose_requests_failed_is_in_the_snapshot() {
+    let pool = Pool::new(
+        Arc::new(SimSource::default()),
+        PoolConfig::parse("limit:2m").unwrap(),
+    )
+    .unwrap();
+    let refused = pool.alloc_dvpp(3 << 20);
+    assert!(
+        matches!(refused, Err(ascend_pool::Error::LimitExceeded { .. })),
+        "{refused:?}"
+    );
+    assert_eq!(pool.stats(ascend_pool::MemKind::Dvpp).ooms, 1);
+    let snap = pool.snapshot();
+    let kinds: Vec<_> = snap.kinds.iter().map(|k| k.stats.kind).collect();
+    assert_eq!(
+        kinds,
+        [ascend_pool::MemKind::Dvpp],
+        "no other kind was touched"
+    );
+    assert_eq!(snap.kinds[0].stats.ooms, 1);
+    assert!(snap.kinds[0].chunks.is_empty());
+    let svg = ascend_pool::svg::pool_state(&snap, "refused");
+    assert!(svg.contains("dvpp: 0 chunk(s)"), "{svg}");
+}

@@ -208,7 +208,7 @@ pub struct PoolSnapshot {
     pub source: String,
     /// Device id.
     pub device: i32,
-    /// Kinds that have been used.
+    /// Kinds that have been used (asked for memory, whether or not they got it).
     pub kinds: Vec<KindSnapshot>,
 }
 
@@ -852,7 +852,9 @@ impl Pool {
         let ours = !self.inner.forked();
         for m in self.inner.kinds.iter().filter(|_| ours) {
             let k = m.lock();
-            if k.stats.allocations == 0 && k.chunks.is_empty() {
+            // Untouched kinds only are left out: one whose requests all failed, or were all
+            // trimmed away, was used, and its counters say how.
+            if k.stats == KindStats::new(k.kind) && k.chunks.is_empty() {
                 continue;
             }
             let mut cached = std::collections::HashSet::new();
