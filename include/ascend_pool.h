@@ -154,7 +154,7 @@ ap_status ap_pool_synchronize(ap_pool pool);
  * size of the answer (entries; bytes with the NUL), and a smaller or NULL buffer gets nothing
  * and AP_ERR_BUFFER_TOO_SMALL, so a first call with cap 0 asks for the size. */
 /* The live segments of every kind, by address: regions not freed, and freed ones whose memory
- * waits for a stream. */
+ * waits for a stream. With none, any buffer (NULL included) gets *count 0 and AP_OK. */
 ap_status ap_pool_leak_report(ap_pool pool, ap_segment_info *out, size_t cap, size_t *count);
 /* The pool's chunks and live segments as a JSON object (the Rust PoolSnapshot). */
 ap_status ap_pool_snapshot_json(ap_pool pool, char *buf, size_t cap, size_t *needed);

@@ -870,7 +870,8 @@ pub extern "C" fn ap_pool_synchronize(pool: u64) -> Status {
 }
 
 /// Hands `items` to a caller's buffer of `cap` at `buf`, all or nothing: `*needed` gets their
-/// number either way, and a buffer too small (or NULL) gets [`Status::BufferTooSmall`].
+/// number either way, and a buffer too small (or NULL, unless there are no items) gets
+/// [`Status::BufferTooSmall`].
 ///
 /// # Safety
 /// `buf` is NULL or valid for writes of `cap` items.
@@ -882,6 +883,11 @@ unsafe fn hand_over<T: Copy>(
 ) -> Result<(), Failure> {
     // SAFETY: the callers checked `needed`, a writable size_t of the caller's.
     unsafe { needed.as_ptr().write(items.len()) };
+    // No items (an empty leak report) is the whole answer: the size-asking call with no
+    // buffer has it, and the second call of the usual pattern may pass a NULL from malloc(0).
+    if items.is_empty() {
+        return Ok(());
+    }
     if buf.is_null() || cap < items.len() {
         return Err(Failure::TooSmall {
             needed: items.len(),
@@ -932,7 +938,8 @@ unsafe fn snapshot_as(
 /// The live segments of every kind, by address ([`Pool::leak_report`]): regions not freed,
 /// and freed ones whose memory waits for a stream (`pending`). `*count` gets their number; a
 /// buffer of fewer than `*count` entries (or NULL) gets nothing and
-/// [`Status::BufferTooSmall`], so a first call with `cap` 0 asks for the size.
+/// [`Status::BufferTooSmall`], so a first call with `cap` 0 asks for the size. With no live
+/// segment, any buffer (NULL included) gets the empty answer and [`Status::Ok`].
 ///
 /// # Safety
 /// `out` is NULL or valid for writes of `cap` entries; `count` is NULL or valid for a write.

@@ -757,6 +757,26 @@ fn text_of(f: impl Fn(*mut std::ffi::c_char, usize, *mut usize) -> Status) -> St
         .to_owned()
 }
 
+/// A pool with no live region has an empty leak report: the first call, with no buffer,
+/// gets the whole answer (none) rather than a buffer too small for zero entries.
+#[test]
+fn an_empty_leak_report_needs_no_buffer() {
+    let pool = pool_with("");
+    let r = alloc(pool, KIND_HOST, 100).unwrap();
+    assert_eq!(ap_free(pool, r), Status::Ok);
+    let mut count = usize::MAX;
+    // SAFETY: a writable count; no buffer.
+    let got = unsafe { ap_pool_leak_report(pool, null_mut(), 0, &mut count) };
+    assert_eq!((got, count), (Status::Ok, 0), "{}", last_error());
+    // A live region still needs room.
+    let r = alloc(pool, KIND_HOST, 100).unwrap();
+    // SAFETY: as above.
+    let got = unsafe { ap_pool_leak_report(pool, null_mut(), 0, &mut count) };
+    assert_eq!((got, count), (Status::BufferTooSmall, 1));
+    assert_eq!(ap_free(pool, r), Status::Ok);
+    assert_eq!(destroy(pool), 0);
+}
+
 #[test]
 fn leak_report_snapshot_and_picture_show_the_live_regions() {
     let pool = pool_with("chunk_size:4m");
