@@ -32,9 +32,18 @@ const REQUESTED: &str = "#4e79a7";
 const REQUIRED: &str = "#f28e2b";
 const RESERVED: &str = "#59a14f";
 
-/// Escapes text for an SVG text node or attribute.
+/// Escapes text for an SVG text node or attribute. Characters XML 1.0 does not allow in a
+/// document at all, escaped or not (control characters but tab and line ends, U+FFFE and
+/// U+FFFF), become U+FFFD: a title comes from a file name, which may hold any of them.
 fn esc(s: &str) -> String {
-    s.replace('&', "&amp;")
+    s.chars()
+        .map(|c| match c {
+            '\t' | '\n' | '\r' => c,
+            '\u{0}'..='\u{1f}' | '\u{fffe}' | '\u{ffff}' => '\u{fffd}',
+            c => c,
+        })
+        .collect::<String>()
+        .replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
         .replace('"', "&quot;")
@@ -687,6 +696,31 @@ mod tests {
             );
         }
         assert!(!svg.contains(">120 MiB<") && !svg.contains(">120</text>"));
+    }
+
+    #[test]
+    fn a_title_keeps_only_characters_xml_allows() {
+        // A trace's file name may hold control characters; XML 1.0 refuses them even as
+        // character references, so an SVG holding one does not open.
+        let svg = pool_state(
+            &PoolSnapshot {
+                source: "sim".into(),
+                device: 0,
+                kinds: Vec::new(),
+            },
+            "run\u{1}\u{1b}[0m\u{ffff}.jsonl\t<&>",
+        );
+        assert!(
+            svg.contains(">run\u{fffd}\u{fffd}[0m\u{fffd}.jsonl\t&lt;&amp;&gt;</text>"),
+            "{svg}"
+        );
+        let points = [TimelinePoint::default()];
+        for svg in [svg, timeline(&points, "\u{0}\u{8}")] {
+            let bad = |c: char| {
+                matches!(c, '\u{0}'..='\u{1f}' | '\u{fffe}' | '\u{ffff}') && !"\t\n\r".contains(c)
+            };
+            assert!(!svg.contains(bad), "{svg:?}");
+        }
     }
 
     #[test]
