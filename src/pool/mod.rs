@@ -706,7 +706,8 @@ impl Pool {
         self.inner.kind_stats(&k, |_| {})
     }
 
-    /// Counters of every kind, summed where summing makes sense (peaks are sums of peaks).
+    /// Counters of every kind, one [`KindStats`] each, in [`MemKind::ALL`]'s order (nothing
+    /// is summed: add up what you need, and note that a sum of peaks is not a peak of sums).
     pub fn all_stats(&self) -> Vec<KindStats> {
         MemKind::ALL.iter().map(|&k| self.stats(k)).collect()
     }
