@@ -784,11 +784,14 @@ impl Pool {
                     c.raw.addr
                 )),
             };
-            self.inner.shapes[class].for_each_held(|c| {
-                if let Some(p) = unsettled(c) {
-                    problem.get_or_insert(p);
-                }
-            });
+            self.inner.shapes[class].for_each_distinct(
+                |c| c.raw.key(),
+                |c| {
+                    if let Some(p) = unsettled(c) {
+                        problem.get_or_insert(p);
+                    }
+                },
+            );
             if let Some(p) = problem {
                 return Err(Error::Invalid(format!("{} shape slots: {p}", k.kind)));
             }
@@ -2433,9 +2436,12 @@ impl PoolInner {
     /// Registry keys of `k`'s segments held in thread caches and shape slots.
     fn cached_keys(&self, k: &KindPool) -> std::collections::HashSet<usize> {
         let mut keys = std::collections::HashSet::new();
-        self.shapes[k.kind.index()].for_each_held(|c| {
-            keys.insert(c.raw.key());
-        });
+        self.shapes[k.kind.index()].for_each_distinct(
+            |c| c.raw.key(),
+            |c| {
+                keys.insert(c.raw.key());
+            },
+        );
         if let Some(reg) = &self.caches {
             reg.for_each_locked(|_, b| {
                 ThreadCache::for_each_held_locked(b, k.kind.index(), |c| {
@@ -2454,12 +2460,15 @@ impl PoolInner {
         let mut s = k.stats;
         s.pending_frees = k.pending.len() as u64;
         let (mut bytes, mut requested, mut items) = (0, 0, 0);
-        let t = self.shapes[k.kind.index()].for_each_held(|c| {
-            bytes += c.raw.footprint();
-            requested += c.raw.len();
-            items += 1;
-            held(c.raw.key());
-        });
+        let t = self.shapes[k.kind.index()].for_each_distinct(
+            |c| c.raw.key(),
+            |c| {
+                bytes += c.raw.footprint();
+                requested += c.raw.len();
+                items += 1;
+                held(c.raw.key());
+            },
+        );
         s.allocated_bytes -= bytes;
         s.requested_bytes -= requested;
         s.live_regions -= items;

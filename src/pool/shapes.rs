@@ -491,6 +491,28 @@ impl<T> ShapeSlots<T> {
         }
         t
     }
+
+    /// [`for_each_held`](Self::for_each_held), calling `f` once per item as `id` tells them
+    /// apart. The walk takes one slot at a time while other threads take and put without
+    /// the kind lock, so an item taken from a slot already walked and put in a later one is
+    /// met twice: counted twice, its bytes came off a kind's live figures twice.
+    pub(crate) fn for_each_distinct<K: PartialEq>(
+        &self,
+        id: impl Fn(&T) -> K,
+        mut f: impl FnMut(&T),
+    ) -> SlotTotals {
+        // At most one item a slot is met, so at most `SLOTS` distinct ones.
+        let mut met: [Option<K>; SLOTS] = std::array::from_fn(|_| None);
+        let mut n = 0;
+        self.for_each_held(|item| {
+            let k = id(item);
+            if !met[..n].iter().any(|m| m.as_ref() == Some(&k)) {
+                met[n] = Some(k);
+                n += 1;
+                f(item);
+            }
+        })
+    }
 }
 
 impl<T> Drop for ShapeSlots<T> {

@@ -3,6 +3,7 @@
 //! that file with loom's primitives, under which these tests could not run.)
 
 use super::shapes::*;
+use smallvec::SmallVec;
 use std::sync::Arc;
 
 fn key(len: u64) -> u64 {
@@ -295,4 +296,54 @@ fn debug_shows_each_slots_state() {
     assert_eq!(format!("{s:?}"), "ShapeSlots { states: [1, 1, 0, 0] }");
     s.close(|_| {});
     assert_eq!(format!("{s:?}"), "ShapeSlots { states: [3, 3, 3, 3] }");
+}
+
+/// `Pool::stats` and `validate` walk the slots while threads take and put without the kind
+/// lock: a frame taken from a slot the walk has passed, and put back in a later one while
+/// another frame fills the first, is met twice by a plain walk. The distinct walk reports
+/// each frame once.
+#[test]
+fn a_frame_moving_to_a_later_slot_is_met_once_by_the_distinct_walk() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let s = Arc::new(ShapeSlots::<u64>::default());
+    assert!(matches!(s.put(key(9), 0, 1, 9, 0), Put::Kept));
+    let stop = Arc::new(AtomicBool::new(false));
+    // Two frames of one shape, each taken and freed again and again.
+    let movers: Vec<_> = (0..2u64)
+        .map(|n| {
+            let (s, stop) = (Arc::clone(&s), Arc::clone(&stop));
+            std::thread::spawn(move || {
+                let mut mine = (n == 1).then_some(1u64);
+                while !stop.load(Ordering::Relaxed) {
+                    match mine.take() {
+                        Some(i) => match s.put(key(9), 0, 1, 9, i) {
+                            Put::Kept => {}
+                            Put::Displaced(o) | Put::Declined(o) => mine = Some(o),
+                        },
+                        None => mine = s.take(key(9), |_| true),
+                    }
+                }
+                mine
+            })
+        })
+        .collect();
+    let rounds = if cfg!(miri) { 200 } else { 2_000_000 };
+    let mut twice = None;
+    for _ in 0..rounds {
+        let mut seen = SmallVec::<[u64; 8]>::new();
+        s.for_each_distinct(|&i| i, |&i| seen.push(i));
+        if seen.len() > 1 && seen[0] == seen[1] || seen.len() > 2 {
+            twice = Some(seen);
+            break;
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let mut all: Vec<u64> = movers
+        .into_iter()
+        .filter_map(|m| m.join().unwrap())
+        .collect();
+    s.drain(|i| all.push(i));
+    all.sort_unstable();
+    assert_eq!(all, [0, 1], "every frame is somewhere exactly once");
+    assert_eq!(twice, None, "a frame was met twice");
 }
