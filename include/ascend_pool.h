@@ -52,9 +52,11 @@ typedef enum ap_status {
                                        ones) asked for under the other access */
     AP_ERR_BAD_BUFFER = 25,         /* not a live buffer of this pool, or not an open buffer
                                        of another process */
-    AP_ERR_FORKED = 26              /* a pool, mapping or buffer the process this one was
+    AP_ERR_FORKED = 26,             /* a pool, mapping or buffer the process this one was
                                        forked from made: it is that process's; destroying or
                                        closing it here only forgets the handle */
+    AP_ERR_IO = 27                  /* a file the pool writes (its recorded trace) could not
+                                       be created or written */
 } ap_status;
 
 /* Memory kinds: which AscendCL call the pool's blocks come from. */
@@ -160,7 +162,9 @@ ap_status ap_pool_leak_report(ap_pool pool, ap_segment_info *out, size_t cap, si
 ap_status ap_pool_snapshot_json(ap_pool pool, char *buf, size_t cap, size_t *needed);
 /* A picture of the pool as SVG: each chunk a bar of allocated, padding and free bytes. */
 ap_status ap_pool_picture_svg(ap_pool pool, char *buf, size_t cap, size_t *needed);
-/* Writes out the trace of a pool created with "record:PATH"; does nothing without one. */
+/* Writes out the trace of a pool created with "record:PATH"; does nothing without one.
+ * AP_ERR_IO when the trace could not be written (the first write error since the pool was
+ * created; recording stopped there). */
 ap_status ap_pool_flush_record(ap_pool pool);
 
 ap_status ap_alloc(ap_pool pool, ap_kind kind, uint64_t len, ap_region *out);

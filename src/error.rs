@@ -187,6 +187,16 @@ pub enum Error {
     },
     /// A configuration string or builder value that makes no sense.
     Config(String),
+    /// A file the pool writes (the trace [`record`](crate::pool::PoolConfig::record)ed) could
+    /// not be created or written: a path that is no file, a full disk.
+    Io {
+        /// What was done to the file: `"create"` or `"write"`.
+        op: &'static str,
+        /// The file.
+        path: std::path::PathBuf,
+        /// What the system said.
+        reason: String,
+    },
     /// The padding canary of a segment was overwritten (debug mode).
     Corruption {
         /// The memory kind.
@@ -281,6 +291,9 @@ impl std::fmt::Display for Error {
                 write!(f, "cannot load {library}: {reason}")
             }
             Self::Config(msg) => write!(f, "bad configuration: {msg}"),
+            Self::Io { op, path, reason } => {
+                write!(f, "cannot {op} {}: {reason}", path.display())
+            }
             Self::Corruption {
                 kind,
                 offset,
@@ -460,6 +473,14 @@ mod tests {
                 &["aclrtMapMem is not supported"],
             ),
             (Error::Config("x".into()), &["bad configuration: x"]),
+            (
+                Error::Io {
+                    op: "write",
+                    path: "/dev/full".into(),
+                    reason: "no space".into(),
+                },
+                &["cannot write /dev/full: no space"],
+            ),
             (
                 Error::LibraryLoad {
                     library: "libascendcl.so".into(),

@@ -210,7 +210,10 @@ fn an_unwritable_record_path_is_refused_when_the_pool_is_made() {
         PoolConfig::default().with_record(bad),
     )
     .unwrap_err();
-    assert!(matches!(err, ascend_pool::Error::Config(_)), "{err:?}");
+    assert!(
+        matches!(err, ascend_pool::Error::Io { op: "create", .. }),
+        "{err:?}"
+    );
 }
 
 #[test]

@@ -108,11 +108,13 @@ pub enum Status {
     /// A handle made by the process this one was forked from: it belongs to that process.
     /// Destroying or closing it only forgets it.
     Forked = 26,
+    /// A file the pool writes (the recorded trace) could not be created or written.
+    Io = 27,
 }
 
 impl Status {
     /// Every status, in value order (`ap_status_name` indexes it).
-    pub const ALL: [Status; 27] = [
+    pub const ALL: [Status; 28] = [
         Status::Ok,
         Status::NullArgument,
         Status::InvalidArgument,
@@ -140,6 +142,7 @@ impl Status {
         Status::ShareAccessFixed,
         Status::BadBuffer,
         Status::Forked,
+        Status::Io,
     ];
 
     fn name(self) -> &'static CStr {
@@ -171,6 +174,7 @@ impl Status {
             Status::ShareAccessFixed => c"AP_ERR_SHARE_ACCESS_FIXED",
             Status::BadBuffer => c"AP_ERR_BAD_BUFFER",
             Status::Forked => c"AP_ERR_FORKED",
+            Status::Io => c"AP_ERR_IO",
         }
     }
 
@@ -189,6 +193,7 @@ impl Status {
             Error::NotSupported { .. } => Status::NotSupported,
             Error::LibraryLoad { .. } => Status::LibraryLoad,
             Error::Config(_) => Status::Config,
+            Error::Io { .. } => Status::Io,
             Error::Corruption { .. } => Status::Corruption,
             Error::Invalid(_) => Status::InvalidState,
             Error::ShareRefused { .. } => Status::ShareRefused,
@@ -1013,7 +1018,7 @@ pub unsafe extern "C" fn ap_pool_picture_svg(
 }
 
 /// Writes out the trace a pool with `record:PATH` in its configuration has buffered
-/// ([`Pool::flush_record`]); [`Status::Config`] names the first write error since the pool
+/// ([`Pool::flush_record`]); [`Status::Io`] names the first write error since the pool
 /// was created. Without recording, does nothing.
 #[no_mangle]
 pub extern "C" fn ap_pool_flush_record(pool: u64) -> Status {
@@ -1480,6 +1485,14 @@ mod tests {
                 Status::LibraryLoad,
             ),
             (Error::Config("z".into()), Status::Config),
+            (
+                Error::Io {
+                    op: "write",
+                    path: "/dev/full".into(),
+                    reason: "no space".into(),
+                },
+                Status::Io,
+            ),
             (
                 Error::Corruption {
                     kind,

@@ -922,11 +922,11 @@ fn a_recorded_trace_is_written_out_on_request() {
     std::fs::remove_file(&path).unwrap();
     assert_eq!(ap_pool_flush_record(pool), Status::BadPool);
 
-    // A trace that cannot be written: the write error, as a configuration status.
+    // A trace that cannot be written: the write error, as an I/O status.
     let full = pool_with("record:/dev/full");
     let r = alloc(full, KIND_DEVICE, 64).unwrap();
     assert_eq!(ap_free(full, r), Status::Ok);
-    assert_eq!(ap_pool_flush_record(full), Status::Config);
+    assert_eq!(ap_pool_flush_record(full), Status::Io);
     assert!(last_error().contains("/dev/full"), "{}", last_error());
     assert_eq!(destroy(full), 0);
     // Without recording, nothing to do.

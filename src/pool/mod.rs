@@ -836,7 +836,7 @@ impl Pool {
     }
 
     /// Writes out the trace being recorded ([`PoolConfig::record`]); the first write error
-    /// since the pool was created, if any. Without recording, does nothing.
+    /// since the pool was created ([`Error::Io`]), if any. Without recording, does nothing.
     pub fn flush_record(&self) -> Result<()> {
         self.inner.ours()?;
         self.inner.recorder.as_ref().map_or(Ok(()), |r| r.flush())

@@ -58,8 +58,11 @@ struct RecorderState {
 impl Recorder {
     /// Creates (or truncates) the trace file at `path`.
     pub(crate) fn create(path: &Path) -> Result<Self> {
-        let file = File::create(path)
-            .map_err(|e| Error::Config(format!("record: cannot create {}: {e}", path.display())))?;
+        let file = File::create(path).map_err(|e| Error::Io {
+            op: "create",
+            path: path.to_owned(),
+            reason: e.to_string(),
+        })?;
         Ok(Self {
             path: path.to_owned(),
             state: Mutex::new(RecorderState {
@@ -113,10 +116,11 @@ impl Recorder {
             }
         }
         match &s.error {
-            Some(e) => Err(Error::Config(format!(
-                "record: writing {} failed: {e}",
-                self.path.display()
-            ))),
+            Some(e) => Err(Error::Io {
+                op: "write",
+                path: self.path.clone(),
+                reason: e.clone(),
+            }),
             None => Ok(()),
         }
     }
@@ -185,7 +189,7 @@ mod tests {
         r.alloc(MemKind::DEVICE, 0x1000, 100, 64);
         let first = r.flush().unwrap_err();
         assert!(
-            matches!(&first, Error::Config(m) if m.contains("/dev/full")),
+            matches!(&first, Error::Io { op: "write", path, .. } if path == Path::new("/dev/full")),
             "{first}"
         );
         assert!(
@@ -198,9 +202,12 @@ mod tests {
     }
 
     #[test]
-    fn unwritable_path_is_a_config_error() {
+    fn unwritable_path_is_an_io_error() {
         let dir = std::env::temp_dir().join("ascend-pool-no-such-dir-for-record");
         let err = Recorder::create(&dir.join("x/y.jsonl")).unwrap_err();
-        assert!(matches!(err, Error::Config(m) if m.contains("record")));
+        assert!(
+            matches!(&err, Error::Io { op: "create", path, .. } if path.ends_with("x/y.jsonl")),
+            "{err}"
+        );
     }
 }
