@@ -180,6 +180,18 @@ fn bench_with<F: ReplayerFactory>(
     factory: &F,
     seq: &Sequence,
 ) {
+    // One untimed replay first: every free went through (a refused free is cheap and would
+    // make the timed replays look fast) and the ranges' own checks pass.
+    let mut ranges: Vec<F::Replayer> = MemKind::ALL
+        .iter()
+        .map(|&k| factory.new_range(k, CAPACITY).expect("range"))
+        .collect();
+    replay(&mut ranges, seq, &mut vec![None; seq.slots]);
+    for r in &ranges {
+        r.validate()
+            .unwrap_or_else(|e| panic!("{} on {}: {e}", factory.name(), seq.name));
+    }
+    drop(ranges);
     group.bench_function(factory.name().to_string(), |b| {
         b.iter_batched_ref(
             || {

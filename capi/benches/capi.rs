@@ -73,7 +73,13 @@ fn on_threads(iters: u64, round: impl Fn() + Sync) -> Duration {
 
 fn bench(c: &mut Criterion) {
     let mut g = c.benchmark_group("alloc_free_64");
-    let pool = Pool::new(Arc::new(SimSource::default()), PoolConfig::default()).unwrap();
+    // The configuration `ap_pool_create` reads for a NULL one (`ASCEND_POOL_CONF`, else the
+    // defaults), so both sides run the same pool.
+    let pool = Pool::new(
+        Arc::new(SimSource::default()),
+        PoolConfig::from_env().unwrap(),
+    )
+    .unwrap();
     g.bench_function("rust", |b| {
         b.iter_batched_ref(
             || Vec::with_capacity(BATCH),
