@@ -41,6 +41,29 @@ struct Input {
     ops: Vec<Op>,
 }
 
+/// Allocates `len` under `rule`: a segment of exactly the rule's footprint, aligned as it
+/// asks, or the refusal the rule or a full range gives. The overlap check below trusts
+/// `footprint()`, so it is held to the rule here.
+fn carved(engine: &mut CarveEngine, len: u64, rule: CarveRule) -> Option<Allocation> {
+    let res = engine.alloc(len, rule);
+    match (rule.footprint(len), res) {
+        (Ok(f), Ok(a)) => {
+            assert_eq!((a.footprint(), a.len()), (f, len), "{rule:?}");
+            assert_eq!(a.offset() % rule.align(), 0);
+            Some(a)
+        }
+        (Ok(f), Err(EngineError::OutOfSpace { footprint, .. })) => {
+            assert_eq!(footprint, f);
+            None
+        }
+        (Err(want), Err(EngineError::Carve(got))) => {
+            assert_eq!(got, want);
+            None
+        }
+        (want, got) => panic!("alloc({len}, {rule:?}): footprint {want:?}, gave {got:?}"),
+    }
+}
+
 fuzz_target!(|input: Input| {
     let mut capacity = 1u64 << (12 + input.capacity_log % 16);
     let config = EngineConfig {
@@ -69,14 +92,13 @@ fuzz_target!(|input: Input| {
                 else {
                     continue;
                 };
-                if let Ok(a) = engine.alloc(len, rule) {
-                    assert_eq!(a.offset() % rule.align(), 0);
+                if let Some(a) = carved(&mut engine, len, rule) {
                     assert!(a.offset() + a.footprint() <= capacity);
                     live.push(a);
                 }
             }
             Op::AllocSmall { len } => {
-                if let Ok(a) = engine.alloc(u64::from(len), CarveRule::default()) {
+                if let Some(a) = carved(&mut engine, u64::from(len), CarveRule::default()) {
                     live.push(a);
                 }
             }
