@@ -20,6 +20,7 @@
 //! ever biased: each is a mutex and two relaxed loads.
 
 use std::cell::{Cell, UnsafeCell};
+use std::marker::PhantomData;
 use std::sync::atomic::{compiler_fence, AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
@@ -172,6 +173,9 @@ pub(crate) struct BiasedGuard<'a, T> {
     /// `None` when entered through the bias; else the mutex, and whether to bias the lock
     /// to the owner on the way out.
     mutex: Option<(MutexGuard<'a, Streak>, bool)>,
+    /// The guard lends `&T` through `&self`, so it is `Sync` only where `T` is (the fields
+    /// above would make it `Sync` for any `T: Send`, and a shared guard would share `T`).
+    _value: PhantomData<&'a mut T>,
 }
 
 impl<T> BiasedLock<T> {
@@ -229,6 +233,7 @@ impl<T> BiasedLock<T> {
                 return BiasedGuard {
                     lock: self,
                     mutex: None,
+                    _value: PhantomData,
                 };
             }
             self.busy.store(false, Ordering::Release);
@@ -262,6 +267,7 @@ impl<T> BiasedLock<T> {
             return BiasedGuard {
                 lock: self,
                 mutex: Some((streak, false)),
+                _value: PhantomData,
             };
         }
         streak.owner_entries = streak.owner_entries.saturating_add(1);
@@ -269,6 +275,7 @@ impl<T> BiasedLock<T> {
         BiasedGuard {
             lock: self,
             mutex: Some((streak, rebias)),
+            _value: PhantomData,
         }
     }
 
@@ -415,6 +422,30 @@ mod tests {
         let cmds = unsafe { libc::syscall(libc::SYS_membarrier, 0 as libc::c_long, 0, 0) };
         let offered = cmds >= 0 && cmds & (1 << 3) != 0;
         assert_eq!(bias_supported(), offered, "kernel's commands: {cmds:#x}");
+    }
+
+    /// A guard hands out `&T` through `&self`: sharing `&BiasedGuard` between threads
+    /// shares `&T`, so the guard may be `Sync` only where `T` is (as a `MutexGuard`).
+    /// Told apart at run time: the inherent `is_sync` exists only for `Sync` types, and a
+    /// call falls back to the trait's otherwise.
+    #[test]
+    fn a_guard_is_sync_only_when_its_value_is() {
+        struct Probe<T>(std::marker::PhantomData<T>);
+        trait NotSync {
+            fn is_sync(&self) -> bool {
+                false
+            }
+        }
+        impl<T> NotSync for Probe<T> {}
+        impl<T: Sync> Probe<T> {
+            fn is_sync(&self) -> bool {
+                true
+            }
+        }
+        let cell = Probe::<BiasedGuard<'static, Cell<u64>>>(std::marker::PhantomData);
+        assert!(!cell.is_sync(), "a guard of a Cell must not be Sync");
+        let plain = Probe::<BiasedGuard<'static, u64>>(std::marker::PhantomData);
+        assert!(plain.is_sync());
     }
 
     #[test]
