@@ -33,7 +33,7 @@ pub use config::PoolConfig;
 use biased::BiasedLock;
 use cache::{CacheItem, CacheRegistry, ThreadCache};
 use std::cell::{Cell, RefCell};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Weak;
 
 /// The primitives [`cache`] and [`shapes`] are built on; the loom models
@@ -351,6 +351,9 @@ pub(crate) struct PoolInner {
     /// Set when the [`Pool`] handle drops: no allocation can come any more, so frees
     /// bypass the thread caches and chunks can go back.
     closed: AtomicBool,
+    /// Shared with this pool's thread slots, which must not end up holding the last
+    /// reference (see [`Retiring`]).
+    retiring: Arc<Retiring>,
     /// The fork generation the pool was made in. In a child made by `fork` the pool is its
     /// parent's: every path that would take a lock, call the source or hand out memory
     /// refuses there first (the thread-cache hit paths are reached only through
@@ -390,6 +393,21 @@ enum Emptying {
     Close,
 }
 
+/// What a thread's [`CacheSlot`] and the [`Pool`] handle share so that a thread retiring its
+/// cache never holds the pool's last reference: that thread is running its thread-local
+/// destructors, and the pool's last drop gives every chunk and event back to the source,
+/// which may need thread-locals of its own (`AclSource` makes the device current through
+/// one, and panics, aborting the process, once it is gone).
+#[derive(Debug, Default)]
+struct Retiring {
+    /// Set by the pool handle's drop before it flushes the caches: a slot that sees it
+    /// leaves its cache to that flush and does not take the pool.
+    closed: AtomicBool,
+    /// Slots between their look at `closed` and letting the pool go; the handle's drop
+    /// waits for none to be left before its own references go.
+    threads: AtomicUsize,
+}
+
 /// Ids for [`PoolInner::id`].
 static NEXT_POOL_ID: AtomicU64 = AtomicU64::new(0);
 
@@ -397,6 +415,7 @@ static NEXT_POOL_ID: AtomicU64 = AtomicU64::new(0);
 struct CacheSlot {
     pool_id: u64,
     pool: Weak<PoolInner>,
+    retiring: Arc<Retiring>,
     cache: Arc<ThreadCache<OwnedSegment>>,
 }
 
@@ -406,9 +425,17 @@ impl Drop for CacheSlot {
         if LAST_CACHE.get().1 == Arc::as_ptr(&self.cache) {
             LAST_CACHE.set(NO_LAST_CACHE);
         }
-        if let Some(pool) = self.pool.upgrade() {
-            pool.retire_cache(&self.cache);
+        // Announced before `closed` is read, and `closed` set before the handle's drop
+        // reads `threads` (both SeqCst): either this slot sees the pool closing and keeps
+        // out (the handle's flush drains this cache, still registered), or that drop waits
+        // until this slot has let the pool go, so the handle's references are the last.
+        self.retiring.threads.fetch_add(1, Ordering::SeqCst);
+        if !self.retiring.closed.load(Ordering::SeqCst) {
+            if let Some(pool) = self.pool.upgrade() {
+                pool.retire_cache(&self.cache);
+            }
         }
+        self.retiring.threads.fetch_sub(1, Ordering::Release);
     }
 }
 
@@ -659,6 +686,7 @@ impl Pool {
             caches: (config.thread_cache > 0).then(|| CacheRegistry::new(config.thread_cache)),
             id: NEXT_POOL_ID.fetch_add(1, Ordering::Relaxed),
             closed: AtomicBool::new(false),
+            retiring: Arc::default(),
             forks: crate::fork::generation(),
             me: Weak::clone(me),
             plain: !config.debug && recorder.is_none(),
@@ -920,6 +948,7 @@ impl Drop for Pool {
         }
         // No allocation can come any more: what the caches hold is free memory.
         self.inner.closed.store(true, Ordering::Release);
+        self.inner.retiring.closed.store(true, Ordering::SeqCst);
         // Shape slots closed for good (their segments freed): a free racing with this drop
         // cannot leave a segment behind.
         for m in &self.inner.kinds {
@@ -944,6 +973,12 @@ impl Drop for Pool {
                     l.kind, l.addr, l.offset, l.len, l.footprint
                 );
             }
+        }
+        // A thread exiting meanwhile may hold the pool to retire its cache: wait until it
+        // lets go, so that it never drops the pool last from its thread-local destructors
+        // (see `Retiring`). It holds no lock this thread holds now.
+        while self.inner.retiring.threads.load(Ordering::SeqCst) != 0 {
+            std::thread::yield_now();
         }
     }
 }
@@ -2176,6 +2211,7 @@ impl PoolInner {
         slots.push(CacheSlot {
             pool_id: self.id,
             pool: Weak::clone(&self.me),
+            retiring: Arc::clone(&self.retiring),
             cache: reg.register(),
         });
         slots.len() - 1
@@ -2746,6 +2782,47 @@ mod anchor_tests {
                 "{conf}: the pool outlived its regions"
             );
         }
+    }
+
+    /// A thread that exits while the pool handle drops must not end up with the pool's last
+    /// reference (its cache slot takes the pool to retire its cache): the chunks and events
+    /// would go back to the source from its thread-local destructors, where `AclSource`
+    /// can no longer reach its own thread-locals. The handle's drop returning with the pool
+    /// still alive means the exiting thread holds it, nobody else does.
+    #[test]
+    fn an_exiting_thread_never_drops_the_pool_last() {
+        let mut last_on_exiting_thread = 0;
+        // The window is short: it was hit a few times in 2,000 rounds before the fix. Miri
+        // checks the handshake's accesses in a few rounds.
+        let rounds = if cfg!(miri) { 20 } else { 4000 };
+        for _ in 0..rounds {
+            let pool =
+                Arc::new(Pool::new(Arc::new(SimSource::default()), PoolConfig::default()).unwrap());
+            let weak = Arc::downgrade(&pool.inner);
+            let go = Arc::new(std::sync::Barrier::new(2));
+            let t = {
+                let (pool, go) = (Arc::clone(&pool), Arc::clone(&go));
+                std::thread::spawn(move || {
+                    for kind in [MemKind::Host, MemKind::Dvpp] {
+                        let seg = pool.alloc_raw(kind, 256, 128).unwrap();
+                        PoolInner::release(seg.owner, &seg.raw, &[]).unwrap();
+                    }
+                    drop(pool);
+                    go.wait();
+                })
+            };
+            go.wait();
+            drop(pool);
+            if weak.strong_count() > 0 {
+                last_on_exiting_thread += 1;
+            }
+            t.join().unwrap();
+            assert_eq!(weak.strong_count(), 0);
+        }
+        assert_eq!(
+            last_on_exiting_thread, 0,
+            "an exiting thread dropped the pool last"
+        );
     }
 }
 
