@@ -33,6 +33,9 @@ pub(crate) const REBIAS_AFTER: u32 = 64;
 /// then), system calls stay rare next to the entries the bias saves.
 const REBIAS_AFTER_MAX: u32 = 1 << 20;
 
+/// Turns a revoker spins (yielding) for the owner to leave before it sleeps between looks.
+const SPIN_TURNS: u32 = 64;
+
 /// Ids for [`thread_id`]; 0 means "no thread".
 static NEXT_THREAD_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -286,9 +289,19 @@ impl<T> BiasedLock<T> {
         // either before this point (so `busy` reads true here) or after (so it reads
         // `biased` false and backs off).
         heavy_fence();
+        // The owner is usually out within a carve; but it may hold the lock across a runtime
+        // call that blocks (a wait for a stream, a block from the source), so after a few
+        // turns wait as a mutex's waiter would: asleep, in steps that double up to 1 ms.
+        let mut turns = 0u32;
         while self.busy.load(Ordering::Acquire) {
-            std::hint::spin_loop();
-            std::thread::yield_now();
+            if turns < SPIN_TURNS {
+                std::hint::spin_loop();
+                std::thread::yield_now();
+            } else {
+                let step = (turns - SPIN_TURNS).min(10);
+                std::thread::sleep(std::time::Duration::from_micros(1 << step));
+            }
+            turns = turns.saturating_add(1);
         }
     }
 }
@@ -446,6 +459,48 @@ mod tests {
         assert!(!cell.is_sync(), "a guard of a Cell must not be Sync");
         let plain = Probe::<BiasedGuard<'static, u64>>(std::marker::PhantomData);
         assert!(plain.is_sync());
+    }
+
+    /// The owner may hold its kind's lock across a runtime call that blocks for long (a
+    /// wait for a stream's events, a block from the source): a stranger that revokes the
+    /// bias meanwhile must wait for it as a mutex's waiter would, not burn a core.
+    #[cfg(all(target_os = "linux", not(miri)))]
+    #[test]
+    fn a_stranger_waiting_for_a_blocked_owner_does_not_spin() {
+        if !bias_supported() {
+            return;
+        }
+        fn cpu_time() -> std::time::Duration {
+            let mut ts = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            };
+            // SAFETY: `ts` is a valid, writable timespec; the clock id is a constant.
+            let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+            assert_eq!(rc, 0);
+            std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+        }
+        let lock = Arc::new(BiasedLock::new(0u32));
+        for _ in 0..REBIAS_AFTER {
+            *lock.lock() += 1;
+        }
+        assert!(lock.is_biased());
+        let held = lock.lock();
+        let other = Arc::clone(&lock);
+        let stranger = std::thread::spawn(move || {
+            let start = cpu_time();
+            *other.lock() += 1;
+            cpu_time() - start
+        });
+        // The owner, inside through the bias, blocks in the runtime for a while.
+        std::thread::sleep(std::time::Duration::from_millis(400));
+        drop(held);
+        let spent = stranger.join().unwrap();
+        assert!(
+            spent < std::time::Duration::from_millis(100),
+            "the stranger spent {spent:?} of CPU time waiting 400 ms for the owner"
+        );
+        assert_eq!(*lock.lock(), REBIAS_AFTER + 1);
     }
 
     #[test]
