@@ -2458,11 +2458,14 @@ impl PoolInner {
                     Self::settle(&mut k, c.raw.key(), false);
                     drained.push(c);
                 }
+                // The shape slots budget from the hint (no source call here either).
+                self.note_free(&k);
             }
         }
         for c in reg.unregister(cache) {
             let mut k = self.kinds[c.raw.kind.index()].lock();
             Self::settle(&mut k, c.raw.key(), false);
+            self.note_free(&k);
             drained.push(c);
         }
         // The caller holds a handle too, so these are never the last.
@@ -2782,6 +2785,34 @@ mod anchor_tests {
                 "{conf}: the pool outlived its regions"
             );
         }
+    }
+
+    /// The shape slots' budget reads each kind's free bytes from `free_hint`, exact "between
+    /// two locked changes": a thread that exits gives its cache's segments back to their
+    /// engines under the kind lock, and the hint must follow.
+    #[test]
+    fn a_retired_thread_cache_updates_the_free_hint() {
+        let pool =
+            Arc::new(Pool::new(Arc::new(SimSource::default()), PoolConfig::default()).unwrap());
+        let theirs = Arc::clone(&pool);
+        // Joined, not scoped: a join waits for the thread's thread-local destructors.
+        std::thread::spawn(move || {
+            let segs: Vec<_> = (0..8)
+                .map(|_| theirs.alloc_raw(MemKind::Host, 4096, 64).unwrap())
+                .collect();
+            for seg in segs {
+                PoolInner::release(seg.owner, &seg.raw, &[]).unwrap();
+            }
+        })
+        .join()
+        .unwrap();
+        assert_eq!(pool.stats(MemKind::Host).cached_regions, 0, "retired");
+        let k = pool.inner.kinds[MemKind::Host.index()].lock();
+        let free = k.stats.reserved_bytes - k.stats.allocated_bytes;
+        let hint = pool.inner.free_hint[MemKind::Host.index()]
+            .0
+            .load(Ordering::Relaxed);
+        assert_eq!(hint, free, "free_hint after the thread's cache was retired");
     }
 
     /// A thread that exits while the pool handle drops must not end up with the pool's last
