@@ -1112,19 +1112,22 @@ mod tests {
         assert!(t.is_empty());
     }
 
+    /// Five 4 KiB blocks, the second and fourth freed: two free nodes in one bin, apart
+    /// (they cannot merge), used nodes around them. Returns the range and the five blocks.
+    fn two_free_nodes_in_one_bin() -> (TlsfRange, Vec<(u64, u32, u32)>) {
+        let mut t = TlsfRange::new(1 << 20, 64).unwrap();
+        let a: Vec<_> = (0..5).map(|_| alloc(&mut t, 4096, 64).unwrap()).collect();
+        for i in [1, 3] {
+            t.free(a[i].1, a[i].0, a[i].2).unwrap();
+        }
+        t.unpark_all();
+        t.validate().unwrap();
+        (t, a)
+    }
+
     #[test]
     fn validate_reports_links_past_the_node_table_without_panicking() {
-        // Two free nodes in one bin, apart; used nodes around them.
-        let build = || {
-            let mut t = TlsfRange::new(1 << 20, 64).unwrap();
-            let a: Vec<_> = (0..5).map(|_| alloc(&mut t, 4096, 64).unwrap()).collect();
-            for i in [1, 3] {
-                t.free(a[i].1, a[i].0, a[i].2).unwrap();
-            }
-            t.unpark_all();
-            t.validate().unwrap();
-            t
-        };
+        let build = || two_free_nodes_in_one_bin().0;
         let drifts: [crate::engine::Drift<TlsfRange>; 4] = [
             ("the last node past the table", |t| {
                 t.last = t.nodes.len() as u32 + 3
@@ -1151,14 +1154,7 @@ mod tests {
 
     #[test]
     fn validate_reports_a_bin_list_that_leaves_the_node_table() {
-        let mut t = TlsfRange::new(1 << 20, 64).unwrap();
-        let a: Vec<_> = (0..5).map(|_| alloc(&mut t, 4096, 64).unwrap()).collect();
-        // Two free blocks in one bin, apart (they cannot merge).
-        for i in [1, 3] {
-            t.free(a[i].1, a[i].0, a[i].2).unwrap();
-        }
-        t.unpark_all();
-        t.validate().unwrap();
+        let (mut t, a) = two_free_nodes_in_one_bin();
         let (fl, sl) = mapping_insert(4096 >> 6);
         let head = t.heads[fl][sl];
         let second = t.nodes[head as usize].next_free;
