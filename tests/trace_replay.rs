@@ -779,9 +779,11 @@ fn later_rounds_find_rlsf_warm() {
         ])
     };
     let (one, five) = (faults("1"), faults("5"));
-    // A cold pass faults in about 4,000 pages; four warm rounds next to none.
+    // A cold pass faults in about 4,000 pages, so four cold rounds 16,000 more (20,872 against
+    // 4,863 before the fix); four warm rounds next to none, or about 2,700 under
+    // AddressSanitizer, whose quarantine keeps the replay's own freed memory from reuse.
     assert!(
-        five - one < 1000,
+        five - one < 8000,
         "1 round: {one} page faults, 5 rounds: {five}"
     );
 }
