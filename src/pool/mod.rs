@@ -2472,22 +2472,13 @@ impl PoolInner {
         drop(drained);
     }
 
-    /// Registry keys of `k`'s segments held in thread caches and shape slots.
+    /// Registry keys of `k`'s segments held in thread caches and shape slots, from the walk
+    /// the counters of [`kind_stats`](Self::kind_stats) come from.
     fn cached_keys(&self, k: &KindPool) -> std::collections::HashSet<usize> {
         let mut keys = std::collections::HashSet::new();
-        self.shapes[k.kind.index()].for_each_distinct(
-            |c| c.raw.key(),
-            |c| {
-                keys.insert(c.raw.key());
-            },
-        );
-        if let Some(reg) = &self.caches {
-            reg.for_each_locked(|_, b| {
-                ThreadCache::for_each_held_locked(b, k.kind.index(), |c| {
-                    keys.insert(c.raw.key());
-                })
-            });
-        }
+        self.kind_stats(k, |key| {
+            keys.insert(key);
+        });
         keys
     }
 
