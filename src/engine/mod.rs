@@ -142,18 +142,19 @@ pub enum RangeTier {
 
 impl RangeTier {
     /// The largest capacity an engine with this tier takes ([`CarveEngine::new`]): with
-    /// TLSF `(2^32 - 1) * 64` bytes, just under 256 GiB; the buddy tier has no bound of its own.
+    /// TLSF `(2^32 - 1) * 64` bytes, just under 256 GiB; the buddy tier has no bound of its own
+    /// but the capacity's: the largest multiple of 64 a `u64` holds.
     ///
     /// ```
     /// use ascend_pool::engine::RangeTier;
     ///
     /// assert_eq!(RangeTier::Tlsf.max_capacity(), u64::from(u32::MAX) * 64);
-    /// assert_eq!(RangeTier::Buddy.max_capacity(), u64::MAX);
+    /// assert_eq!(RangeTier::Buddy.max_capacity(), u64::MAX - 63);
     /// ```
     pub const fn max_capacity(self) -> u64 {
         match self {
             Self::Tlsf => tlsf::MAX_UNITS * crate::align::DEFAULT_ALIGN,
-            Self::Buddy => u64::MAX,
+            Self::Buddy => u64::MAX - (crate::align::DEFAULT_ALIGN - 1),
         }
     }
 }
@@ -665,9 +666,8 @@ impl CarveEngine {
     ///
     /// `additional` must be a non-zero multiple of 64 ([`EngineError::BadCapacity`]) and
     /// the new capacity within what [`new`](Self::new) takes
-    /// ([`EngineError::CapacityTooLarge`]; with the buddy tier, an overflowing capacity is
-    /// [`EngineError::BadCapacity`]); after any error nothing has changed. Both range tiers
-    /// support it.
+    /// ([`EngineError::CapacityTooLarge`], also for a capacity that would pass `u64::MAX`);
+    /// after any error nothing has changed. Both range tiers support it.
     ///
     /// ```
     /// use ascend_pool::engine::{CarveEngine, EngineConfig};
@@ -901,7 +901,15 @@ mod tests {
                 e.grow(0),
                 Err(EngineError::BadCapacity { capacity: 0, .. })
             ));
-            assert!(e.grow(32).is_err() && e.grow(u64::MAX - 63).is_err());
+            assert!(matches!(
+                e.grow(32),
+                Err(EngineError::BadCapacity { capacity: 32, .. })
+            ));
+            // Past what the tier takes, or past u64::MAX, as the doc says: CapacityTooLarge.
+            assert!(matches!(
+                e.grow(u64::MAX - 63),
+                Err(EngineError::CapacityTooLarge { max, .. }) if max == cfg.range.max_capacity()
+            ));
             assert_eq!(e.capacity(), 1 << 20);
             e.grow(3 << 20).unwrap();
             assert_eq!(e.capacity(), 4 << 20);
