@@ -186,7 +186,7 @@ fn bench_with<F: ReplayerFactory>(
         .iter()
         .map(|&k| factory.new_range(k, CAPACITY).expect("range"))
         .collect();
-    replay(&mut ranges, seq, &mut vec![None; seq.slots]);
+    replay(&mut ranges, seq, &mut no_tokens(seq.slots));
     for r in &ranges {
         r.validate()
             .unwrap_or_else(|e| panic!("{} on {}: {e}", factory.name(), seq.name));
@@ -199,14 +199,17 @@ fn bench_with<F: ReplayerFactory>(
                     .iter()
                     .map(|&k| factory.new_range(k, CAPACITY).expect("range"))
                     .collect();
-                let tokens: Vec<Option<<F::Replayer as RangeReplayer>::Token>> =
-                    vec![None; seq.slots];
-                (ranges, tokens)
+                (ranges, no_tokens(seq.slots))
             },
             |(ranges, tokens)| replay(ranges, seq, tokens),
             BatchSize::LargeInput,
         )
     });
+}
+
+/// A token slot per live allocation of a sequence, all empty (tokens need not be `Clone`).
+fn no_tokens<T>(slots: usize) -> Vec<Option<T>> {
+    std::iter::repeat_with(|| None).take(slots).collect()
 }
 
 fn sequences() -> Vec<Sequence> {

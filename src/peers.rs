@@ -134,33 +134,39 @@ impl Reservation {
 /// 128 GiB), 32 second-level classes each.
 type RlsfTlsf = rlsf::Tlsf<'static, u32, u32, 32, 32>;
 
-/// A segment of an [`RlsfRange`]: where it is, and the slot that vouches for it.
+/// A segment of an [`RlsfRange`]: where it is, and which range carved it.
 ///
-/// Fields are private, so a token comes only from [`RlsfRange`]'s `alloc`; a copy freed
-/// twice, or a token of another range, is refused (see [`RlsfRange`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Fields are private and the token is neither `Clone` nor `Copy`, so it comes only from
+/// [`RlsfRange`]'s `alloc` and is freed at most once; a token of another range is refused
+/// (see [`RlsfRange`]).
+#[derive(Debug, PartialEq, Eq)]
 pub struct RlsfToken {
     offset: u64,
     align: usize,
-    /// Key of the segment's entry in the range's `live` slab.
-    slot: usize,
+    /// [`RlsfRange::id`] of the range that carved it.
+    range: u64,
 }
+
+/// Ids of [`RlsfRange`]s: every range, even one over a region an earlier range used, gets
+/// a new one, so a token outliving its range is refused by the next.
+static NEXT_RLSF_RANGE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// One range of the `rlsf` crate over an `mmap(MAP_NORESERVE)` region.
 ///
-/// A token that names no live segment of this range (a second free of a copy, a token of
-/// another range) is refused, not given to rlsf, whose `deallocate` it would corrupt; refused
-/// frees fail [`validate`](RangeReplayer::validate). The check is a slab slot read per free,
-/// not a hash lookup, so it adds next to nothing to the time a replay measures for rlsf.
+/// rlsf keeps its headers in the memory it manages, so a free it was not given by this
+/// range would corrupt it. A token is moved into `free`, so no segment is freed twice
+/// through one, and a token of another range is refused by the range id it carries;
+/// refused frees fail [`validate`](RangeReplayer::validate). The check is one compare per
+/// free: a replay times rlsf's own work, as it does offset-allocator's.
 pub struct RlsfRange {
     // Field order matters: `tlsf` points into `region` and is dropped first.
     tlsf: RlsfTlsf,
     region: Rc<Reservation>,
     high_water: u64,
-    /// Offset and alignment of every live segment, at the slot its token names: what
-    /// `deallocate` needs back, exactly. An entry is removed before its segment is freed.
-    live: slab::Slab<(u64, usize)>,
-    /// Frees refused because their token named no live segment.
+    /// Unique among the process's ranges (from `NEXT_RLSF_RANGE`); every token this range
+    /// hands out carries it.
+    id: u64,
+    /// Frees refused because their token came from another range.
     refused_frees: u64,
 }
 
@@ -194,7 +200,7 @@ impl RlsfRange {
             tlsf,
             region,
             high_water: 0,
-            live: slab::Slab::new(),
+            id: NEXT_RLSF_RANGE.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             refused_frees: 0,
         })
     }
@@ -210,32 +216,27 @@ impl RangeReplayer for RlsfRange {
         let p = self.tlsf.allocate(layout)?;
         let offset = (p.as_ptr() as usize - self.region.base.as_ptr() as usize) as u64;
         self.high_water = self.high_water.max(offset + footprint as u64);
-        let slot = self.live.insert((offset, align));
         Some((
             offset,
             RlsfToken {
                 offset,
                 align,
-                slot,
+                range: self.id,
             },
         ))
     }
 
     fn free(&mut self, token: RlsfToken) {
-        // Tokens are copies: only one whose slot still holds its segment goes to rlsf. (A
-        // stale copy whose slot now holds a new segment at the same place frees that one:
-        // wrong for the caller, but still a block rlsf handed out with this layout.)
-        if self.live.get(token.slot) != Some(&(token.offset, token.align)) {
+        if token.range != self.id {
             self.refused_frees += 1;
             return;
         }
-        let (offset, align) = self.live.remove(token.slot);
-        // SAFETY: `live` held `(offset, align)`, so base + offset is inside the region and is
-        // a pointer `tlsf.allocate` returned for alignment `align` that has not been
-        // deallocated since (its entry is removed before it is).
+        // SAFETY: the token came from this range's `alloc` (its id is unique to this range)
+        // and was moved in, so it is freed once: base + offset is inside the region and is
+        // a pointer `tlsf.allocate` returned for alignment `align`, not deallocated since.
         unsafe {
-            let p = NonNull::new_unchecked(self.region.base.as_ptr().add(offset as usize));
-            self.tlsf.deallocate(p, align);
+            let p = NonNull::new_unchecked(self.region.base.as_ptr().add(token.offset as usize));
+            self.tlsf.deallocate(p, token.align);
         }
     }
 

@@ -528,7 +528,7 @@ fn validate_alloc(
 /// Offsets are relative to the start of the range; the range starts at 0.
 pub trait RangeReplayer {
     /// What the replayer needs back to free an allocation.
-    type Token: Clone;
+    type Token;
 
     /// Carves a segment of `len` bytes under `rule`: `rule.footprint(len)` bytes
     /// starting at an offset aligned to `rule.align()`. `None` when the range is full.
@@ -2053,7 +2053,10 @@ not json
 
     /// Frees one segment twice: `validate` passes after the first free and reports the
     /// second, which the allocator refuses.
-    fn refuses_a_second_free<R: RangeReplayer>(r: &mut R) {
+    fn refuses_a_second_free<R: RangeReplayer>(r: &mut R)
+    where
+        R::Token: Clone,
+    {
         let (_, a) = r.alloc(100, MemKind::Host.carve_rule()).unwrap();
         r.free(a.clone());
         r.validate().unwrap();

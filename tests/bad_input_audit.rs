@@ -422,8 +422,10 @@ fn pool_picture_of_a_hand_made_snapshot_does_not_panic() {
 
 // Used to hand a second free of a copied token (and any made-up token) to rlsf's
 // `deallocate` from safe code: rlsf's debug assertion fired, release builds corrupted it.
+// Tokens are now moved into `free` (a second free of one segment does not compile), and a
+// token of another range, or of a range dropped before, is refused.
 #[test]
-fn rlsf_peer_refuses_tokens_of_no_live_segment() {
+fn rlsf_peer_refuses_tokens_of_other_ranges() {
     use ascend_pool::peers::RlsfRange;
     use ascend_pool::trace::RangeReplayer;
     let mut r = RlsfRange::new(MIB).unwrap();
@@ -432,21 +434,23 @@ fn rlsf_peer_refuses_tokens_of_no_live_segment() {
     let (_, first) = r.alloc(1000, rule).unwrap();
     let (_, second) = r.alloc(1000, rule).unwrap();
     let (_, elsewhere) = other.alloc(100, rule).unwrap();
-    r.free(first); // tokens are `Copy`: the driver keeps copies
-    r.free(first); // a second free of the same segment
-    other.free(second); // a token of another range (no segment at its slot there)
-    r.free(elsewhere); // and one from there (its slot here was freed above)
+    let (_, stale) = RlsfRange::new(MIB).unwrap().alloc(100, rule).unwrap();
+    r.free(first);
+    other.free(second); // a token of another range, at an offset `other` never carved
+    r.free(elsewhere); // and one from there
+    r.free(stale); // and one of a range dropped since
     assert_eq!(
         r.validate(),
         Err("2 frees were refused".to_string()),
         "refused frees are reported"
     );
     assert_eq!(other.validate(), Err("1 frees were refused".to_string()));
-    // The range is intact: the live segment frees, and new ones do not overlap.
-    r.free(second);
+    // Both ranges are intact: new segments do not overlap the live ones.
     let (a, _) = r.alloc(1000, rule).unwrap();
     let (b, _) = r.alloc(1000, rule).unwrap();
     assert!(a.abs_diff(b) >= rule.footprint(1000).unwrap());
+    let (c, _) = other.alloc(100, rule).unwrap();
+    assert_ne!(c, 0, "other's first segment is still live at 0");
 }
 
 // The runtime does no asynchronous copy within the host (ACL_ERROR_RT_FEATURE_NOT_SUPPORT);
