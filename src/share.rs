@@ -123,19 +123,8 @@ impl<R: VmmRuntime + 'static> VmmSource<R> {
                 capacity: 0,
             });
         }
+        // Refused before anything is exported if the pieces do not cover the range.
         let pieces = self.export_extents(Some((addr, len)), flags(access))?;
-        let end = (addr as u64).checked_add(len).ok_or(Error::ForeignHandle)?;
-        // The pieces must cover the range without a gap.
-        let mut at = addr as u64;
-        for &(va, l, _) in &pieces {
-            if va as u64 > at {
-                break;
-            }
-            at = at.max(va as u64 + l);
-        }
-        if pieces.is_empty() || at < end {
-            return Err(Error::ForeignHandle);
-        }
         self.describe(pieces, Some((addr, len)), access)
     }
 

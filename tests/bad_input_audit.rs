@@ -3,7 +3,7 @@
 use ascend_pool::engine::{CarveEngine, EngineConfig, EngineError};
 use ascend_pool::share::{Access, ShareDescriptor, SharedMapping, SharedPiece};
 use ascend_pool::source::sim::{SimConfig, SimSource, StreamHold};
-use ascend_pool::source::vmm::{VmmConfig, VmmSource};
+use ascend_pool::source::vmm::{VmmConfig, VmmRuntime, VmmSource};
 use ascend_pool::source::{Block, BlockSource, MemcpyKind};
 use ascend_pool::trace::{RejectKind, Rejection, TraceConfig, TraceItem, TraceReader};
 use ascend_pool::{region::Region, AclError, CarveRule, Error, MallocPolicy, MemKind, Pool};
@@ -616,4 +616,33 @@ fn async_work_on_a_region_of_another_device_is_refused() {
             .calls(ascend_pool::source::sim::AclFunc::MemcpyAsync),
         0
     );
+}
+
+// A refused publish used to export what it overlapped first, with its access: a range that
+// ran past a hole (or past the address space) left the memory exported to any process, and
+// the region's own publish to named processes was then refused as ShareAccessFixed.
+#[test]
+fn a_refused_publish_exports_nothing() {
+    let sim = sim(256 * MIB);
+    let vmm = Arc::new(VmmSource::new(Arc::clone(&sim), 0, VmmConfig::default()).unwrap());
+    let pool = Pool::new(vmm.clone(), PoolConfig::default()).unwrap();
+    // Two kinds grow side by side in the reservation, with free addresses between them.
+    let a = pool.alloc_device(1000).unwrap();
+    let b = pool
+        .alloc_device_kind(MemKind::Cached(MallocPolicy::HugeFirst), 1000)
+        .unwrap();
+    let all = (b.addr() + 1000 - a.addr()) as u64;
+    for len in [all, u64::MAX] {
+        assert!(matches!(
+            vmm.publish_range(a.addr(), len, &Access::AnyProcess),
+            Err(Error::ForeignHandle)
+        ));
+    }
+    let me = sim.bare_tgid().unwrap();
+    vmm.publish_region(&a, &Access::Processes(vec![me]))
+        .unwrap();
+    vmm.publish_region(&b, &Access::Processes(vec![me]))
+        .unwrap();
+    drop((a, b));
+    pool.validate().unwrap();
 }

@@ -485,7 +485,9 @@ impl<R: VmmRuntime> VmmSource<R> {
     /// Exports the extents overlapping `addr..addr + len` (every extent when `None`) and
     /// returns them as (address, bytes, shareable handle). An extent already exported keeps
     /// its handle (a handle is exported once per process); one exported with other `flags`
-    /// is refused with [`Error::ShareAccessFixed`], before anything new is exported.
+    /// is refused with [`Error::ShareAccessFixed`], before anything new is exported. So is a
+    /// range the extents do not cover without a gap ([`Error::ForeignHandle`]): a refused
+    /// publish must leave nothing exported, since an export cannot be taken back.
     pub(crate) fn export_extents(
         &self,
         range: Option<(usize, u64)>,
@@ -493,7 +495,13 @@ impl<R: VmmRuntime> VmmSource<R> {
     ) -> Result<Vec<(usize, u64, u64)>> {
         let mut s = self.state()?;
         let (lo, hi) = match range {
-            Some((addr, len)) => (addr, addr.saturating_add(len as usize)),
+            Some((addr, len)) => {
+                let end = usize::try_from(len)
+                    .ok()
+                    .and_then(|l| addr.checked_add(l))
+                    .ok_or(Error::ForeignHandle)?;
+                (addr, end)
+            }
             None => (self.base, self.base + self.reserved as usize),
         };
         let overlapping: Vec<usize> = s
@@ -502,6 +510,19 @@ impl<R: VmmRuntime> VmmSource<R> {
             .filter(|(&va, e)| va + e.len as usize > lo)
             .map(|(&va, _)| va)
             .collect();
+        if range.is_some() {
+            // The extents, by address, must cover `lo..hi` without a gap.
+            let mut at = lo;
+            for va in &overlapping {
+                if *va > at {
+                    break;
+                }
+                at = at.max(va + s.extents[va].len as usize);
+            }
+            if overlapping.is_empty() || at < hi {
+                return Err(Error::ForeignHandle);
+            }
+        }
         for va in &overlapping {
             if let Some((handle, was)) = s.extents[va].shareable {
                 if was != flags {
