@@ -641,8 +641,60 @@ fn child_process() {
             // Exit holding everything: the process's end releases it.
             std::process::exit(0);
         }
+        "forking-exporter" => {
+            let (_sim, vmm, pool) = exporter();
+            let region = filled(&pool, MIB);
+            let desc = vmm.publish_region(&region, &Access::AnyProcess).unwrap();
+            println!("@@desc {}", desc.to_json());
+            // SAFETY: the child only waits for its alarm: it calls nothing that is not
+            // fork-safe and never returns into the test harness.
+            let pid = unsafe { libc::fork() };
+            if pid == 0 {
+                // SAFETY: plain calls; the alarm ends the child if no one kills it.
+                unsafe {
+                    libc::alarm(30);
+                    loop {
+                        libc::pause();
+                    }
+                }
+            }
+            println!("@@forked {pid}");
+            // Exit holding everything, leaving the child behind.
+            std::process::exit(0);
+        }
         other => panic!("unknown role {other}"),
     }
+}
+
+/// An exporter that forked a child and exited: its handles are gone at once, though the
+/// child lives on. The child used to keep its copy of the exporter's listening socket, so an
+/// import connected, waited 5 s for an answer no thread would give, and failed with
+/// ACL_ERROR_RT_FAILURE rather than ShareGone.
+#[test]
+fn an_exited_exporters_handles_are_gone_while_its_forked_child_lives() {
+    let sim = sim();
+    let mut exporter = Peer::spawn("forking-exporter", &[]);
+    let desc = ShareDescriptor::from_json(exporter.line().strip_prefix("desc ").unwrap()).unwrap();
+    let child: i32 = exporter
+        .line()
+        .strip_prefix("forked ")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(child > 0);
+    exporter.finish();
+    let start = Instant::now();
+    let r = SharedMapping::open(Arc::clone(&sim), 0, &desc);
+    let took = start.elapsed();
+    // SAFETY: ends the exporter's child, which only waits.
+    unsafe { libc::kill(child, libc::SIGKILL) };
+    assert!(
+        matches!(r, Err(Error::ShareGone { .. })),
+        "{r:?} after {took:?}"
+    );
+    assert!(took < Duration::from_secs(2), "took {took:?}");
+    let s = sim.stats();
+    assert_eq!((s.reservations, s.physical_handles, s.mappings), (0, 0, 0));
 }
 
 /// A descriptor comes from another process: one that publishes nothing, or whose pieces and

@@ -68,9 +68,12 @@ struct Export {
 /// importer does (`importers > 0`); it is removed, and `release` run, when neither does.
 static EXPORTS: LazyLock<Mutex<HashMap<u64, Export>>> = LazyLock::new(Default::default);
 static NEXT_SERIAL: AtomicU32 = AtomicU32::new(1);
-/// The instance number of this copy's service once started, with the process it runs in: a
-/// child made by `fork` does not have its parent's service thread, and starts its own.
-static SERVICE: Mutex<Option<(u32, Result<u32, AclError>)>> = Mutex::new(None);
+/// The instance number of this copy's service once started, and its listening socket, with
+/// the process it runs in: a child made by `fork` does not have its parent's service thread,
+/// and starts its own.
+static SERVICE: Mutex<Option<(u32, Service)>> = Mutex::new(None);
+/// A started service's instance and listening socket, or why it could not start.
+type Service = Result<(u32, RawFd), AclError>;
 /// Service instances one process may run.
 const INSTANCES: u32 = 1 << 10;
 
@@ -84,11 +87,11 @@ fn service() -> Result<u32, AclError> {
     let pid = std::process::id();
     let mut service = SERVICE.lock().unwrap_or_else(PoisonError::into_inner);
     match *service {
-        Some((started_in, instance)) if started_in == pid => instance,
+        Some((started_in, started)) if started_in == pid => started.map(|(i, _)| i),
         _ => {
-            let instance = start_service();
-            *service = Some((pid, instance));
-            instance
+            let started = start_service();
+            *service = Some((pid, started));
+            started.map(|(i, _)| i)
         }
     }
 }
@@ -99,7 +102,7 @@ thread_local! {
 }
 
 type ForkGuards = (
-    MutexGuard<'static, Option<(u32, Result<u32, AclError>)>>,
+    MutexGuard<'static, Option<(u32, Service)>>,
     MutexGuard<'static, HashMap<u64, Export>>,
     MutexGuard<'static, HashMap<u64, Imported>>,
 );
@@ -122,10 +125,21 @@ pub(crate) fn hold_for_fork() {
 /// started by process id).
 pub(crate) fn release_after_fork(in_child: bool) {
     let _ = HELD_FOR_FORK.try_with(|h| {
-        let Some((_service, mut exports, mut imported)) = h.borrow_mut().take() else {
+        let Some((service, mut exports, mut imported)) = h.borrow_mut().take() else {
             return;
         };
         if in_child {
+            // SAFETY: a NUL-terminated path; `open` and `dup2` are safe after a fork.
+            let null = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+            // The parent's listening socket: its copy here would keep the parent's name bound
+            // after the parent exits, and an import of the parent's handles would then wait
+            // for an answer no thread gives (rather than find no listener: the handle is
+            // gone). /dev/null takes its place, as for the links below.
+            if let (Some((_, Ok((_, listener)))), true) = (&*service, null >= 0) {
+                // SAFETY: `listener` is this process's copy of the parent's listening socket,
+                // which nothing in this process closes (its thread is the parent's).
+                unsafe { libc::dup2(null, *listener) };
+            }
             for (_, e) in exports.drain() {
                 // The child's copy of the descriptor is closed, so that the memory does not
                 // outlive its parent's hold on it; what runs when the parent's importers
@@ -137,8 +151,6 @@ pub(crate) fn release_after_fork(in_child: bool) {
             // keep each exporter charged while the child lives: /dev/null takes their
             // place (the descriptors stay valid, for whatever closes them later; closing
             // or shutting the socket would cut the parent's link too).
-            // SAFETY: a NUL-terminated path; `open` and `dup2` are safe after a fork.
-            let null = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
             for (_, i) in imported.drain() {
                 if let (Some(fd), true) = (i.link, null >= 0) {
                     // SAFETY: `fd` is this process's copy of the link, open until the parent's
@@ -228,7 +240,7 @@ fn importer_left(handle: u64) {
     }
 }
 
-fn start_service() -> Result<u32, AclError> {
+fn start_service() -> Service {
     // pid_max is at most 2^22, so a process id fits the handle's 22 bits.
     if std::process::id() >= 1 << 22 {
         return Err(AclError::RT_FAILURE);
@@ -239,6 +251,7 @@ fn start_service() -> Result<u32, AclError> {
             UnixListener::bind_addr(&addr).ok().map(|l| (i, l))
         })
         .ok_or(AclError::RT_FAILURE)?;
+    let fd = listener.as_raw_fd();
     std::thread::Builder::new()
         .name("acl-sim-share".into())
         .stack_size(128 << 10)
@@ -248,7 +261,7 @@ fn start_service() -> Result<u32, AclError> {
             }
         })
         .map_err(|_| AclError::RT_FAILURE)?;
-    Ok(instance)
+    Ok((instance, fd))
 }
 
 /// Serves one import request.
