@@ -646,18 +646,31 @@ fn child_process() {
             let region = filled(&pool, MIB);
             let desc = vmm.publish_region(&region, &Access::AnyProcess).unwrap();
             println!("@@desc {}", desc.to_json());
-            // SAFETY: the child only waits for its alarm: it calls nothing that is not
-            // fork-safe and never returns into the test harness.
+            let mut ready = [0i32; 2];
+            // SAFETY: `ready` holds two descriptors.
+            assert_eq!(unsafe { libc::pipe(ready.as_mut_ptr()) }, 0);
+            // SAFETY: the child only says it runs and waits for its alarm: it calls nothing
+            // that is not async-signal-safe and never returns into the test harness.
             let pid = unsafe { libc::fork() };
             if pid == 0 {
-                // SAFETY: plain calls; the alarm ends the child if no one kills it.
+                // SAFETY: plain calls on the pipe above; the alarm ends the child if no one
+                // kills it.
                 unsafe {
+                    // fork's child handlers have run (the parent's listener is let go):
+                    // only now may the exporter exit and the test import.
+                    libc::write(ready[1], [1u8].as_ptr().cast(), 1);
                     libc::alarm(30);
                     loop {
                         libc::pause();
                     }
                 }
             }
+            let mut byte = [0u8];
+            // SAFETY: reads one byte into `byte` from the pipe above.
+            assert_eq!(
+                unsafe { libc::read(ready[0], byte.as_mut_ptr().cast(), 1) },
+                1
+            );
             println!("@@forked {pid}");
             // Exit holding everything, leaving the child behind.
             std::process::exit(0);
