@@ -61,7 +61,8 @@ use crate::source::{DeviceId, MemcpyKind};
 /// [`Error::ShareAccessFixed`]. Keep memory for different readers in different pools.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Access {
-    /// Only these processes (ids from [`VmmRuntime::bare_tgid`] in each of them).
+    /// Only these processes (ids from [`VmmRuntime::bare_tgid`] in each of them); at least
+    /// one ([`Error::Config`] otherwise, and nothing is exported).
     Processes(Vec<i32>),
     /// Any process: pid validation is disabled when the memory is first exported.
     AnyProcess,
@@ -124,13 +125,13 @@ impl<R: VmmRuntime + 'static> VmmSource<R> {
             });
         }
         // Refused before anything is exported if the pieces do not cover the range.
-        let pieces = self.export_extents(Some((addr, len)), flags(access))?;
+        let pieces = self.export_extents(Some((addr, len)), flags(access)?)?;
         self.describe(pieces, Some((addr, len)), access)
     }
 
     /// Publishes every byte this source has mapped (every chunk of the pool over it).
     pub fn publish_all(&self, access: &Access) -> Result<ShareDescriptor> {
-        let pieces = self.export_extents(None, flags(access))?;
+        let pieces = self.export_extents(None, flags(access)?)?;
         if pieces.is_empty() {
             return Err(Error::OutOfBounds {
                 offset: 0,
@@ -148,10 +149,8 @@ impl<R: VmmRuntime + 'static> VmmSource<R> {
         access: &Access,
     ) -> Result<ShareDescriptor> {
         if let Access::Processes(pids) = access {
-            if !pids.is_empty() {
-                for &(_, _, handle) in &pieces {
-                    self.runtime().set_shareable_pids(handle, pids)?;
-                }
+            for &(_, _, handle) in &pieces {
+                self.runtime().set_shareable_pids(handle, pids)?;
             }
         }
         let base = pieces[0].0;
@@ -179,10 +178,15 @@ impl<R: VmmRuntime + 'static> VmmSource<R> {
     }
 }
 
-fn flags(access: &Access) -> u64 {
+/// The export flags for `access`; an empty whitelist is refused before anything is
+/// exported: it would fix the memory's access to whitelisted processes and let none in.
+fn flags(access: &Access) -> Result<u64> {
     match access {
-        Access::AnyProcess => EXPORT_FLAG_DISABLE_PID_VALIDATION,
-        Access::Processes(_) => EXPORT_FLAG_DEFAULT,
+        Access::AnyProcess => Ok(EXPORT_FLAG_DISABLE_PID_VALIDATION),
+        Access::Processes(pids) if pids.is_empty() => Err(Error::Config(
+            "Access::Processes names no process (Access::AnyProcess lets any in)".into(),
+        )),
+        Access::Processes(_) => Ok(EXPORT_FLAG_DEFAULT),
     }
 }
 

@@ -646,3 +646,27 @@ fn a_refused_publish_exports_nothing() {
     drop((a, b));
     pool.validate().unwrap();
 }
+
+// An empty whitelist used to export the memory with pid checks on and let no process in: the
+// descriptor opened nowhere and the memory's access stayed fixed to whitelists (the C API
+// already refused it).
+#[test]
+fn a_publish_to_no_process_is_refused_and_exports_nothing() {
+    let sim = sim(256 * MIB);
+    let vmm = Arc::new(VmmSource::new(Arc::clone(&sim), 0, VmmConfig::default()).unwrap());
+    let pool = Pool::new(vmm.clone(), PoolConfig::default()).unwrap();
+    let a = pool.alloc_device(1000).unwrap();
+    for r in [
+        vmm.publish_region(&a, &Access::Processes(vec![])),
+        vmm.publish_all(&Access::Processes(vec![])),
+    ] {
+        assert!(
+            matches!(r, Err(Error::Config(ref m)) if m.contains("names no process")),
+            "{r:?}"
+        );
+    }
+    // Nothing was exported: the memory can still go to any process.
+    vmm.publish_region(&a, &Access::AnyProcess).unwrap();
+    drop(a);
+    pool.validate().unwrap();
+}
