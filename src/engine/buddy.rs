@@ -163,9 +163,13 @@ impl BuddyRange {
     }
 
     /// Allocates `size` bytes aligned to `align` (both multiples of the minimum block);
-    /// `tag` must be given back to [`BuddyRange::free`].
+    /// `tag` must be given back to [`BuddyRange::free`]. `None` when nothing fits, or when
+    /// `size` is 0 or off the minimum block or `align` not a power of two (nothing changes).
     pub fn alloc(&mut self, size: u64, align: u64, tag: u64) -> Option<u64> {
-        debug_assert!(size > 0 && size % (1 << self.min_order) == 0);
+        // A size off the block would leave a run not a multiple of it.
+        if size == 0 || size % (1 << self.min_order) != 0 || !align.is_power_of_two() {
+            return None;
+        }
         let order = Self::order_of(size.max(align)).max(self.min_order);
         if order > MAX_ORDER {
             return None;
@@ -474,6 +478,19 @@ impl BuddyRange {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Arguments `alloc` does not take are refused in release builds too, and change
+    /// nothing (a size off the minimum block left runs that were not multiples of it).
+    #[test]
+    fn bad_arguments_change_nothing() {
+        let mut b = BuddyRange::new(1 << 20, 64).unwrap();
+        for (size, align) in [(0, 64), (100, 64), (64, 96), (64, 0)] {
+            assert_eq!(b.alloc(size, align, 1), None, "{size} {align}");
+            b.validate().unwrap();
+            assert_eq!(b.largest_free(), 1 << 20);
+        }
+        assert_eq!(b.alloc(64, 64, 1), Some(0));
+    }
 
     #[test]
     fn top_order_and_block_count_match_the_greedy_cut() {

@@ -238,12 +238,14 @@ impl TlsfRange {
 
     /// Allocates `size` bytes (a non-zero multiple of the unit) at an `align`-aligned offset
     /// (`align` a power of two), marking it with `tag` (neither 0 nor [`PARKED`]). Returns the
-    /// offset and the key [`TlsfRange::free`] needs.
+    /// offset and the key [`TlsfRange::free`] needs; `None` when nothing fits, or for any
+    /// other `size`, `align` or `tag` (the range is left as it was).
     #[inline(always)]
     pub fn alloc(&mut self, size: u64, align: u64, tag: u32) -> Option<(u64, u32)> {
-        debug_assert!(size % self.unit() == 0 && size > 0 && align.is_power_of_two());
-        debug_assert!(tag != 0 && tag != PARKED);
-        if let Some(x) = self.alloc_parked(size, align, tag) {
+        if !self.takes(size, align, tag) {
+            return None;
+        }
+        if let Some(x) = self.take_parked(size, align, tag) {
             return Some(x);
         }
         let len = size >> self.unit_shift;
@@ -252,9 +254,30 @@ impl TlsfRange {
     }
 
     /// [`alloc`](Self::alloc) from a block parked at exactly `size` bytes only: no search,
-    /// no merge. `None` when none is parked, or the first parked is not aligned enough.
+    /// no merge. `None` when none is parked, the first parked is not aligned enough, or the
+    /// arguments are not what `alloc` takes.
     #[inline(always)]
     pub fn alloc_parked(&mut self, size: u64, align: u64, tag: u32) -> Option<(u64, u32)> {
+        if !self.takes(size, align, tag) {
+            return None;
+        }
+        self.take_parked(size, align, tag)
+    }
+
+    /// Whether `alloc` takes these arguments. A bad tag would corrupt the node's state, a
+    /// size off the unit would get a block shorter than asked, and an alignment that is
+    /// not a power of two a block not aligned to it: checked on every call, a few
+    /// instructions against the engine's own checks before them.
+    #[inline(always)]
+    fn takes(&self, size: u64, align: u64, tag: u32) -> bool {
+        tag.wrapping_sub(1) < PARKED - 1
+            && size != 0
+            && size & (self.unit() - 1) == 0
+            && align.is_power_of_two()
+    }
+
+    #[inline(always)]
+    fn take_parked(&mut self, size: u64, align: u64, tag: u32) -> Option<(u64, u32)> {
         let len = size >> self.unit_shift;
         let align_units = (align >> self.unit_shift).max(1);
         // A parked block of exactly this length, if it is aligned enough.
@@ -383,10 +406,12 @@ impl TlsfRange {
         (self.capacity - self.top) << self.unit_shift
     }
 
-    /// Cuts `bytes` (a multiple of the unit, at most [`TlsfRange::free_tail`]) off the end.
+    /// Cuts `bytes` (a multiple of the unit, at most [`TlsfRange::free_tail`]) off the end;
+    /// more than the free tail cuts the free tail, and a part unit is not cut.
     pub fn shrink(&mut self, bytes: u64) {
         debug_assert!(bytes % self.unit() == 0 && bytes <= self.free_tail());
-        self.capacity -= bytes >> self.unit_shift;
+        // Never into live space, even if the caller asks for more.
+        self.capacity -= bytes.min(self.free_tail()) >> self.unit_shift;
     }
 
     /// Bytes of the largest free range: the wilderness, a parked block (each counted on its
@@ -926,6 +951,45 @@ mod tests {
         static NEXT: AtomicU32 = AtomicU32::new(1);
         let tag = NEXT.fetch_add(1, Ordering::Relaxed);
         t.alloc(size, align, tag).map(|(o, k)| (o, k, tag))
+    }
+
+    /// Arguments `alloc` does not take are refused in release builds too, and leave the
+    /// range as it was: a bad tag used to mark a live node parked (or free), a size off the
+    /// unit took a parked block shorter than asked, and a shrink past the free tail wrapped
+    /// the capacity.
+    #[test]
+    fn bad_arguments_change_nothing() {
+        let mut t = TlsfRange::new(1 << 20, 64).unwrap();
+        let (o, k, tag) = alloc(&mut t, 64, 64).unwrap();
+        t.free(k, o, tag).unwrap(); // parked at one unit
+        for (size, align, tag) in [
+            (64, 64, 0),
+            (64, 64, PARKED),
+            (0, 64, 7),
+            (65, 64, 7),
+            (100, 64, 7),
+            (64, 96, 7),
+            (64, 0, 7),
+        ] {
+            assert_eq!(t.alloc(size, align, tag), None, "{size} {align} {tag}");
+            assert_eq!(
+                t.alloc_parked(size, align, tag),
+                None,
+                "{size} {align} {tag}"
+            );
+            t.validate().unwrap();
+        }
+        // The parked block is still there for a good request.
+        assert_eq!(t.alloc_parked(64, 64, 7).map(|(o, _)| o), Some(o));
+        let before = t.capacity();
+        t.unpark_all();
+        #[cfg(not(debug_assertions))]
+        {
+            t.shrink(u64::MAX - 63);
+            assert_eq!(t.capacity(), 1 << 6, "only the free tail is cut");
+            t.validate().unwrap();
+        }
+        assert!(before >= t.capacity());
     }
 
     #[test]
