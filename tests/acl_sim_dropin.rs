@@ -448,3 +448,63 @@ fn one_sided_writes_go_to_a_libhcomm_beside_the_runtime() {
     );
     drop((src, window));
 }
+
+#[test]
+fn the_host_side_of_a_copy_is_checked_when_it_is_a_block_of_the_runtime() {
+    // Device memory named as host memory is the wrong kind, and pinned host memory has an
+    // end the runtime knows: both used to be copied through unchecked (past a block's end
+    // into whatever the host mapped next).
+    // SAFETY: the drop-in's initialisers have no preconditions.
+    let lib = unsafe { libloading::Library::new(dropin()) }.unwrap();
+    // SAFETY: resolving symbols only.
+    let api = unsafe { sys::AclApi::from_library(lib) }.unwrap();
+    let (malloc, malloc_host, free, free_host, memcpy) = (
+        api.aclrtMalloc.as_ref().unwrap(),
+        api.aclrtMallocHost.as_ref().unwrap(),
+        api.aclrtFree.as_ref().unwrap(),
+        api.aclrtFreeHost.as_ref().unwrap(),
+        api.aclrtMemcpy.as_ref().unwrap(),
+    );
+    let bad = sys::ACL_ERROR_INVALID_PARAM;
+    let mut host = vec![0u8; 4096];
+    let hp = host.as_mut_ptr().cast::<std::ffi::c_void>();
+    // SAFETY: every range passed is inside `host` or inside a live block of the drop-in;
+    // the refused calls touch nothing.
+    unsafe {
+        let (mut dev, mut pinned) = (std::ptr::null_mut(), std::ptr::null_mut());
+        assert_eq!(malloc(&mut dev, 4096, 0), 0);
+        assert_eq!(malloc_host(&mut pinned, 1000), 0); // accounted 1056 bytes
+        for (dst, src, kind) in [
+            (hp, dev.cast_const(), sys::ACL_MEMCPY_HOST_TO_HOST),
+            (dev, hp.cast_const(), sys::ACL_MEMCPY_HOST_TO_HOST),
+            (dev, dev.cast_const(), sys::ACL_MEMCPY_HOST_TO_DEVICE),
+            (dev, dev.cast_const(), sys::ACL_MEMCPY_DEVICE_TO_HOST),
+        ] {
+            assert_eq!(memcpy(dst, 64, src, 64, kind), bad, "kind {kind}");
+        }
+        // Past the end of the pinned block, on either side.
+        assert_eq!(
+            memcpy(pinned, 4096, dev, 2000, sys::ACL_MEMCPY_DEVICE_TO_HOST),
+            bad
+        );
+        assert_eq!(
+            memcpy(dev, 4096, pinned, 2000, sys::ACL_MEMCPY_HOST_TO_DEVICE),
+            bad
+        );
+        // Inside it, and to or from memory that is no block of the runtime, all is well.
+        assert_eq!(
+            memcpy(pinned, 1056, dev, 1056, sys::ACL_MEMCPY_DEVICE_TO_HOST),
+            0
+        );
+        assert_eq!(
+            memcpy(hp, 1056, pinned, 1056, sys::ACL_MEMCPY_HOST_TO_HOST),
+            0
+        );
+        assert_eq!(
+            memcpy(dev, 4096, hp, 4096, sys::ACL_MEMCPY_HOST_TO_DEVICE),
+            0
+        );
+        assert_eq!(free(dev), 0);
+        assert_eq!(free_host(pinned), 0);
+    }
+}

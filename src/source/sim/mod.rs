@@ -17,8 +17,9 @@
 //!   `aclrtQueryEventStatus`: complete once the most recent record has been passed, and
 //!   complete when never recorded.
 //! - **Copies and fills** move real bytes. Device-side addresses must lie, with the whole
-//!   range, inside a live block of this source (host-side addresses cannot be checked and
-//!   are accepted); `count > dst_max` is refused; an asynchronous copy of any kind
+//!   range, inside a live block of this source; a host-side address in a block of this
+//!   source must be pinned host memory, with the whole range inside it (other host-side
+//!   addresses cannot be checked and are accepted); `count > dst_max` is refused; an asynchronous copy of any kind
 //!   needs 64-aligned `src` and `dst` (`ACL_ERROR_RT_ADDR_UNALIGNED`, 107008), and none
 //!   runs within the host.
 //! - **Virtual memory** (`vmm.rs`): reservations are real address-space reservations,
@@ -37,7 +38,7 @@
 //!
 //! | situation | code |
 //! |---|---|
-//! | size 0, `count > dst_max`, a device range outside every live block, a null address | `ACL_ERROR_INVALID_PARAM` (100000) |
+//! | size 0, `count > dst_max`, a device range outside every live block, a host-side address in device memory or a range past the end of the pinned block it starts in, a null address | `ACL_ERROR_INVALID_PARAM` (100000) |
 //! | device id out of range; recording an event on a stream of another device | `ACL_ERROR_RT_PARAM_INVALID` (107000) |
 //! | device, DVPP or host capacity exceeded (or the host refuses the mapping) | `ACL_ERROR_RT_MEMORY_ALLOCATION` (207001) |
 //! | free of an unknown address, a double free, or the wrong free function (`aclrtFree` on DVPP memory, or on the data of a shared buffer) | `ACL_ERROR_RT_MEMORY_FREE` (207002) |
@@ -924,7 +925,12 @@ impl SimSource {
             if on_device {
                 mem.range(addr, count, true, &mut keep)?;
             } else if let Some(rec) = mem.block_containing(addr) {
-                // Host side: not checkable, but if it is our pinned memory keep it mapped.
+                // Host side in a block of ours: device memory named as host memory is the
+                // wrong kind, and pinned memory has an end we know (past it the copy would
+                // run into whatever the host mapped next). Kept mapped until the copy runs.
+                if rec.kind.is_device() || !rec.covers(addr, count) {
+                    return Err(AclError::INVALID_PARAM);
+                }
                 keep.push(Arc::clone(&rec.mapping));
             }
         }
