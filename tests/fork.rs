@@ -7,16 +7,18 @@
 #[path = "common/dropin.rs"]
 mod common_dropin;
 
+use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use ascend_pool::share::{Access, SharedMapping};
-use ascend_pool::source::acl::AclSource;
+use ascend_pool::source::acl::{sys, AclSource};
 use ascend_pool::source::sim::SimSource;
 use ascend_pool::source::vmm::{VmmConfig, VmmSource};
 use ascend_pool::source::{BlockSource, MemcpyKind};
 use ascend_pool::{Error, MemKind, Pool, PoolConfig, Region};
+use libloading::Library;
 
 /// Children forked per test.
 const CHILDREN: usize = 12;
@@ -408,8 +410,30 @@ fn a_child_refuses_the_runtime_library_its_parent_loaded() {
     let mut region = Some(pool.alloc_device(1 << 20).unwrap());
     let block = acl.alloc_block(0, MemKind::DEVICE, 1 << 20).unwrap();
     let stream = acl.create_stream(0).unwrap();
+    // The drop-in's own functions, called by the child directly (loaded by the parent).
+    // SAFETY: the drop-in's initialisers have no preconditions; resolving symbols only.
+    let raw = unsafe { sys::AclApi::from_library(Library::new(common_dropin::dropin()).unwrap()) }
+        .unwrap();
     for _ in 0..CHILDREN / 4 {
         in_child(|| {
+            // Refused as the simulator refuses a child (RT_FAILURE), before any lock of the
+            // drop-in's own: aclrtFree used to look the parent's block up, find nothing and
+            // call it an unknown address (RT_MEMORY_FREE).
+            // SAFETY: a live block of the parent and a null (default) stream; both refused.
+            let (free, sync) = unsafe {
+                (
+                    (raw.aclrtFree.as_ref().unwrap())(block.addr as *mut c_void),
+                    (raw.aclrtSynchronizeStream.as_ref().unwrap())(std::ptr::null_mut()),
+                )
+            };
+            check(
+                "aclrtFree is refused with RT_FAILURE",
+                free == sys::ACL_ERROR_RT_FAILURE,
+            )?;
+            check(
+                "aclrtSynchronizeStream is refused with RT_FAILURE",
+                sync == sys::ACL_ERROR_RT_FAILURE,
+            )?;
             forked("aclrtMalloc", acl.alloc_block(0, MemKind::DEVICE, 1 << 20))?;
             forked("aclrtFree", acl.free_block(block))?;
             forked("aclrtGetMemInfo", acl.mem_info(0, MemKind::DEVICE))?;

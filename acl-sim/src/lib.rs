@@ -24,6 +24,8 @@
 //! - Freeing an address that does not start a live block, or with the wrong free function,
 //!   is `ACL_ERROR_RT_MEMORY_FREE`.
 //! - A panic inside the simulator is caught and answered `ACL_ERROR_INTERNAL_ERROR`.
+//! - In a child made by `fork` of a process that used the library, every call is
+//!   `ACL_ERROR_RT_FAILURE`, as the simulator answers it.
 //!
 //! Configuration, read once when the library is first used:
 //! `ASCEND_POOL_SIM_DEVICES` (default 8), `ASCEND_POOL_SIM_DEVICE_CAPACITY` (bytes per
@@ -61,6 +63,8 @@ struct DropIn {
     initialized: AtomicBool,
     /// The stream a null `aclrtStream` stands for, per device.
     default_streams: Mutex<HashMap<DeviceId, StreamHandle>>,
+    /// The fork generation the simulator was made in (see `run`).
+    forks: u64,
 }
 
 static STATE: OnceLock<Result<DropIn, i32>> = OnceLock::new();
@@ -97,6 +101,7 @@ fn state() -> Result<&'static DropIn, i32> {
                 devices,
                 initialized: AtomicBool::new(false),
                 default_streams: Mutex::new(HashMap::new()),
+                forks: ascend_pool::fork::generation(),
             })
         })
         .as_ref()
@@ -122,7 +127,14 @@ fn code_of(e: &Error) -> i32 {
 
 /// Runs `body`, turning its error (or a panic) into an `aclError`.
 fn run(body: impl FnOnce(&'static DropIn) -> AclResult) -> c_int {
-    match catch_unwind(AssertUnwindSafe(|| body(state()?))) {
+    match catch_unwind(AssertUnwindSafe(|| {
+        let s = state()?;
+        // A child made by `fork` is refused as the simulator refuses it, before any lock of
+        // the drop-in's own (a parent's thread may have held one) and before a lookup that
+        // would call the parent's block an unknown address.
+        acl(ascend_pool::fork::check(s.forks))?;
+        body(s)
+    })) {
         Ok(Ok(())) => 0,
         Ok(Err(code)) => code,
         Err(_) => AclError::INTERNAL_ERROR.0,
