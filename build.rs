@@ -21,6 +21,7 @@ const FUNCTIONS: &[&str] = &[
     "aclFinalize",
     "aclrtSetDevice",
     "aclrtResetDevice",
+    "aclrtGetDevice",
     "aclrtMalloc",
     "aclrtMallocAlign32",
     "aclrtMallocCached",

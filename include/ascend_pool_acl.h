@@ -168,6 +168,8 @@ aclError aclInit(const char *configPath);
 aclError aclFinalize(void);
 aclError aclrtSetDevice(int32_t deviceId);
 aclError aclrtResetDevice(int32_t deviceId);
+/* The calling thread's current device (the last aclrtSetDevice on it). */
+aclError aclrtGetDevice(int32_t *deviceId);
 
 /* ---- memory ------------------------------------------------------------- */
 

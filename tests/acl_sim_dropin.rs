@@ -508,3 +508,91 @@ fn the_host_side_of_a_copy_is_checked_when_it_is_a_block_of_the_runtime() {
         assert_eq!(free_host(pinned), 0);
     }
 }
+
+#[test]
+fn a_device_set_behind_the_source_s_back_is_set_again() {
+    // The source remembers per thread which device it made current; the application (or
+    // another library) may set another one on the thread since. The source used to trust
+    // its memory, skip aclrtSetDevice and allocate on the application's device while the
+    // block said device 6.
+    let acl = open();
+    // SAFETY: the drop-in's initialisers have no preconditions.
+    let lib = unsafe { libloading::Library::new(dropin()) }.unwrap();
+    // SAFETY: resolving symbols only.
+    let api = unsafe { sys::AclApi::from_library(lib) }.unwrap();
+    let (set, get) = (
+        api.aclrtSetDevice.as_ref().unwrap(),
+        api.aclrtGetDevice.as_ref().unwrap(),
+    );
+    let current = || {
+        let mut d = -1;
+        // SAFETY: `d` is a live i32 the call writes.
+        assert_eq!(unsafe { get(&mut d) }, 0);
+        d
+    };
+    let a = acl.alloc_block(6, MemKind::DEVICE, 1 << 20).unwrap();
+    assert_eq!(current(), 6);
+    // SAFETY: a plain device id the drop-in has.
+    assert_eq!(unsafe { set(2) }, 0);
+    let b = acl.alloc_block(6, MemKind::DEVICE, 1 << 20).unwrap();
+    assert_eq!(current(), 6, "the source made its device current again");
+    assert_eq!(b.device, 6);
+    // SAFETY: null is refused, not written.
+    assert_eq!(
+        unsafe { get(std::ptr::null_mut()) },
+        sys::ACL_ERROR_INVALID_PARAM
+    );
+    acl.free_block(a).unwrap();
+    acl.free_block(b).unwrap();
+}
+
+#[test]
+fn a_configuration_it_cannot_read_fails_the_start() {
+    // The drop-in reads its variables once per process, so each case runs in a child: this
+    // test again, told by `CHILD` to call the library and say what it answered. A device
+    // count past u32 used to wrap (4294967297 devices was 1) and a typo ran with the default.
+    const CHILD: &str = "ACL_SIM_DROPIN_CONFIG_CHILD";
+    if std::env::var_os(CHILD).is_some() {
+        // SAFETY: the drop-in's initialisers have no preconditions.
+        let lib = unsafe { libloading::Library::new(dropin()) }.unwrap();
+        // SAFETY: resolving symbols only.
+        let api = unsafe { sys::AclApi::from_library(lib) }.unwrap();
+        // SAFETY: a plain device id.
+        let code = unsafe { (api.aclrtSetDevice.as_ref().unwrap())(0) };
+        println!("@@code {code}");
+        return;
+    }
+    let run = |var: &str, value: &str| {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "a_configuration_it_cannot_read_fails_the_start",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CHILD, "1")
+            .env(var, value)
+            .env("ASCEND_POOL_SIM_LIB", dropin())
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let code: i32 = stdout
+            .lines()
+            .find_map(|l| l.split_once("@@code ").map(|(_, c)| c))
+            .unwrap_or_else(|| panic!("no answer from the child: {stdout}"))
+            .parse()
+            .unwrap();
+        (code, String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    for (var, value) in [
+        ("ASCEND_POOL_SIM_DEVICES", "4294967297"),
+        ("ASCEND_POOL_SIM_DEVICES", "eight"),
+        ("ASCEND_POOL_SIM_DEVICE_CAPACITY", "1G"),
+        ("ASCEND_POOL_SIM_COPY_BANDWIDTH", "-1"),
+    ] {
+        let (code, said) = run(var, value);
+        assert_eq!(code, sys::ACL_ERROR_INVALID_PARAM, "{var}={value}");
+        assert!(said.contains(var), "{var}={value}: {said}");
+    }
+    assert_eq!(run("ASCEND_POOL_SIM_DEVICES", " 2 ").0, 0);
+}

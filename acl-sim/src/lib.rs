@@ -18,8 +18,8 @@
 //! Behaviour beyond the simulator's own:
 //! - `aclInit` answers `ACL_ERROR_REPEAT_INITIALIZE` (100002) when already initialised;
 //!   `aclFinalize` makes the next `aclInit` succeed again. Other calls do not require `aclInit`.
-//! - The current device is per thread (`aclrtSetDevice`), device 0 until set; an id outside
-//!   the simulated devices is `ACL_ERROR_RT_PARAM_INVALID`.
+//! - The current device is per thread (`aclrtSetDevice`, `aclrtGetDevice`), device 0 until
+//!   set; an id outside the simulated devices is `ACL_ERROR_RT_PARAM_INVALID`.
 //! - A null stream is the current device's default stream, created on first use.
 //! - Freeing an address that does not start a live block, or with the wrong free function,
 //!   is `ACL_ERROR_RT_MEMORY_FREE`.
@@ -27,9 +27,14 @@
 //! - In a child made by `fork` of a process that used the library, every call is
 //!   `ACL_ERROR_RT_FAILURE`, as the simulator answers it.
 //!
-//! Configuration, read once when the library is first used:
-//! `ASCEND_POOL_SIM_DEVICES` (default 8), `ASCEND_POOL_SIM_DEVICE_CAPACITY` (bytes per
-//! device, default the simulator's).
+//! Configuration, read once when the library is first used: `ASCEND_POOL_SIM_DEVICES`
+//! (default 8), `ASCEND_POOL_SIM_DEVICE_CAPACITY` (bytes per device),
+//! `ASCEND_POOL_SIM_HOST_CAPACITY` (bytes of pinned host memory),
+//! `ASCEND_POOL_SIM_DVPP_LIMIT` (bytes of DVPP address space per process) and
+//! `ASCEND_POOL_SIM_COPY_BANDWIDTH` (bytes per second of a simulated copy), each the
+//! simulator's default when unset. A value that is not a whole number (or a device count
+//! past `u32`) fails the start: every call answers `ACL_ERROR_INVALID_PARAM`, and the
+//! variable is named on standard error.
 //!
 //! # Safety
 //! Every function is `unsafe`: pointer arguments must be null or valid for what the AscendCL
@@ -74,25 +79,44 @@ thread_local! {
     static DEVICE: Cell<DeviceId> = const { Cell::new(0) };
 }
 
-fn env_u64(name: &str) -> Option<u64> {
-    std::env::var(name).ok()?.trim().parse().ok()
+/// A whole number from the environment: `None` when `name` is unset; a value that does not
+/// read as one fails the library's start, so a typo does not quietly run with the default.
+fn env_u64(name: &str) -> Result<Option<u64>, i32> {
+    let Some(raw) = std::env::var_os(name) else {
+        return Ok(None);
+    };
+    match raw.to_str().and_then(|v| v.trim().parse().ok()) {
+        Some(v) => Ok(Some(v)),
+        None => {
+            eprintln!("libascendcl (ascend-pool simulator): {name}={raw:?} is not a whole number");
+            Err(INVALID_PARAM)
+        }
+    }
 }
 
 fn state() -> Result<&'static DropIn, i32> {
     STATE
         .get_or_init(|| {
-            let devices = env_u64("ASCEND_POOL_SIM_DEVICES").map_or(8, |d| d as u32);
+            let devices = match env_u64("ASCEND_POOL_SIM_DEVICES")? {
+                None => 8,
+                Some(d) => u32::try_from(d).map_err(|_| {
+                    eprintln!(
+                        "libascendcl (ascend-pool simulator): ASCEND_POOL_SIM_DEVICES={d} is past u32"
+                    );
+                    INVALID_PARAM
+                })?,
+            };
             let mut config = SimConfig::default().with_devices(devices);
-            if let Some(bytes) = env_u64("ASCEND_POOL_SIM_DEVICE_CAPACITY") {
+            if let Some(bytes) = env_u64("ASCEND_POOL_SIM_DEVICE_CAPACITY")? {
                 config = config.with_device_capacity(bytes);
             }
-            if let Some(bytes) = env_u64("ASCEND_POOL_SIM_HOST_CAPACITY") {
+            if let Some(bytes) = env_u64("ASCEND_POOL_SIM_HOST_CAPACITY")? {
                 config = config.with_host_capacity(bytes);
             }
-            if let Some(bytes) = env_u64("ASCEND_POOL_SIM_DVPP_LIMIT") {
+            if let Some(bytes) = env_u64("ASCEND_POOL_SIM_DVPP_LIMIT")? {
                 config = config.with_dvpp_limit(bytes);
             }
-            if let Some(rate) = env_u64("ASCEND_POOL_SIM_COPY_BANDWIDTH") {
+            if let Some(rate) = env_u64("ASCEND_POOL_SIM_COPY_BANDWIDTH")? {
                 config = config.with_copy_bandwidth(rate);
             }
             let sim = SimSource::new(config).map_err(|e| code_of(&e))?;
@@ -270,6 +294,13 @@ pub unsafe extern "C" fn aclrtSetDevice(device: i32) -> c_int {
         DEVICE.with(|d| d.set(device));
         Ok(())
     })
+}
+
+/// `aclrtGetDevice`: this thread's current device (0 until `aclrtSetDevice`).
+#[no_mangle]
+pub unsafe extern "C" fn aclrtGetDevice(out: *mut i32) -> c_int {
+    // SAFETY: `put` refuses a null `out`; the caller's contract makes any other writable.
+    run(|_| unsafe { put(out, current_device()) })
 }
 
 /// `aclrtResetDevice`.

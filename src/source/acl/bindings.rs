@@ -62,6 +62,10 @@ pub struct AclApi {
         unsafe extern "C" fn(deviceId: i32) -> aclError,
         ::libloading::Error,
     >,
+    pub aclrtGetDevice: Result<
+        unsafe extern "C" fn(deviceId: *mut i32) -> aclError,
+        ::libloading::Error,
+    >,
     pub aclrtMalloc: Result<
         unsafe extern "C" fn(
             devPtr: *mut *mut ::std::os::raw::c_void,
@@ -492,6 +496,7 @@ impl AclApi {
         let aclFinalize = __library.get(b"aclFinalize\0").map(|sym| *sym);
         let aclrtSetDevice = __library.get(b"aclrtSetDevice\0").map(|sym| *sym);
         let aclrtResetDevice = __library.get(b"aclrtResetDevice\0").map(|sym| *sym);
+        let aclrtGetDevice = __library.get(b"aclrtGetDevice\0").map(|sym| *sym);
         let aclrtMalloc = __library.get(b"aclrtMalloc\0").map(|sym| *sym);
         let aclrtMallocAlign32 = __library.get(b"aclrtMallocAlign32\0").map(|sym| *sym);
         let aclrtMallocCached = __library.get(b"aclrtMallocCached\0").map(|sym| *sym);
@@ -575,6 +580,7 @@ impl AclApi {
             aclFinalize,
             aclrtSetDevice,
             aclrtResetDevice,
+            aclrtGetDevice,
             aclrtMalloc,
             aclrtMallocAlign32,
             aclrtMallocCached,
@@ -636,6 +642,9 @@ impl AclApi {
             .aclrtResetDevice
             .as_ref()
             .expect("Expected function, got error."))(deviceId)
+    }
+    pub unsafe fn aclrtGetDevice(&self, deviceId: *mut i32) -> aclError {
+        (self.aclrtGetDevice.as_ref().expect("Expected function, got error."))(deviceId)
     }
     pub unsafe fn aclrtMalloc(
         &self,

@@ -367,20 +367,34 @@ impl AclSource {
         self.live.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Makes `device` current on the calling thread (`aclrtSetDevice`) unless it already is.
+    /// Makes `device` current on the calling thread (`aclrtSetDevice`) unless this source
+    /// already made it current there and it still is.
     pub fn use_device(&self, device: DeviceId) -> Result<()> {
-        self.api()?;
+        let api = self.api()?;
         let key = self.runtime_key;
         let current = CURRENT_DEVICE.with(|c| c.borrow().get(&key).copied());
-        if current == Some((self.id, device)) {
+        if current == Some((self.id, device)) && self.still_current(api, device) {
             return Ok(());
         }
-        let f = sym!(self.api()?, aclrtSetDevice);
+        let f = sym!(api, aclrtSetDevice);
         // SAFETY: `aclrtSetDevice` takes a plain device id; a bad id is answered with a code.
         check("aclrtSetDevice", unsafe { f(device) })?;
         *self.lock().set_device_calls.entry(device).or_insert(0) += 1;
         CURRENT_DEVICE.with(|c| c.borrow_mut().insert(key, (self.id, device)));
         Ok(())
+    }
+
+    /// Whether `device` is still the thread's current device, as `aclrtGetDevice` says: the
+    /// application (or another library) may have set another on this thread since, and a
+    /// block allocated then would land on that device. A runtime without the call is
+    /// trusted to be as this source left it.
+    fn still_current(&self, api: &sys::AclApi, device: DeviceId) -> bool {
+        let Ok(get) = &api.aclrtGetDevice else {
+            return true;
+        };
+        let mut now = -1;
+        // SAFETY: `now` is a live `i32` the call may write.
+        (unsafe { get(&mut now) }) == 0 && now == device
     }
 
     /// The device whose context a copy or fill touching `addrs` should run in: the device of
