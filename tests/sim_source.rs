@@ -675,7 +675,7 @@ mod model {
                         let r = sim.alloc_block(device, kind, size);
                         let want = if size == 0 {
                             Err(AclError::INVALID_PARAM)
-                        } else if kind != MemKind::Host && device >= 2 {
+                        } else if device >= 2 {
                             Err(AclError::RT_PARAM_INVALID)
                         } else {
                             let m = rounded(kind, size);

@@ -487,6 +487,13 @@ macro_rules! conformance_suite {
             src.free_block(a).unwrap();
             src.free_block(b).unwrap();
             assert_eq!(src.mem_info(0, MemKind::DEVICE).unwrap(), (free0, total));
+            // A device the runtime lacks is refused for every kind: the real runtime's
+            // aclrtSetDevice refuses it before pinned host memory is asked for too.
+            for kind in [MemKind::DEVICE, MemKind::Dvpp, MemKind::Host] {
+                let r = src.alloc_block(1000, kind, 1 << 20);
+                assert!(matches!(r, Err(Error::Runtime { .. })), "{kind}: {r:?}");
+            }
+            assert_eq!(src.mem_info(0, MemKind::DEVICE).unwrap(), (free0, total));
         }
 
         /// A one-sided write's ranges, kinds and handles are checked by the pool, before any

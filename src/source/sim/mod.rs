@@ -39,7 +39,7 @@
 //! | situation | code |
 //! |---|---|
 //! | size 0, `count > dst_max`, a device range outside every live block, a host-side address in device memory or a range past the end of the pinned block it starts in, a null address | `ACL_ERROR_INVALID_PARAM` (100000) |
-//! | device id out of range; recording an event on a stream of another device | `ACL_ERROR_RT_PARAM_INVALID` (107000) |
+//! | device id out of range (for host memory too); recording an event on a stream of another device | `ACL_ERROR_RT_PARAM_INVALID` (107000) |
 //! | device, DVPP or host capacity exceeded (or the host refuses the mapping) | `ACL_ERROR_RT_MEMORY_ALLOCATION` (207001) |
 //! | free of an unknown address, a double free, or the wrong free function (`aclrtFree` on DVPP memory, or on the data of a shared buffer) | `ACL_ERROR_RT_MEMORY_FREE` (207002) |
 //! | free with the right function but a [`Block`] whose kind, size or device differ from what was handed out | `ACL_ERROR_INVALID_PARAM` (100000) |
@@ -768,7 +768,9 @@ impl SimSource {
         if size == 0 {
             return Err(AclError::INVALID_PARAM);
         }
-        if kind != MemKind::Host && !self.valid_device(device) {
+        // Host memory too: the runtime takes pinned memory in the context aclrtSetDevice
+        // made, which a device it lacks never gets.
+        if !self.valid_device(device) {
             return Err(AclError::RT_PARAM_INVALID);
         }
         let rounded = self
