@@ -70,10 +70,12 @@ pub(crate) struct Opened<T> {
     missing: fn(u64) -> Failure,
 }
 
-/// One opened item, and the fork generation it was opened in (see `crate::fork`).
+/// One opened item, and the fork generation it was opened in (see `crate::fork`). A close
+/// takes the item out: a call that found the handle just before waits for the close, then
+/// finds nothing, and is refused as for a closed handle.
 struct Filed<T> {
     generation: u64,
-    item: Shared<T>,
+    item: Shared<Option<T>>,
 }
 
 impl<T> Opened<T> {
@@ -89,7 +91,7 @@ impl<T> Opened<T> {
         let handle = next_handle();
         let filed = Filed {
             generation: crate::fork::generation(),
-            item: Arc::new(Mutex::new(value)),
+            item: Arc::new(Mutex::new(Some(value))),
         };
         lock(&self.table).insert(handle, filed);
         // SAFETY: the callers checked `out`, a writable u64 of the caller's.
@@ -112,7 +114,9 @@ impl<T> Opened<T> {
             return Err(Failure::Forked(handle));
         }
         let mut item = lock(&item);
-        f(&mut item)
+        // Closed by another thread since the lookup.
+        let item = item.as_mut().ok_or((self.missing)(handle))?;
+        f(item)
     }
 
     /// Takes `handle` out of the table and runs `close` on what it named, once no other call
@@ -129,7 +133,10 @@ impl<T> Opened<T> {
             std::mem::forget(filed.item);
             return Ok(());
         }
-        let mut item = lock(&filed.item);
+        // Taken out under the lock: a call under way finishes first, and later ones find
+        // it closed. Only this close reaches it then; it drops when the close is done.
+        let item = lock(&filed.item).take();
+        let mut item = item.ok_or((self.missing)(handle))?;
         close(&mut item)
     }
 

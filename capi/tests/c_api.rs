@@ -1420,3 +1420,88 @@ fn mbuf_refs_count_handles_not_calls_in_flight() {
     assert_eq!(ap_mbuf_free(pool, copy), Status::Ok);
     assert_eq!(destroy(pool), 0);
 }
+
+/// A read racing a close on another thread is refused as the closed handle it reads
+/// (`AP_ERR_BAD_MAPPING`, `AP_ERR_BAD_BUFFER`), never with another code: a read that found
+/// the handle just before the close took it out of the table waits for the close, then
+/// finds the item closed.
+#[test]
+#[cfg_attr(
+    miri,
+    ignore = "virtual memory reserves addresses with PROT_NONE, which Miri refuses"
+)]
+fn a_read_racing_a_close_is_refused_as_closed() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let pool = pool_over(SOURCE_VMM_SIM, "chunk_size:8m");
+    let len = 4u64 << 20;
+    let r = alloc(pool, KIND_DEVICE, len).unwrap();
+    let mut mb = 0;
+    // SAFETY: a writable handle.
+    let got = unsafe { ap_mbuf_alloc(pool, len, MBUF_NORMAL, &mut mb) };
+    assert_eq!(got, Status::Ok);
+    // SAFETY (the closures): no list (any process), and the buffers `text_of` gives.
+    let desc = text_of(|b, c, n| unsafe { ap_share_publish(pool, r, null(), 0, b, c, n) });
+    let desc = std::ffi::CString::new(desc).unwrap();
+    let mdesc = text_of(|b, c, n| unsafe { ap_mbuf_publish(pool, mb, null(), 0, b, c, n) });
+    let mdesc = std::ffi::CString::new(mdesc).unwrap();
+    type Read = unsafe extern "C" fn(u64, u64, *mut c_void, u64) -> Status;
+    let cases: [(&std::ffi::CStr, bool, Read, Status); 2] = [
+        (&desc, false, ap_mapping_read, Status::BadMapping),
+        (&mdesc, true, ap_shared_mbuf_read, Status::BadBuffer),
+    ];
+    for (desc, is_buffer, read, closed) in cases {
+        for _ in 0..20 {
+            let mut h = 0;
+            // SAFETY: a NUL-terminated descriptor and a writable handle.
+            let got = unsafe {
+                if is_buffer {
+                    ap_shared_mbuf_open(SOURCE_SIM, 0, desc.as_ptr(), &mut h)
+                } else {
+                    ap_share_open(SOURCE_SIM, 0, desc.as_ptr(), &mut h)
+                }
+            };
+            assert_eq!(got, Status::Ok, "{}", last_error());
+            let started = AtomicBool::new(false);
+            let refusals = std::thread::scope(|s| {
+                // One reader holds the item through long reads, the other queues behind it.
+                let readers: Vec<_> = [len, 64]
+                    .into_iter()
+                    .map(|n| {
+                        let started = &started;
+                        s.spawn(move || {
+                            let mut b = vec![0u8; n as usize];
+                            loop {
+                                // SAFETY: `n` writable bytes.
+                                let got = unsafe { read(h, 0, b.as_mut_ptr().cast(), n) };
+                                started.store(true, Ordering::SeqCst);
+                                if got != Status::Ok {
+                                    return (got, last_error());
+                                }
+                            }
+                        })
+                    })
+                    .collect();
+                while !started.load(Ordering::SeqCst) {
+                    std::thread::yield_now();
+                }
+                std::thread::sleep(std::time::Duration::from_millis(2));
+                let got = if is_buffer {
+                    ap_shared_mbuf_close(h)
+                } else {
+                    ap_mapping_close(h)
+                };
+                assert_eq!(got, Status::Ok, "{}", last_error());
+                readers
+                    .into_iter()
+                    .map(|t| t.join().unwrap())
+                    .collect::<Vec<_>>()
+            });
+            for (got, says) in refusals {
+                assert_eq!(got, closed, "{says}");
+            }
+        }
+    }
+    assert_eq!(ap_free(pool, r), Status::Ok);
+    assert_eq!(ap_mbuf_free(pool, mb), Status::Ok);
+    assert_eq!(destroy(pool), 0);
+}
