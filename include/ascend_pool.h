@@ -227,7 +227,10 @@ ap_status ap_write_remote(ap_pool pool, uint64_t thread, ap_stream stream, uint6
  * same physical memory. pids lists the npids processes let in, their ids
  * from ap_share_process_id in each; NULL lets any process in. Whether importers are checked
  * is fixed by the first publish of the memory behind a region. Other pools get
- * AP_ERR_NOT_SUPPORTED, other kinds AP_ERR_WRONG_KIND. */
+ * AP_ERR_NOT_SUPPORTED, other kinds AP_ERR_WRONG_KIND. Unlike the other answers by size, the
+ * call that gets AP_ERR_BUFFER_TOO_SMALL has published already (an export cannot be taken
+ * back): the processes are let in and the access is fixed; the same call again with room
+ * gets the same descriptor. */
 ap_status ap_share_publish(ap_pool pool, ap_region region, const int32_t *pids, size_t npids,
                            char *buf, size_t cap, size_t *needed);
 /* This process's id for an exporter's list, as the runtime behind `source` gives it. */

@@ -207,7 +207,9 @@ pub(crate) fn runtime(source: c_int) -> Result<Runtime, Failure> {
 /// into `buf` as [`ap_pool_snapshot_json`] does. `pids` lists the `npids` processes let in
 /// (their ids from [`ap_share_process_id`]); NULL lets any process in. Whether importers are
 /// checked is fixed by the first publish of the memory behind a region
-/// ([`Status::ShareAccessFixed`]).
+/// ([`Status::ShareAccessFixed`]). A call refused with [`Status::BufferTooSmall`] has
+/// published already (an export cannot be taken back); the same call with room gets the same
+/// descriptor.
 ///
 /// # Safety
 /// `pids` is NULL or valid for reads of `npids` ids; `buf` is NULL or valid for writes of

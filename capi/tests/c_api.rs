@@ -1505,3 +1505,54 @@ fn a_read_racing_a_close_is_refused_as_closed() {
     assert_eq!(ap_mbuf_free(pool, mb), Status::Ok);
     assert_eq!(destroy(pool), 0);
 }
+
+/// A publish asked only for its size has published already (the header says so): the process
+/// is let in and the access fixed, and the call with room answers the same descriptor.
+#[test]
+#[cfg_attr(
+    miri,
+    ignore = "virtual memory reserves addresses with PROT_NONE, which Miri refuses"
+)]
+fn a_publish_asked_for_its_size_has_published() {
+    let pool = pool_over(SOURCE_VMM_SIM, "chunk_size:4m");
+    let r = alloc(pool, KIND_DEVICE, 4096).unwrap();
+    let init = 1; // not this process
+    let mut needed = 0;
+    // SAFETY: one readable id, no buffer, a writable size.
+    let got = unsafe { ap_share_publish(pool, r, &init, 1, null_mut(), 0, &mut needed) };
+    assert_eq!(got, Status::BufferTooSmall);
+    let mut buf = vec![0u8; needed];
+    let mut again = 0;
+    // SAFETY: no list, and `needed` writable bytes.
+    let got = unsafe {
+        ap_share_publish(
+            pool,
+            r,
+            null(),
+            0,
+            buf.as_mut_ptr().cast(),
+            needed,
+            &mut again,
+        )
+    };
+    assert_eq!(
+        got,
+        Status::ShareAccessFixed,
+        "the access was fixed by the size's call"
+    );
+    // SAFETY: as above, with the same list.
+    let got = unsafe {
+        ap_share_publish(
+            pool,
+            r,
+            &init,
+            1,
+            buf.as_mut_ptr().cast(),
+            needed,
+            &mut again,
+        )
+    };
+    assert_eq!((got, again), (Status::Ok, needed));
+    assert_eq!(ap_free(pool, r), Status::Ok);
+    assert_eq!(destroy(pool), 0);
+}
