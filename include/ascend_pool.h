@@ -4,7 +4,8 @@
  * Pools, regions and streams are 64-bit handles, never 0 and never reused within a process,
  * so a freed, destroyed or foreign handle is refused with a status instead of touching memory.
  * Every function returns an ap_status; on failure ap_last_error() tells what happened, and the
- * pool is left as it was. All functions may be called from any thread.
+ * pool is left as it was unless the function says otherwise (ap_free, ap_share_publish,
+ * ap_mbuf_publish, the closes). All functions may be called from any thread.
  *
  * A process made by fork() keeps its parent's handles but none of its other threads (nor, on
  * hardware, its device context): every call there on a pool, mapping or shared buffer the
@@ -175,7 +176,9 @@ ap_status ap_alloc_model_input(ap_pool pool, uint64_t len, ap_region *out);
 /* Device or DVPP memory for work ordered on `stream`: memory freed while work on this stream
  * still used it is reused at once, the work running in stream order. */
 ap_status ap_alloc_on(ap_pool pool, ap_kind kind, uint64_t len, ap_stream stream, ap_region *out);
-/* Frees a region; if streams have work queued on it, its memory is reused once they pass it. */
+/* Frees a region; if streams have work queued on it, its memory is reused once they pass it.
+ * AP_ERR_CORRUPTION (debug mode) reports an overwritten padding: the region is freed all the
+ * same, and the handle is gone. */
 ap_status ap_free(ap_pool pool, ap_region region);
 ap_status ap_region_get_info(ap_pool pool, ap_region region, ap_region_info *out);
 /* The bytes of a host region, once every stream with work queued on it has run that work. */
