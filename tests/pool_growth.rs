@@ -475,3 +475,59 @@ fn a_small_request_with_no_room_for_its_slab_page_is_served_before_the_kind_is_r
     pool.validate().unwrap();
     assert_eq!(pool.stats(MemKind::DEVICE).live_regions, 0);
 }
+
+/// A kind the device has no room to grow takes back what the other device kinds hold idle:
+/// their empty chunks (kept under a high release threshold), cached segments and frees
+/// waiting for a stream. The source used to refuse the new chunk while the pool itself
+/// held the device's memory, empty, in another kind.
+#[test]
+fn a_device_kind_short_of_memory_takes_back_what_other_kinds_hold_idle() {
+    use ascend_pool::MallocPolicy;
+    let sim =
+        Arc::new(SimSource::new(SimConfig::default().with_device_capacity(16 * MIB)).unwrap());
+    let config = PoolConfig::default()
+        .with_chunk_size(2 * MIB)
+        .with_release_threshold(1 << 40);
+    let pool = Pool::new(sim.clone(), config).unwrap();
+    let cached = MemKind::Cached(MallocPolicy::HugeFirst);
+    let stream = pool.create_stream().unwrap();
+    // Cached memory takes 10 MiB and frees it, 4 MiB of it behind a stream still busy.
+    let a = pool.alloc_device_kind(cached, 6 * MIB).unwrap();
+    let b = pool.alloc_device_kind(cached, 4 * MIB).unwrap();
+    sim.enqueue_delay(stream.handle(), std::time::Duration::from_millis(50))
+        .unwrap();
+    b.record_stream(&stream).unwrap();
+    drop((a, b));
+    let held = pool.stats(cached);
+    assert!(
+        held.reserved_bytes >= 4 * MIB && held.pending_frees == 1,
+        "{held:?}"
+    );
+    // 12 MiB for the default kind: the device has less left beside the cached chunk.
+    let calls = sim.stats().calls(AclFunc::Malloc);
+    let d = pool.alloc_device(12 * MIB);
+    let d = d.unwrap_or_else(|e| panic!("{e:?} {:?} {:?}", pool.stats(cached), sim.stats()));
+    assert!(sim.stats().calls(AclFunc::Malloc) > calls);
+    assert_eq!(
+        pool.stats(cached).reserved_bytes,
+        0,
+        "the idle cached chunks went back"
+    );
+    let s = pool.stats(MemKind::DEVICE);
+    assert_eq!((s.live_regions, s.ooms), (1, 0), "{s:?}");
+    // With nothing idle anywhere the refusal stands, counted once.
+    let e = pool.alloc_device(12 * MIB);
+    assert!(
+        matches!(
+            e,
+            Err(ascend_pool::Error::OutOfMemory {
+                source: Some(_),
+                ..
+            })
+        ),
+        "{e:?}"
+    );
+    assert_eq!(pool.stats(MemKind::DEVICE).ooms, 1);
+    drop(d);
+    pool.validate().unwrap();
+}

@@ -30,7 +30,7 @@ mod shapes_tests;
 
 pub use config::PoolConfig;
 
-use biased::BiasedLock;
+use biased::{BiasedGuard, BiasedLock};
 use cache::{CacheItem, CacheRegistry, ThreadCache};
 use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -1296,7 +1296,15 @@ impl PoolInner {
         let kind = k.kind;
         let (chunk, alloc) = match self.carve_existing(&mut k, len, rule, footprint) {
             Some(x) => x,
-            None => self.carve_after_reclaim(&mut k, len, rule, footprint)?,
+            None => match self.carve_after_reclaim(&mut k, len, rule, footprint) {
+                Ok(x) => x,
+                Err(refused) => {
+                    let (guard, x) =
+                        self.carve_after_releasing_elsewhere(k, refused, len, rule, footprint)?;
+                    k = guard;
+                    x
+                }
+            },
         };
         let c = &k.chunks[chunk];
         let addr = c.base + alloc.offset() as usize;
@@ -1333,6 +1341,64 @@ impl PoolInner {
             r.alloc(kind, addr, len, align);
         }
         Ok(RawSegment::new(kind, addr, align, key, alloc))
+    }
+
+    /// The source had no memory to grow `k` (it refused with an out-of-memory code): the
+    /// other kinds over the same memory (every device kind, DVPP's included, draws on the
+    /// device; pinned host memory is the host kind's alone) may hold some of it idle, in
+    /// empty chunks, cached segments or frees waiting for streams. Each gives back what it
+    /// holds empty, with its own lock only (no kind lock is ever taken under another, so
+    /// nothing can deadlock), waiting for its streams as `k`'s own last pass does; then `k`
+    /// tries once more. One refusal is counted whatever the outcome.
+    #[cold]
+    #[inline(never)]
+    fn carve_after_releasing_elsewhere<'a>(
+        &'a self,
+        k: BiasedGuard<'a, KindPool>,
+        refused: Error,
+        len: u64,
+        rule: CarveRule,
+        footprint: u64,
+    ) -> Result<(BiasedGuard<'a, KindPool>, (usize, Allocation))> {
+        let kind = k.kind;
+        if !kind.is_device()
+            || !matches!(
+                refused,
+                Error::OutOfMemory {
+                    source: Some(_),
+                    ..
+                }
+            )
+        {
+            return Err(refused);
+        }
+        drop(k);
+        let mut released = 0;
+        for (other, m) in MemKind::ALL.iter().zip(&self.kinds) {
+            if other.index() == kind.index() || !other.is_device() {
+                continue;
+            }
+            let mut o = m.lock();
+            let held = o.stats.reserved_bytes;
+            self.flush_kind(&mut o);
+            self.reclaim(&mut o, true);
+            self.trim_kind(&mut o, 0);
+            self.shrink_tails(&mut o);
+            self.note_free(&o);
+            // What went back by any path (a completed free can give its chunk back itself).
+            released += held.saturating_sub(o.stats.reserved_bytes);
+        }
+        let mut k = self.kinds[kind.index()].lock();
+        if released == 0 {
+            return Err(refused);
+        }
+        let again = match self.carve_existing(&mut k, len, rule, footprint) {
+            Some(x) => Ok(x),
+            None => self.carve_after_reclaim(&mut k, len, rule, footprint),
+        };
+        // The first refusal did not stand, or a second one was counted for this request.
+        k.stats.ooms = k.stats.ooms.saturating_sub(1);
+        Ok((k, again?))
     }
 
     /// No chunk could carve the request: completes deferred frees whose streams have
