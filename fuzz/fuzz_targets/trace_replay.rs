@@ -6,14 +6,19 @@
 //! The first byte picks the device size (small, so "too large for the device" and
 //! "out of memory" come up often) and the replay options; the rest is the trace, raw bytes,
 //! so invalid UTF-8, broken JSON and invalid events all occur.
+//!
+//! What is wrong in the trace is the trace's, not the backend's: every backend counts each
+//! category but out-of-memory as a reader of its own counts it, replays as many events and
+//! ends with as many left live. Each pool ends holding no region, having served every
+//! allocation it did not refuse.
 #![no_main]
 
 use ascend_pool::engine::{EngineConfig, RangeTier};
 use ascend_pool::peers::{BuddyFactory, RlsfFactory};
 use ascend_pool::pool::PoolConfig;
 use ascend_pool::trace::{
-    replay, EngineFactory, PoolFactory, RejectKind, ReplayReport, ReplaySource, ReplayerFactory,
-    TraceConfig,
+    replay, EngineFactory, ErrorCounts, PoolFactory, RejectKind, ReplayReport, ReplaySource,
+    ReplayerFactory, TraceConfig, TraceItem, TraceReader,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -47,6 +52,50 @@ fn run<F: ReplayerFactory>(factory: &F, trace: &[u8], config: TraceConfig) -> Re
     report
 }
 
+/// What a reader alone finds in the trace: rejected lines by category, valid events, and
+/// allocations left live at the end.
+fn read_alone(trace: &[u8], config: TraceConfig) -> (ErrorCounts, u64, u64) {
+    let mut reader = TraceReader::new(trace, config);
+    let mut ops = 0;
+    while let Some(item) = reader.next_item() {
+        if let TraceItem::Op(_) = item.expect("an in-memory trace reads") {
+            ops += 1;
+        }
+    }
+    (*reader.errors(), ops, reader.live_count() as u64)
+}
+
+/// The pool a replay ran on: nothing live or pending once the replay gave back what the
+/// trace left live, every allocation it did not refuse served, and valid.
+fn pool_ends_empty(factory: &PoolFactory, report: &ReplayReport) {
+    let snap = factory.snapshot().expect("a pool has a snapshot");
+    let mut served = 0;
+    for k in &snap.kinds {
+        let s = &k.stats;
+        assert_eq!(
+            (
+                s.live_regions,
+                s.allocated_bytes,
+                s.requested_bytes,
+                s.pending_frees
+            ),
+            (0, 0, 0, 0),
+            "{} {:?} after the replay: {s:?}",
+            factory.source().name(),
+            s.kind
+        );
+        assert_eq!(s.allocations, s.frees, "{:?}: {s:?}", s.kind);
+        served += s.allocations;
+    }
+    let valid_allocs: u64 = report.per_kind.iter().map(|k| k.allocs).sum();
+    assert_eq!(
+        served + report.errors.get(RejectKind::OutOfMemory),
+        valid_allocs,
+        "{}: allocations served plus refused",
+        factory.source().name()
+    );
+}
+
 fuzz_target!(|data: &[u8]| {
     let Some((&options, trace)) = data.split_first() else {
         return;
@@ -65,25 +114,24 @@ fuzz_target!(|data: &[u8]| {
             ..EngineConfig::default()
         },
     };
+    let vmm_pool = PoolFactory::new(PoolConfig::default(), config.device_size).unwrap();
+    let sim_pool = PoolFactory::new(PoolConfig::default(), config.device_size)
+        .unwrap()
+        .with_source(ReplaySource::Sim);
+    let vmm_report = run(&vmm_pool, trace, config);
+    pool_ends_empty(&vmm_pool, &vmm_report);
+    let sim_report = run(&sim_pool, trace, config);
+    pool_ends_empty(&sim_pool, &sim_report);
     let reports = [
         run(&buddy_tier, trace, config),
-        run(
-            &PoolFactory::new(PoolConfig::default(), config.device_size).unwrap(),
-            trace,
-            config,
-        ),
-        run(
-            &PoolFactory::new(PoolConfig::default(), config.device_size)
-                .unwrap()
-                .with_source(ReplaySource::Sim),
-            trace,
-            config,
-        ),
+        vmm_report,
+        sim_report,
         run(&RlsfFactory::default(), trace, config),
         run(&BuddyFactory, trace, config),
     ];
+    let (errors, ops, live) = read_alone(trace, config);
     // What the trace asks for does not depend on who serves it.
-    for r in &reports {
+    for r in std::iter::once(&ours).chain(&reports) {
         assert_eq!(r.lines, ours.lines, "{}", r.backend);
         assert_eq!(
             r.peak_requested_bytes, ours.peak_requested_bytes,
@@ -95,5 +143,18 @@ fuzz_target!(|data: &[u8]| {
             "{}",
             r.backend
         );
+        // Bad events are the trace's: each backend rejects the same ones, for the same
+        // reasons, and only out-of-memory is its own.
+        for kind in RejectKind::ALL {
+            if kind != RejectKind::OutOfMemory {
+                assert_eq!(
+                    r.errors.get(kind),
+                    errors.get(kind),
+                    "{}: {kind}",
+                    r.backend
+                );
+            }
+        }
+        assert_eq!((r.ops, r.live_at_end), (ops, live), "{}", r.backend);
     }
 });
