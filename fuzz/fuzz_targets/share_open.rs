@@ -3,7 +3,9 @@
 //! one answers with a mapping or a typed error, never a panic. An opened mapping refuses what
 //! lies outside the bytes it mapped (anything else would fault here, since the simulator maps
 //! real pages). A descriptor left as published reads and writes the exporter's bytes exactly,
-//! and translates the exporter's addresses to the right local ones. At the end, with the
+//! and translates the exporter's addresses to the right local ones; so does one whose window
+//! alone was moved or resized within the same pieces (it opens exactly when the window lies
+//! inside them), since it maps the same memory. At the end, with the
 //! mapping closed and the pool gone, the simulator holds no reservation, physical memory or
 //! mapping.
 //!
@@ -183,14 +185,23 @@ fn change(d: &mut ShareDescriptor, c: Change) {
 }
 
 /// What the importer expects at each published byte: the exporter's regions (by their
-/// offset in the published window) with the writes made through the mapping on top.
+/// offset from the descriptor's base) with the writes made through the mapping on top.
 struct Shadow {
-    /// Offset in the window, length and index of each region inside it.
+    /// Offset of the window from the base.
+    start: u64,
+    /// Offset from the base, length and index of each region.
     regions: Vec<(u64, u64, usize)>,
+    /// Writes through the mapping, by offset from the base.
     writes: Vec<(u64, Vec<u8>)>,
 }
 
 impl Shadow {
+    /// Byte `at` of the window.
+    fn window_byte(&self, at: u64) -> Option<u8> {
+        self.byte(self.start.checked_add(at)?)
+    }
+
+    /// The byte `at` bytes from the base.
     fn byte(&self, at: u64) -> Option<u8> {
         for (off, data) in self.writes.iter().rev() {
             if at >= *off && at - off < data.len() as u64 {
@@ -243,7 +254,7 @@ fn run_ops(m: &SharedMapping<SimSource>, ops: &[MapOp], shadow: &mut Option<Shad
                 if let (Ok(()), Some(s)) = (&r, shadow.as_ref()) {
                     for (k, &b) in out.iter().enumerate() {
                         let at = off + k as u64;
-                        if let Some(want) = s.byte(at) {
+                        if let Some(want) = s.window_byte(at) {
                             assert_eq!(b, want, "byte {at} of the published window");
                         }
                     }
@@ -256,7 +267,7 @@ fn run_ops(m: &SharedMapping<SimSource>, ops: &[MapOp], shadow: &mut Option<Shad
                 let inside = inside(off, n);
                 check_outcome(&r, inside, whole, "write");
                 if let (Ok(()), Some(s)) = (&r, shadow.as_mut()) {
-                    s.writes.push((off, data));
+                    s.writes.push((s.start + off, data));
                 }
             }
             MapOp::Translate { past } => {
@@ -325,20 +336,32 @@ fuzz_target!(|input: Input| {
     for &c in &input.changes {
         change(&mut desc, c);
     }
-    let as_published = desc == published;
+    // Only the window moved (or nothing did): the same memory is mapped, so it opens as the
+    // published one does when the window lies in the pieces, and shows the same bytes.
+    let same_memory = desc.pieces == published.pieces && desc.span == published.span;
+    let window_inside = desc.len > 0
+        && desc
+            .offset
+            .checked_add(desc.len)
+            .is_some_and(|e| e <= desc.span);
 
     if input.free_before {
         regions.clear();
         pool.trim();
     }
     let opened = SharedMapping::open(Arc::clone(&sim), 0, &desc);
-    if as_published {
+    if same_memory && !window_inside {
+        assert!(
+            matches!(opened, Err(Error::Config(_))),
+            "opening a window outside the pieces gave {opened:?}"
+        );
+    } else if same_memory {
         match (&opened, input.free_before, input.who) {
             (Err(Error::ShareGone { .. }), true, _) => {}
             (Err(Error::ShareRefused { .. }), true, Who::Other) => {}
             (Err(Error::ShareRefused { .. }), false, Who::Other) => {}
             (Ok(_), false, Who::Me | Who::Anyone) => {}
-            _ => panic!("opening the descriptor as published gave {opened:?}"),
+            _ => panic!("opening the published memory gave {opened:?}"),
         }
     } else if let Err(e) = &opened {
         let typed = matches!(
@@ -353,15 +376,14 @@ fuzz_target!(|input: Input| {
     }
 
     if let Ok(m) = opened {
-        // What the window should hold, known only for the descriptor as published.
-        let mut shadow = as_published.then(|| Shadow {
+        // What the window should hold, known only when it maps the published memory.
+        let mut shadow = same_memory.then(|| Shadow {
+            start: desc.offset,
             regions: regions
                 .iter()
                 .enumerate()
                 .filter_map(|(i, r)| {
-                    let start = r.addr().checked_sub(desc.base)? as u64;
-                    let off = start.checked_sub(desc.offset)?;
-                    Some((off, r.len(), i))
+                    Some((r.addr().checked_sub(published.base)? as u64, r.len(), i))
                 })
                 .collect(),
             writes: Vec::new(),
@@ -374,7 +396,7 @@ fuzz_target!(|input: Input| {
                 s.regions.clear();
             }
         }
-        run_ops(&m, &input.ops, &mut shadow, whole && as_published);
+        run_ops(&m, &input.ops, &mut shadow, whole && same_memory);
         // The exporter sees what was written through the mapping.
         if let Some(s) = &shadow {
             for &(off, len, i) in &s.regions {
