@@ -311,6 +311,18 @@ impl Harness {
         &h[usize::from(pick) % h.len()]
     }
 
+    /// Whether a buffer of `size` bytes must fit: no opened copy holds memory, and the
+    /// live buffers and this one, each rounded up to whole 2 MiB chunks (a chunk holding at
+    /// least one of them, or a dedicated one), take at most half the 32 MiB device.
+    fn must_fit(&self, size: u64) -> bool {
+        let chunks = |n: u64| (n + HEADER_LEN).div_ceil(2 * MIB) * 2 * MIB;
+        let live: u64 = self.bufs.iter().map(|b| chunks(b.size)).sum();
+        size <= 3 * MIB
+            && self.copies.is_empty()
+            && self.stuck_opens == 0
+            && live + chunks(size) <= 16 * MIB
+    }
+
     fn alloc(&mut self, size: u64, dvpp: bool) {
         let kind = if dvpp {
             MbufKind::Dvpp
@@ -327,7 +339,7 @@ impl Harness {
                     Error::Carve(CarveRuleError::LengthOverflow { .. }) => size > u64::MAX / 2,
                     Error::OutOfMemory { requested, .. }
                     | Error::LimitExceeded { requested, .. } => {
-                        Some(*requested) == total || self.armed
+                        self.armed || (Some(*requested) == total && !self.must_fit(size))
                     }
                     Error::Runtime { .. } => self.armed,
                     _ => false,
