@@ -291,6 +291,9 @@ fuzz_target!(|ops: Vec<Op>| {
                 }
             }
         }
+        // Every call, refused or not, leaves both pools consistent.
+        rank0.validate().expect("rank 0 valid after an operation");
+        rank1.validate().expect("rank 1 valid after an operation");
     }
 
     drop(hold.take());
@@ -311,4 +314,9 @@ fuzz_target!(|ops: Vec<Op>| {
         pool.validate().expect("a valid pool");
         assert!(pool.leak_report().is_empty());
     }
+    // With both pools gone, every block they took from the simulator is back.
+    drop(stream1);
+    drop(stream);
+    drop((rank0, rank1));
+    assert_eq!(sim.stats().live_blocks, 0, "blocks left at the simulator");
 });
