@@ -607,7 +607,15 @@ impl CarveEngine {
         align: u64,
         tag: u32,
     ) -> Result<(u64, u32), EngineError> {
-        let Some((offset, key)) = self.range.alloc(footprint, align, tag) else {
+        let got = match self.range.alloc(footprint, align, tag) {
+            Some(x) => Some(x),
+            // Cached empty slab pages are free space kept for reuse: they may cost placement,
+            // never room (an engine with nothing live refused most of its range). They go
+            // back and the range is asked again, as the TLSF tier merges what it parked.
+            None if self.release_cached_pages() => self.range.alloc(footprint, align, tag),
+            None => None,
+        };
+        let Some((offset, key)) = got else {
             return Err(self.out_of_space(footprint));
         };
         debug_assert!(key & SLAB_PLACE == 0, "range keys stay below 2^31");
@@ -642,12 +650,19 @@ impl CarveEngine {
     /// Gives cached empty slab pages back to the range tier and merges the blocks the range
     /// tier keeps parked for reuse, so the free space is whole again.
     pub fn trim(&mut self) {
-        for rel in self.slabs.trim() {
+        self.release_cached_pages();
+        self.range.unpark();
+    }
+
+    /// Gives cached empty slab pages back to the range tier; whether there were any.
+    fn release_cached_pages(&mut self) -> bool {
+        let released = self.slabs.trim();
+        for rel in &released {
             self.range
                 .free(rel.range_key, rel.base, rel.range_tag)
                 .expect("slab pages are live range allocations");
         }
-        self.range.unpark();
+        !released.is_empty()
     }
 
     /// This engine's id, carried by its handles.
@@ -942,6 +957,21 @@ mod tests {
             ));
             e.grow(4096).unwrap();
             e.alloc(4000, CarveRule::default()).unwrap();
+            e.validate().unwrap();
+        }
+    }
+
+    #[test]
+    fn an_empty_engine_serves_its_whole_range_past_a_cached_slab_page() {
+        // A slab-sized segment's page stays cached after its last free; found by
+        // trace_replay: a 1 MiB range then refused 614,528 bytes with nothing live.
+        for cfg in both_tiers() {
+            let mut e = CarveEngine::new(1 << 20, cfg).unwrap();
+            let small = e.alloc(67_944, CarveRule::model_input()).unwrap();
+            assert!(small.is_slab());
+            e.free(small).unwrap();
+            let whole = e.alloc((1 << 20) - 64, CarveRule::default());
+            assert_eq!(whole.map(|a| a.offset()), Ok(0), "{cfg:?}");
             e.validate().unwrap();
         }
     }
