@@ -13,12 +13,14 @@
 //! allocation it did not refuse.
 #![no_main]
 
+use ascend_pool::align::CarveRule;
 use ascend_pool::engine::{EngineConfig, RangeTier};
+use ascend_pool::kind::MemKind;
 use ascend_pool::peers::{BuddyFactory, RlsfFactory};
 use ascend_pool::pool::PoolConfig;
 use ascend_pool::trace::{
-    replay, EngineFactory, ErrorCounts, PoolFactory, RejectKind, ReplayReport, ReplaySource,
-    ReplayerFactory, TraceConfig, TraceItem, TraceReader,
+    replay, EngineFactory, EngineReplayer, ErrorCounts, PoolFactory, RangeReplayer, RejectKind,
+    ReplayReport, ReplaySource, ReplayerFactory, TraceConfig, TraceItem, TraceReader,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -50,6 +52,68 @@ fn run<F: ReplayerFactory>(factory: &F, trace: &[u8], config: TraceConfig) -> Re
         ascend_pool::svg::timeline(&report.timeline, "fuzz");
     }
     report
+}
+
+/// A range of our engine that must serve, while it holds nothing, any footprint up to its
+/// capacity (offset 0 is aligned to anything): a refusal then is the engine's fault, which
+/// the report would count as out of memory and let pass.
+struct MustFit(EngineFactory);
+
+struct MustFitRange {
+    inner: EngineReplayer,
+    capacity: u64,
+    live: u64,
+}
+
+impl RangeReplayer for MustFitRange {
+    type Token = <EngineReplayer as RangeReplayer>::Token;
+
+    fn alloc(&mut self, len: u64, rule: CarveRule) -> Option<(u64, Self::Token)> {
+        let got = self.inner.alloc(len, rule);
+        if got.is_none() && self.live == 0 {
+            let footprint = rule
+                .footprint(len)
+                .expect("the reader checked the footprint");
+            assert!(
+                footprint > self.capacity,
+                "an empty range of {} bytes refused {footprint} bytes ({len} at {})",
+                self.capacity,
+                rule.align()
+            );
+        }
+        self.live += u64::from(got.is_some());
+        got
+    }
+
+    fn free(&mut self, token: Self::Token) {
+        self.live -= 1;
+        self.inner.free(token);
+    }
+
+    fn high_water(&self) -> u64 {
+        self.inner.high_water()
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        self.inner.validate()
+    }
+}
+
+impl ReplayerFactory for MustFit {
+    type Replayer = MustFitRange;
+
+    fn name(&self) -> &str {
+        self.0.name()
+    }
+
+    fn new_range(&self, kind: MemKind, capacity: u64) -> Result<MustFitRange, String> {
+        let inner = self.0.new_range(kind, capacity)?;
+        Ok(MustFitRange {
+            capacity: inner.engine().capacity(),
+            inner,
+            live: 0,
+        })
+    }
 }
 
 /// What a reader alone finds in the trace: rejected lines by category, valid events, and
@@ -107,13 +171,13 @@ fuzz_target!(|data: &[u8]| {
         timeline: options & 0x10 != 0,
         snapshot_at: (options & 0x20 != 0).then_some(u64::from(options >> 6) + 1),
     };
-    let ours = run(&EngineFactory::default(), trace, config);
-    let buddy_tier = EngineFactory {
+    let ours = run(&MustFit(EngineFactory::default()), trace, config);
+    let buddy_tier = MustFit(EngineFactory {
         config: EngineConfig {
             range: RangeTier::Buddy,
             ..EngineConfig::default()
         },
-    };
+    });
     let vmm_pool = PoolFactory::new(PoolConfig::default(), config.device_size).unwrap();
     let sim_pool = PoolFactory::new(PoolConfig::default(), config.device_size)
         .unwrap()
