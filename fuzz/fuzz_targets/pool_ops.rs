@@ -599,6 +599,8 @@ struct Harness {
     live: Vec<Tracked>,
     padding: u64,
     limit: u64,
+    /// The simulator's device capacity, pinned host capacity and DVPP limit.
+    capacities: (u64, u64, u64),
     /// A region and a stream of another pool over another simulator (the region drops
     /// before its pool: fields drop in order).
     foreign_region: DeviceRegion,
@@ -607,6 +609,23 @@ struct Harness {
 }
 
 impl Harness {
+    /// Whether a request of `len` bytes of `kind` must be served: nothing else is live in
+    /// the pool (a refusal frees caches, waits for streams and trims empty chunks before it
+    /// gives up), no fault is injected, and the segment is small against everything that
+    /// bounds it (a 1 MiB footprint fits in any chunk, even a buddy range's power of two, and
+    /// in any limit, which is at least one chunk). Not for large alignments: a chunk holds
+    /// an address aligned past what the source aligns its blocks to only with slack beside
+    /// it, which a limit of one chunk may not leave.
+    fn must_fit(&self, kind: MemKind, len: u64, align: u64) -> bool {
+        let (device, host, dvpp) = self.capacities;
+        let room = match kind {
+            MemKind::Host => host,
+            MemKind::Dvpp => device.min(dvpp),
+            _ => device,
+        };
+        self.live.is_empty() && !self.faults && len <= MIB - 256 && align <= 4096 && room >= 4 * MIB
+    }
+
     fn index(&self, i: u8) -> Option<usize> {
         (!self.live.is_empty()).then(|| usize::from(i) % self.live.len())
     }
@@ -794,7 +813,9 @@ impl Harness {
                         *l == len && len > u64::MAX / 2
                     }
                     Error::OutOfMemory { requested, .. }
-                    | Error::LimitExceeded { requested, .. } => *requested == len && len > 0,
+                    | Error::LimitExceeded { requested, .. } => {
+                        *requested == len && len > 0 && !self.must_fit(kind, len, align)
+                    }
                     Error::Runtime { .. } => self.faults && len > 0,
                     _ => false,
                 };
@@ -1458,6 +1479,11 @@ fn build(input: &Input) -> Harness {
         live: Vec::new(),
         padding,
         limit,
+        capacities: (
+            mib(input.device_mib, 2),
+            mib(input.host_mib, 2),
+            mib(input.dvpp_mib, 2),
+        ),
         foreign_region,
         foreign_stream,
         _foreign_pool: other,
