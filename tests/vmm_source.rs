@@ -945,6 +945,52 @@ fn a_shrink_refused_half_way_maps_each_extent_back_where_it_was() {
     vmm.free_block(a).unwrap();
 }
 
+/// An extent that cannot be mapped back after a refused unmap is no longer mapped: the
+/// source's table says so, a free goes on without it and a shrink keeps what is still
+/// mapped (the table named a mapping the runtime no longer had, and every later free of the
+/// block was refused as an unknown mapping).
+#[test]
+fn an_extent_that_cannot_be_mapped_back_leaves_the_table() {
+    let _g = serial();
+    let (sim, vmm) = vmm(64 * MIB);
+    let a = vmm.alloc_block(0, MemKind::DEVICE, G).unwrap();
+    let a = vmm.extend_block(a, G).unwrap().unwrap();
+    write(&vmm, a.addr, b"head");
+    sim.inject_fault(Fault::after(AclFunc::UnmapMem, AclError::RT_FAILURE, 1));
+    sim.inject_fault(Fault::next(AclFunc::MapMem, AclError::RT_FAILURE, 1));
+    let freed = vmm.free_block(a);
+    assert_eq!(vmm.stats().extents, sim.stats().mappings);
+    freed.unwrap();
+    assert_eq!(
+        (
+            sim.stats().mappings,
+            sim.stats().physical_handles,
+            used(&sim)
+        ),
+        (0, 0, 0)
+    );
+    assert_eq!(vmm.stats(), Default::default());
+    vmm.validate().unwrap();
+
+    // Granules [0], [1], [2, 3]; the shrink to one granule unmaps [2, 3], is refused on
+    // [1], and [2, 3] cannot be mapped back.
+    let a = vmm.alloc_block(0, MemKind::DEVICE, G).unwrap();
+    let a = vmm.extend_block(a, G).unwrap().unwrap();
+    let a = vmm.extend_block(a, 2 * G).unwrap().unwrap();
+    write(&vmm, a.addr + G as usize, b"kept");
+    sim.inject_fault(Fault::after(AclFunc::UnmapMem, AclError::RT_FAILURE, 1));
+    sim.inject_fault(Fault::next(AclFunc::MapMem, AclError::RT_FAILURE, 1));
+    let shrunk = vmm.shrink_block(a, G);
+    assert_eq!(vmm.stats().extents, sim.stats().mappings);
+    let a = shrunk.unwrap();
+    assert_eq!(a.size, G);
+    assert_eq!((vmm.stats().mapped_bytes, used(&sim)), (2 * G, 2 * G));
+    assert_eq!(read(&vmm, a.addr + G as usize, 4), b"kept");
+    vmm.validate().unwrap();
+    vmm.free_block(a).unwrap();
+    assert_eq!(used(&sim), 0);
+}
+
 /// Publishing a range that starts where one physical allocation ends exports only the
 /// allocations under the range.
 #[test]

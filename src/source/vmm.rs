@@ -173,7 +173,7 @@ struct VirtualBlock {
 /// Invariants: blocks do not overlap and lie inside the reservation; the extents inside
 /// `addr..addr + mapped` of a block tile that range exactly, and no extent lies outside a
 /// block; `size <= mapped` and `mapped == align_up(size, granule)` unless a shrink kept an
-/// extent straddling the new end; `orphans` hold unmapped physical memory whose free failed.
+/// extent straddling the new end, or extents past it that it could not map back; `orphans` hold unmapped physical memory whose free failed.
 #[derive(Debug, Default)]
 struct VmmState {
     blocks: BTreeMap<usize, VirtualBlock>,
@@ -437,9 +437,13 @@ impl<R: VmmRuntime> VmmSource<R> {
         Ok(())
     }
 
-    /// Releases every extent at or after `from` inside the block at `addr`: all extents are
-    /// unmapped first (mapped again if one unmap fails, and the error returned), then the
-    /// physical memory is freed; a free that fails leaves the handle for a later retry.
+    /// Releases every extent at or after `from` inside the block at `addr`, which is then
+    /// mapped up to `from`: all extents are unmapped first, the last first (mapped again if
+    /// one unmap fails, and the error returned), then the physical memory is freed; a free
+    /// that fails leaves the handle for a later retry. A map back that fails leaves that extent and those after it unmapped:
+    /// they are released all the same and the block is mapped up to them only, so the table
+    /// never names a mapping the runtime no longer has (the last-first order keeps what
+    /// stays unmapped a tail of the block).
     fn release_from(&self, s: &mut VmmState, addr: usize, from: usize) -> Result<()> {
         let end = addr + s.blocks[&addr].mapped as usize;
         let doomed: Vec<(usize, Extent)> = s
@@ -447,22 +451,34 @@ impl<R: VmmRuntime> VmmSource<R> {
             .range(from..end)
             .map(|(&va, &e)| (va, e))
             .collect();
-        for (i, &(va, _)) in doomed.iter().enumerate() {
+        for (i, &(va, _)) in doomed.iter().enumerate().rev() {
             if let Err(err) = self.runtime.unmap(va) {
-                for &(at, e) in doomed[..i].iter().rev() {
-                    let _ = self.runtime.map(at, e.len, 0, e.handle);
+                let lost = doomed[i + 1..]
+                    .iter()
+                    .position(|&(at, e)| self.runtime.map(at, e.len, 0, e.handle).is_err());
+                if let Some(k) = lost {
+                    let cut = &doomed[i + 1 + k..];
+                    self.forget(s, cut);
+                    s.blocks.get_mut(&addr).expect("the caller's block").mapped =
+                        (cut[0].0 - addr) as u64;
                 }
                 return Err(err);
             }
         }
-        for (va, e) in doomed {
+        self.forget(s, &doomed);
+        s.blocks.get_mut(&addr).expect("the caller's block").mapped = (from - addr) as u64;
+        Ok(())
+    }
+
+    /// Drops unmapped extents from the table and frees their physical memory.
+    fn forget(&self, s: &mut VmmState, extents: &[(usize, Extent)]) {
+        for &(va, e) in extents {
             s.extents.remove(&va);
             s.mapped_bytes -= e.len;
             if self.runtime.free_physical(e.handle).is_err() {
                 s.orphans.push(e.handle);
             }
         }
-        Ok(())
     }
 
     fn retry_orphans(&self, s: &mut VmmState) {
@@ -614,8 +630,15 @@ impl<R: VmmRuntime + 'static> BlockSource for VmmSource<R> {
             return self.runtime.free_block(block);
         }
         let mut s = self.state()?;
-        self.known(&s, "aclrtUnmapMem", block)?;
-        self.release_from(&mut s, block.addr, block.addr)?;
+        let b = self.known(&s, "aclrtUnmapMem", block)?;
+        if let Err(e) = self.release_from(&mut s, block.addr, block.addr) {
+            // A tail that could not be mapped back leaves the block short of its size, no
+            // use to the caller any more: the free goes on with what is still mapped.
+            if s.blocks[&block.addr].mapped == b.mapped {
+                return Err(e);
+            }
+            self.release_from(&mut s, block.addr, block.addr)?;
+        }
         s.blocks.remove(&block.addr);
         Ok(())
     }
@@ -669,11 +692,15 @@ impl<R: VmmRuntime + 'static> BlockSource for VmmSource<R> {
             .next_back()
             .map_or(block.addr, |(&va, e)| va + e.len as usize);
         if from < block.addr + b.mapped as usize {
-            self.release_from(&mut s, block.addr, from)?;
+            if let Err(e) = self.release_from(&mut s, block.addr, from) {
+                // A tail that could not be mapped back is released all the same: the block
+                // keeps more than asked past the new end, and the shrink stands.
+                if s.blocks[&block.addr].mapped == b.mapped {
+                    return Err(e);
+                }
+            }
         }
         let entry = s.blocks.get_mut(&block.addr).expect("checked above");
-        // `from` is the end of an extent starting before `cut`, so it is at least `cut`.
-        entry.mapped = (from - block.addr) as u64;
         entry.size = new_size;
         Ok(Block {
             size: entry.size,
