@@ -239,6 +239,14 @@ impl PoolConfig {
             )));
         }
         crate::align::CarveRule::new(self.padding, 64)?;
+        // AscendCL device ids count from 0: a negative one names no device, and would only
+        // be refused at the pool's first allocation.
+        if self.device < 0 {
+            return Err(Error::Config(format!(
+                "device {} is not a device id",
+                self.device
+            )));
+        }
         if self.thread_cache > 0
             && (self.thread_cache_max > self.thread_cache
                 || self.thread_cache_max >= self.large_threshold)
@@ -481,9 +489,11 @@ mod tests {
             "thread_cache:64k,thread_cache_max:128k",
             "thread_cache_max:32m",
             "chunk_size:256g", // past the TLSF engine's (2^32 - 1) * 64 bytes
+            "device:-1",
         ] {
             assert!(PoolConfig::parse(bad).is_err(), "{bad} was accepted");
         }
+        assert!(PoolConfig::default().with_device(-1).validate().is_err());
         assert_eq!(PoolConfig::parse("").unwrap(), PoolConfig::default());
         // The buddy tier takes chunks of any size.
         PoolConfig::parse("chunk_size:256g,range:buddy").unwrap();
