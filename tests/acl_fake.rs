@@ -715,3 +715,28 @@ fn drop_unmaps_then_frees_physical_memory_then_releases_ranges() {
     assert_eq!(counters.get("fake_free_physical_calls"), 2);
     assert_eq!(counters.get("fake_release_calls"), 2);
 }
+
+// The runtime runs threads of its own and registers thread-local destructors in its
+// callers' threads: unloading it when the last source dropped left them running unmapped
+// code (the drop-in crashed a test process one run in three so). It now stays loaded.
+#[test]
+fn the_runtime_stays_loaded_after_its_last_source_drops() {
+    let lib = fake_lib("stays-loaded", &[]);
+    let loaded = || {
+        let path = std::ffi::CString::new(lib.to_str().unwrap()).unwrap();
+        // SAFETY: RTLD_NOLOAD only looks the library up; a handle it returns is closed at once.
+        unsafe {
+            let h = libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD);
+            if !h.is_null() {
+                libc::dlclose(h);
+            }
+            !h.is_null()
+        }
+    };
+    assert!(!loaded());
+    let acl = AclSource::open(&lib).unwrap();
+    let b = acl.alloc_block(0, MemKind::DEVICE, 4096).unwrap();
+    acl.free_block(b).unwrap();
+    drop(acl);
+    assert!(loaded(), "unloaded with its last source");
+}

@@ -560,11 +560,17 @@ fn beside(path: &Path, name: &str) -> PathBuf {
 fn open_api(path: &Path) -> std::result::Result<sys::AclApi, String> {
     // A bare name goes to the loader's search; anything with a '/' is a file.
     let name: OsString = path.as_os_str().to_owned();
+    // Never unloaded (RTLD_NODELETE): the runtime runs threads of its own and registers
+    // thread-local destructors in every thread that calls it, which would run code unmapped
+    // by a `dlclose` (the simulator's drop-in crashed a test process one run in three so).
+    let flags =
+        libloading::os::unix::RTLD_LAZY | libloading::os::unix::RTLD_LOCAL | libc::RTLD_NODELETE;
     // SAFETY: loading a shared library runs its initialisers; AscendCL's (and the simulator's)
     // have no preconditions on the caller. `from_library` only resolves symbols.
     unsafe {
-        let lib = libloading::Library::new(&name).map_err(|e| e.to_string())?;
-        sys::AclApi::from_library(lib).map_err(|e| e.to_string())
+        let lib =
+            libloading::os::unix::Library::open(Some(&name), flags).map_err(|e| e.to_string())?;
+        sys::AclApi::from_library(libloading::Library::from(lib)).map_err(|e| e.to_string())
     }
 }
 
