@@ -913,6 +913,11 @@ fn shrinks_that_shrink_nothing_change_nothing() {
     vmm.free_block(h).unwrap();
     vmm.free_block(d).unwrap();
     assert_eq!(vmm.stats(), Default::default());
+    // A freed block is refused, even with nothing to cut (it used to come back Ok).
+    assert!(matches!(
+        vmm.shrink_block(d, 8 * MIB),
+        Err(Error::Runtime { .. })
+    ));
 }
 
 /// A shrink whose second unmap fails maps the extent already unmapped back where it was:

@@ -674,11 +674,16 @@ impl<R: VmmRuntime + 'static> BlockSource for VmmSource<R> {
     }
 
     fn shrink_block(&self, block: Block, new_size: u64) -> Result<Block> {
-        if !is_virtual(block.kind) || new_size >= block.size {
+        if !is_virtual(block.kind) {
             return Ok(block);
         }
         let mut s = self.state()?;
+        // A block of another source, freed, or of a parent process is refused even when
+        // nothing would be cut.
         let b = self.known(&s, "aclrtUnmapMem", block)?;
+        if new_size >= block.size {
+            return Ok(block);
+        }
         if new_size == 0 {
             // A block of 0 bytes is nothing `alloc_block` hands out: freeing is the way.
             return Err(runtime_error("aclrtUnmapMem", AclError::INVALID_PARAM));
