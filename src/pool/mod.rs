@@ -749,12 +749,7 @@ impl Pool {
         }
         let mut released = 0;
         for m in &self.inner.kinds {
-            let mut k = m.lock();
-            self.inner.flush_kind(&mut k);
-            self.inner.reclaim(&mut k, false);
-            released += self.inner.trim_kind(&mut k, 0);
-            released += self.inner.shrink_tails(&mut k);
-            self.inner.note_free(&k);
+            released += self.inner.release_idle(&mut m.lock(), false);
         }
         released
     }
@@ -1380,11 +1375,7 @@ impl PoolInner {
             }
             let mut o = m.lock();
             let held = o.stats.reserved_bytes;
-            self.flush_kind(&mut o);
-            self.reclaim(&mut o, true);
-            self.trim_kind(&mut o, 0);
-            self.shrink_tails(&mut o);
-            self.note_free(&o);
+            self.release_idle(&mut o, true);
             // What went back by any path (a completed free can give its chunk back itself).
             released += held.saturating_sub(o.stats.reserved_bytes);
         }
@@ -1399,6 +1390,17 @@ impl PoolInner {
         // The first refusal did not stand, or a second one was counted for this request.
         k.stats.ooms = k.stats.ooms.saturating_sub(1);
         Ok((k, again?))
+    }
+
+    /// Gives back what `k` holds idle: thread caches and shape slots flushed, deferred frees
+    /// completed (`wait`: waiting for their streams), empty chunks and free tails returned to
+    /// the source. Returns the bytes the chunk trim and the tail shrink gave back.
+    fn release_idle(&self, k: &mut KindPool, wait: bool) -> u64 {
+        self.flush_kind(k);
+        self.reclaim(k, wait);
+        let released = self.trim_kind(k, 0) + self.shrink_tails(k);
+        self.note_free(k);
+        released
     }
 
     /// No chunk could carve the request: completes deferred frees whose streams have
