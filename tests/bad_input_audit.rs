@@ -622,6 +622,10 @@ fn async_work_on_a_region_of_another_device_is_refused() {
 // ran past a hole (or past the address space) left the memory exported to any process, and
 // the region's own publish to named processes was then refused as ShareAccessFixed.
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "virtual memory reserves addresses with PROT_NONE, which Miri refuses"
+)]
 fn a_refused_publish_exports_nothing() {
     let sim = sim(256 * MIB);
     let vmm = Arc::new(VmmSource::new(Arc::clone(&sim), 0, VmmConfig::default()).unwrap());
@@ -651,6 +655,10 @@ fn a_refused_publish_exports_nothing() {
 // descriptor opened nowhere and the memory's access stayed fixed to whitelists (the C API
 // already refused it).
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "virtual memory reserves addresses with PROT_NONE, which Miri refuses"
+)]
 fn a_publish_to_no_process_is_refused_and_exports_nothing() {
     let sim = sim(256 * MIB);
     let vmm = Arc::new(VmmSource::new(Arc::clone(&sim), 0, VmmConfig::default()).unwrap());
