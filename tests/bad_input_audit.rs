@@ -627,9 +627,7 @@ fn async_work_on_a_region_of_another_device_is_refused() {
     ignore = "virtual memory reserves addresses with PROT_NONE, which Miri refuses"
 )]
 fn a_refused_publish_exports_nothing() {
-    let sim = sim(256 * MIB);
-    let vmm = Arc::new(VmmSource::new(Arc::clone(&sim), 0, VmmConfig::default()).unwrap());
-    let pool = Pool::new(vmm.clone(), PoolConfig::default()).unwrap();
+    let (sim, vmm, pool) = vmm_pool();
     // Two kinds grow side by side in the reservation, with free addresses between them.
     let a = pool.alloc_device(1000).unwrap();
     let b = pool
@@ -660,9 +658,7 @@ fn a_refused_publish_exports_nothing() {
     ignore = "virtual memory reserves addresses with PROT_NONE, which Miri refuses"
 )]
 fn a_publish_to_no_process_is_refused_and_exports_nothing() {
-    let sim = sim(256 * MIB);
-    let vmm = Arc::new(VmmSource::new(Arc::clone(&sim), 0, VmmConfig::default()).unwrap());
-    let pool = Pool::new(vmm.clone(), PoolConfig::default()).unwrap();
+    let (_sim, vmm, pool) = vmm_pool();
     let a = pool.alloc_device(1000).unwrap();
     for r in [
         vmm.publish_region(&a, &Access::Processes(vec![])),
@@ -677,4 +673,12 @@ fn a_publish_to_no_process_is_refused_and_exports_nothing() {
     vmm.publish_region(&a, &Access::AnyProcess).unwrap();
     drop(a);
     pool.validate().unwrap();
+}
+
+/// A pool over virtual memory of a 256 MiB simulated device, with its source and simulator.
+fn vmm_pool() -> (Arc<SimSource>, Arc<VmmSource<SimSource>>, Pool) {
+    let sim = sim(256 * MIB);
+    let vmm = Arc::new(VmmSource::new(Arc::clone(&sim), 0, VmmConfig::default()).unwrap());
+    let pool = Pool::new(vmm.clone(), PoolConfig::default()).unwrap();
+    (sim, vmm, pool)
 }

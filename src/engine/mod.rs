@@ -972,15 +972,21 @@ mod tests {
         }
     }
 
+    /// A 1 MiB engine holding nothing but the cached page of one freed slab-sized segment.
+    fn with_a_cached_page(cfg: EngineConfig) -> CarveEngine {
+        let mut e = CarveEngine::new(1 << 20, cfg).unwrap();
+        let small = e.alloc(67_944, CarveRule::model_input()).unwrap();
+        assert!(small.is_slab());
+        e.free(small).unwrap();
+        e
+    }
+
     #[test]
     fn an_empty_engine_serves_its_whole_range_past_a_cached_slab_page() {
         // A slab-sized segment's page stays cached after its last free; found by
         // trace_replay: a 1 MiB range then refused 614,528 bytes with nothing live.
         for cfg in both_tiers() {
-            let mut e = CarveEngine::new(1 << 20, cfg).unwrap();
-            let small = e.alloc(67_944, CarveRule::model_input()).unwrap();
-            assert!(small.is_slab());
-            e.free(small).unwrap();
+            let mut e = with_a_cached_page(cfg);
             let whole = e.alloc((1 << 20) - 64, CarveRule::default());
             assert_eq!(whole.map(|a| a.offset()), Ok(0), "{cfg:?}");
             e.validate().unwrap();
@@ -993,9 +999,7 @@ mod tests {
         // cached pages for the small segments to come (the pool's placement on random-mix
         // depends on it); only a bare `alloc` gives them back to try again.
         for cfg in both_tiers() {
-            let mut e = CarveEngine::new(1 << 20, cfg).unwrap();
-            let small = e.alloc(67_944, CarveRule::model_input()).unwrap();
-            e.free(small).unwrap();
+            let mut e = with_a_cached_page(cfg);
             let pages = e.slabs.page_count();
             assert!(pages > 0);
             let whole = e.alloc_in_pages((1 << 20) - 64, CarveRule::default());
