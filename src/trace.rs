@@ -1191,8 +1191,11 @@ impl ReplayerFactory for EngineFactory {
         }
     }
 
+    /// A range of `capacity` bytes, or of the most the engine's range tier spans
+    /// ([`RangeTier::max_capacity`](crate::engine::RangeTier::max_capacity)) when that is less.
     fn new_range(&self, _kind: MemKind, capacity: u64) -> Result<EngineReplayer, String> {
-        // The engine counts in 64-byte units.
+        // The engine counts in 64-byte units, and spans a bounded number of them.
+        let capacity = capacity.min(self.config.range.max_capacity());
         let capacity = capacity / crate::align::DEFAULT_ALIGN * crate::align::DEFAULT_ALIGN;
         let engine =
             crate::engine::CarveEngine::new(capacity, self.config).map_err(|e| e.to_string())?;
@@ -1482,6 +1485,10 @@ impl ReplayerFactory for PoolFactory {
     }
 
     fn start_replay(&self) {
+        // The last replay's pool and simulator go first: a new session next to them would
+        // hold two reservations of virtual addresses at once (4x the device each), more than
+        // the address space has for the largest device sizes, and refuse every event.
+        *self.session.borrow_mut() = None;
         *self.session.borrow_mut() = self.session().ok().map(std::rc::Rc::new);
     }
 

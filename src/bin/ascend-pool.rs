@@ -94,8 +94,9 @@ struct ReplayArgs {
     /// Report the first pass: skip the untimed warm-up pass each backend otherwise runs first.
     #[arg(long)]
     cold: bool,
-    /// Device size in bytes: larger allocations are rejected, and each range gets this capacity.
-    /// At most 16 TiB, the most the simulator's virtual memory reserves at once.
+    /// Device size in bytes: larger allocations are rejected, and each range gets this capacity
+    /// (our engine's TLSF ranges at most their span, just under 256 GiB). At most 16 TiB, the
+    /// most the simulator's virtual memory reserves at once; the pool needs room for a chunk.
     #[arg(long, default_value_t = DEFAULT_DEVICE_SIZE,
           value_parser = clap::value_parser!(u64).range(1..=MAX_DEVICE_SIZE))]
     device_size: u64,
@@ -541,19 +542,27 @@ fn run_replay(args: &ReplayArgs) -> ExitCode {
             failed |= !write_picture(file, &ascend_pool::svg::timeline(&lead.timeline, &title));
         }
         if let Some(file) = &args.svg_state {
-            match &lead.snapshot {
+            let svg = match &lead.snapshot {
                 Some(snap) => {
                     let at = results[0]
                         .snapshot_at
                         .map_or_else(String::new, |op| format!(" (after event {op})"));
                     let title = format!("{name}: pool chunks at its fullest moment{at}");
-                    failed |= !write_picture(file, &ascend_pool::svg::pool_state(snap, &title));
+                    ascend_pool::svg::pool_state(snap, &title)
                 }
+                // A trace with no allocation has no fullest moment: the pool never took a
+                // chunk, and the picture shows none.
                 None => {
-                    eprintln!("ascend-pool: no pool snapshot (the trace has no allocation)");
-                    failed = true;
+                    let empty = ascend_pool::pool::PoolSnapshot {
+                        source: ReplaySource::from(args.source).name().to_owned(),
+                        device: pool_config.device,
+                        kinds: Vec::new(),
+                    };
+                    let title = format!("{name}: no allocation in the trace, no pool chunk");
+                    ascend_pool::svg::pool_state(&empty, &title)
                 }
-            }
+            };
+            failed |= !write_picture(file, &svg);
         }
     }
     let mut out = std::io::stdout().lock();
