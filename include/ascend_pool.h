@@ -169,7 +169,8 @@ ap_status ap_pool_picture_svg(ap_pool pool, char *buf, size_t cap, size_t *neede
 ap_status ap_pool_flush_record(ap_pool pool);
 
 ap_status ap_alloc(ap_pool pool, ap_kind kind, uint64_t len, ap_region *out);
-/* Device memory (the pool's policy) starting at a multiple of align, a power of two >= 64. */
+/* Device memory (the pool's policy) starting at a multiple of align, a power of two from 64 to
+ * 1 GiB (another is AP_ERR_INVALID_SIZE). */
 ap_status ap_alloc_aligned(ap_pool pool, uint64_t len, uint64_t align, ap_region *out);
 /* Device memory with 128-byte starts, fit for model input. */
 ap_status ap_alloc_model_input(ap_pool pool, uint64_t len, ap_region *out);

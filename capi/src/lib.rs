@@ -1058,7 +1058,7 @@ pub unsafe extern "C" fn ap_alloc(pool: u64, kind: c_int, len: u64, out: *mut u6
 }
 
 /// Device memory (the pool's policy) starting at a multiple of `align`, a power of two from
-/// 64 up ([`Pool::alloc_device_aligned`]).
+/// 64 to 1 GiB ([`Pool::alloc_device_aligned`]; another is [`Status::InvalidSize`]).
 ///
 /// # Safety
 /// `out` is NULL or valid for a write.
