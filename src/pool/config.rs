@@ -27,7 +27,8 @@ pub const CONF_ENV: &str = "ASCEND_POOL_CONF";
 /// | `device` | device id | `0` |
 /// | `record` | [`record`](Self::record): write every allocation and free to this JSON Lines trace | none |
 ///
-/// Sizes take `k`, `m`, `g` suffixes (powers of 1024).
+/// Sizes take `k`, `m`, `g` suffixes (powers of 1024). A key given twice takes its last value,
+/// so a script can append overrides to a base string (`"$BASE,limit:8g"`).
 ///
 /// ```
 /// use ascend_pool::pool::PoolConfig;
@@ -36,6 +37,7 @@ pub const CONF_ENV: &str = "ASCEND_POOL_CONF";
 /// assert!(c.debug);
 /// assert_eq!(c.thread_cache, 0);
 /// assert!(PoolConfig::parse("chunk_size:lots").is_err());
+/// assert_eq!(PoolConfig::parse("limit:4g,limit:8g").unwrap().limit, 8 << 30);
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PoolConfig {
