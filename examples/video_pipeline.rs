@@ -9,6 +9,8 @@ use ascend_pool::source::sim::SimSource;
 use ascend_pool::{MemKind, Pool, PoolConfig};
 use std::sync::Arc;
 
+mod common;
+
 const WIDTH: u64 = 1920;
 const HEIGHT: u64 = 1080;
 const FRAME: u64 = WIDTH * HEIGHT * 3 / 2; // NV12
@@ -39,26 +41,8 @@ fn infer(
 }
 
 fn main() -> ascend_pool::Result<()> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    // A mistyped count runs nothing rather than the defaults, so a figure is never of a run
-    // other than the one asked for.
-    let count = |i: usize, default: u64| {
-        match args.get(i) {
-        None => Ok(default),
-        Some(a) => a.parse::<u64>().ok().filter(|&n| n > 0).ok_or_else(|| {
-            ascend_pool::Error::Config(format!(
-                "`{a}` is not a positive count; usage: video_pipeline [channels] [frames per channel]"
-            ))
-        }),
-    }
-    };
-    if args.len() > 2 {
-        return Err(ascend_pool::Error::Config(
-            "usage: video_pipeline [channels] [frames per channel]".into(),
-        ));
-    }
-    let channels = count(0, 8)?;
-    let frames = count(1, 120)?;
+    let counts = common::counts("video_pipeline [channels] [frames per channel]", &[8, 120])?;
+    let (channels, frames) = (counts[0], counts[1]);
     let pool = Arc::new(Pool::new(
         Arc::new(SimSource::default()),
         PoolConfig::from_env()?,
@@ -115,25 +99,7 @@ fn main() -> ascend_pool::Result<()> {
         "{channels} channels x {frames} frames: {frames_done} frames checked in {:.2?}",
         elapsed
     );
-    println!(
-        "{:<15} {:>12} {:>12} {:>12} {:>10} {:>8} {:>10}",
-        "kind", "peak alloc", "peak reserv", "reserved", "allocs", "chunks", "src calls"
-    );
-    for s in pool.all_stats() {
-        if s.allocations == 0 {
-            continue;
-        }
-        println!(
-            "{:<15} {:>12} {:>12} {:>12} {:>10} {:>8} {:>10}",
-            s.kind.to_string(),
-            s.peak_allocated_bytes,
-            s.peak_reserved_bytes,
-            s.reserved_bytes,
-            s.allocations,
-            s.chunks,
-            s.source_alloc_calls
-        );
-    }
+    common::print_kind_table(&pool);
     let dvpp = pool.stats(MemKind::Dvpp);
     println!(
         "dvpp utilization at peak: {:.3} (peak allocated / peak reserved)",
