@@ -483,6 +483,51 @@ fn a_failed_event_query_keeps_the_free_pending() {
 /// `synchronize` reports a wait the runtime refused instead of returning as if every free had
 /// completed: that free stays pending (its memory is not handed out), and a later call
 /// finishes it.
+/// `Pool::synchronize` waits for a held stream without the kind's lock: another thread
+/// allocates the kind's memory meanwhile (it used to wait behind the stream). The 60 s bound
+/// only turns a thread that waits for ever into a failure; the allocation takes microseconds.
+#[test]
+fn synchronize_waits_for_streams_without_the_kind_lock() {
+    let sim = sim(0);
+    let source: Arc<dyn BlockSource> = Arc::clone(&sim) as Arc<dyn BlockSource>;
+    // No thread cache: the allocation must go through the kind's lock.
+    let config = PoolConfig::default()
+        .with_chunk_size(32 << 20)
+        .with_thread_cache(0);
+    let pool = Arc::new(Pool::new(source, config).unwrap());
+    let s = pool.create_stream().unwrap();
+    let staging = pool.alloc_host(LEN).unwrap();
+    let hold = sim.hold_stream(s.handle()).unwrap();
+    drop_behind_a_copy(&pool, &staging, &s);
+    assert_eq!(pool.stats(MemKind::DEVICE).pending_frees, 1);
+
+    let waits = || sim.stats().calls(AclFunc::SynchronizeEvent);
+    let before = waits();
+    let syncer = {
+        let pool = Arc::clone(&pool);
+        std::thread::spawn(move || pool.synchronize())
+    };
+    // The first wait of the synchronize is for the held stream, on the device kind.
+    while waits() == before {
+        std::thread::yield_now();
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    let worker = {
+        let pool = Arc::clone(&pool);
+        std::thread::spawn(move || tx.send(pool.alloc_device(LEN).map(drop)).unwrap())
+    };
+    let got = rx.recv_timeout(Duration::from_secs(60));
+    hold.release();
+    worker.join().unwrap();
+    syncer.join().unwrap().unwrap();
+    assert!(
+        matches!(got, Ok(Ok(()))),
+        "an allocation waited for a stream it does not use: {got:?}"
+    );
+    assert_eq!(pool.stats(MemKind::DEVICE).pending_frees, 0);
+    pool.validate().unwrap();
+}
+
 #[test]
 fn a_failed_wait_is_reported_and_its_free_stays_pending() {
     let sim = sim(0);
@@ -492,11 +537,9 @@ fn a_failed_wait_is_reported_and_its_free_stays_pending() {
     drop_behind_a_copy(&pool, &staging, &s);
     assert_eq!(pool.stats(MemKind::DEVICE).pending_frees, 1);
 
-    sim.inject_fault(Fault::next(
-        AclFunc::SynchronizeEvent,
-        AclError::RT_FAILURE,
-        1,
-    ));
+    // Every wait fails, and every query, so the free cannot be seen to have passed either
+    // (`synchronize` asks first, then waits for the stream, then for the free's event).
+    fail_always(&sim, [AclFunc::QueryEventStatus, AclFunc::SynchronizeEvent]);
     let got = pool.synchronize();
     assert!(
         matches!(&got, Err(Error::Runtime { code, .. }) if *code == AclError::RT_FAILURE),
@@ -504,6 +547,7 @@ fn a_failed_wait_is_reported_and_its_free_stays_pending() {
     );
     assert_eq!(pool.stats(MemKind::DEVICE).pending_frees, 1);
     pool.validate().unwrap();
+    sim.clear_faults();
 
     every_free_completes(&pool);
 }
@@ -765,6 +809,8 @@ fn at_most_256_idle_events_are_kept() {
     hold.release();
     pool.synchronize().unwrap();
     assert_eq!(pool.stats(MemKind::DEVICE).pending_frees, 0);
+    // The synchronize may fence the stream with an event of its own.
+    let created = sim.stats().calls(AclFunc::CreateEvent);
     assert_eq!(
         sim.stats().calls(AclFunc::DestroyEvent),
         created - 256,

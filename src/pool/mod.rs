@@ -756,6 +756,9 @@ impl Pool {
 
     /// Waits for every stream a deferred free is waiting on, then completes those frees.
     ///
+    /// The waits happen without the kind's lock, so other threads allocate and free
+    /// meanwhile; only frees deferred during the wait may be waited for under it.
+    ///
     /// When the runtime fails to wait for one (`aclrtSynchronizeEvent`), that free stays
     /// pending (its memory is not handed out) and the first such error is returned, after
     /// every other free has been completed.
@@ -763,7 +766,16 @@ impl Pool {
         self.inner.ours()?;
         let mut first = None;
         for m in &self.inner.kinds {
+            let streams = {
+                let mut k = m.lock();
+                // Frees whose streams have passed them need no wait.
+                self.inner.reclaim(&mut k, false);
+                k.pending_streams()
+            };
+            self.inner.pass_streams(&streams);
             let mut k = m.lock();
+            // Authoritative: the frees' own events, complete by now unless the runtime
+            // refused something above or a free was deferred since.
             if let (_, Some(e)) = self.inner.reclaim(&mut k, true) {
                 first.get_or_insert(e);
             }
@@ -1048,6 +1060,17 @@ impl Drop for PoolInner {
 }
 
 impl KindPool {
+    /// The streams this kind's deferred frees wait on, each once.
+    fn pending_streams(&self) -> SmallVec<[StreamHandle; 4]> {
+        let mut streams = SmallVec::new();
+        for (_, s) in self.pending.iter().flat_map(|p| &p.events) {
+            if !streams.contains(s) {
+                streams.push(*s);
+            }
+        }
+        streams
+    }
+
     fn validate(&self) -> Result<()> {
         let inv = |m: String| Err(Error::Invalid(format!("{} pool: {m}", self.kind)));
         let mut reserved = 0;
@@ -1956,6 +1979,21 @@ impl PoolInner {
             }
         }
         (done, failed)
+    }
+
+    /// Waits, holding no lock, until each of `streams` has run the work queued on it so far:
+    /// through an event of the pool's own, recorded now, which nobody else can destroy
+    /// meanwhile (a deferred free's event may be completed and destroyed by another
+    /// thread), and which leaves a stream's failed tasks for its own synchronize to report.
+    /// Best effort: a stream whose fence or wait the runtime refuses is left to the caller's
+    /// pass under the lock.
+    fn pass_streams(&self, streams: &[StreamHandle]) {
+        for &s in streams {
+            if let Ok(ev) = self.fence(s) {
+                let _ = self.source.synchronize_event(ev);
+                self.put_event(ev);
+            }
+        }
     }
 
     /// An event recorded on `stream` now: it completes once the work queued so far has run.
