@@ -371,6 +371,11 @@ pub(crate) struct PoolInner {
     /// budget the shape slots (see [`shapes`]); exact between two locked changes, since
     /// slot and cache traffic changes neither.
     free_hint: [PaddedU64; 5],
+    /// Blocks (or tails of blocks) any kind has given back to the source so far. A request
+    /// the source refused tries once more when this moved after it read it: another
+    /// thread's pass across kinds may have given back the memory its own pass then found
+    /// gone (see [`carve_after_releasing_elsewhere`](Self::carve_after_releasing_elsewhere)).
+    returned: PaddedU64,
 }
 
 /// An atomic on 128 bytes of its own (two cache lines: the adjacent-line prefetcher fetches
@@ -465,7 +470,10 @@ pub(crate) fn forget_last_cache() {
 const NO_LAST_CACHE: (u64, *const ThreadCache<OwnedSegment>) = (u64::MAX, std::ptr::null());
 
 /// A handle on a live segment: what a region holds, and what a thread cache keeps.
-/// A second release of a copy is refused as `AlreadyFreed` (the replay driver keeps copies).
+/// Each is released once: the kind path refuses a second release of a copy as
+/// `AlreadyFreed`, but a release into a thread cache or a shape slot is not checked (that
+/// would cost the hot path a registry read), so nothing public hands out copies (regions
+/// and replay tokens are not `Clone`).
 ///
 /// 40 bytes: it is copied into every region and replay token and through every return of
 /// the hot path, so it keeps only what is read without the kind lock; the chunk offset and
@@ -693,6 +701,7 @@ impl Pool {
             shapes: std::array::from_fn(|_| Default::default()),
             slots_on: config.thread_cache > 0 && !config.debug && recorder.is_none(),
             free_hint: std::array::from_fn(|_| PaddedU64(AtomicU64::new(0))),
+            returned: PaddedU64(AtomicU64::new(0)),
             recorder,
             config,
         });
@@ -766,13 +775,7 @@ impl Pool {
         self.inner.ours()?;
         let mut first = None;
         for m in &self.inner.kinds {
-            let streams = {
-                let mut k = m.lock();
-                // Frees whose streams have passed them need no wait.
-                self.inner.reclaim(&mut k, false);
-                k.pending_streams()
-            };
-            self.inner.pass_streams(&streams);
+            self.inner.pass_pending_streams(m);
             let mut k = m.lock();
             // Authoritative: the frees' own events, complete by now unless the runtime
             // refused something above or a free was deferred since.
@@ -1314,15 +1317,22 @@ impl PoolInner {
         let kind = k.kind;
         let (chunk, alloc) = match self.carve_existing(&mut k, len, rule, footprint) {
             Some(x) => x,
-            None => match self.carve_after_reclaim(&mut k, len, rule, footprint) {
-                Ok(x) => x,
-                Err(refused) => {
-                    let (guard, x) =
-                        self.carve_after_releasing_elsewhere(k, refused, len, rule, footprint)?;
-                    k = guard;
-                    x
+            None => {
+                let returned = self.returned.0.load(Ordering::Relaxed);
+                match self.carve_after_reclaim(&mut k, len, rule, footprint) {
+                    Ok(x) => x,
+                    Err(refused) => {
+                        let (guard, x) = self.carve_after_releasing_elsewhere(
+                            k,
+                            refused,
+                            returned,
+                            (len, rule, footprint),
+                        )?;
+                        k = guard;
+                        x
+                    }
                 }
-            },
+            }
         };
         let c = &k.chunks[chunk];
         let addr = c.base + alloc.offset() as usize;
@@ -1347,7 +1357,7 @@ impl PoolInner {
             if let Err(e) = armed {
                 // The caller gets no region: take the segment back rather than lose it, and
                 // count neither an allocation nor a free (nor record either); the peaks never
-                // saw it.
+                // saw it (figures read meanwhile raised only their own copy's).
                 self.finish_free(&mut k, key, false);
                 k.stats.allocations -= 1;
                 return Err(e);
@@ -1367,16 +1377,18 @@ impl PoolInner {
     /// empty chunks, cached segments or frees waiting for streams. Each gives back what it
     /// holds empty, with its own lock only (no kind lock is ever taken under another, so
     /// nothing can deadlock), waiting for its streams as `k`'s own last pass does; then `k`
-    /// tries once more. One refusal is counted whatever the outcome.
+    /// tries once more. It also tries once more when memory went back to the source since
+    /// the caller read [`returned`](Self::returned) into `returned`, before `k`'s own
+    /// attempts: of two requests refused at once, the second to pass through the other
+    /// kinds finds them emptied by the first. One refusal is counted whatever the outcome.
     #[cold]
     #[inline(never)]
     fn carve_after_releasing_elsewhere<'a>(
         &'a self,
         k: BiasedGuard<'a, KindPool>,
         refused: Error,
-        len: u64,
-        rule: CarveRule,
-        footprint: u64,
+        returned: u64,
+        (len, rule, footprint): (u64, CarveRule, u64),
     ) -> Result<(BiasedGuard<'a, KindPool>, (usize, Allocation))> {
         let kind = k.kind;
         if !kind.is_device()
@@ -1396,14 +1408,11 @@ impl PoolInner {
             if other.index() == kind.index() || !other.is_device() {
                 continue;
             }
-            let mut o = m.lock();
-            let held = o.stats.reserved_bytes;
-            self.release_idle(&mut o, true);
-            // What went back by any path (a completed free can give its chunk back itself).
-            released += held.saturating_sub(o.stats.reserved_bytes);
+            self.pass_pending_streams(m);
+            released += self.release_idle(&mut m.lock(), true);
         }
         let mut k = self.kinds[kind.index()].lock();
-        if released == 0 {
+        if released == 0 && self.returned.0.load(Ordering::Relaxed) == returned {
             return Err(refused);
         }
         let again = match self.carve_existing(&mut k, len, rule, footprint) {
@@ -1417,13 +1426,16 @@ impl PoolInner {
 
     /// Gives back what `k` holds idle: thread caches and shape slots flushed, deferred frees
     /// completed (`wait`: waiting for their streams), empty chunks and free tails returned to
-    /// the source. Returns the bytes the chunk trim and the tail shrink gave back.
+    /// the source. Returns the bytes that went back by any path (a free the flush or the
+    /// reclaim completes may give its chunk back itself, past the release threshold).
     fn release_idle(&self, k: &mut KindPool, wait: bool) -> u64 {
+        let held = k.stats.reserved_bytes;
         self.flush_kind(k);
         self.reclaim(k, wait);
-        let released = self.trim_kind(k, 0) + self.shrink_tails(k);
+        self.trim_kind(k, 0);
+        self.shrink_tails(k);
         self.note_free(k);
-        released
+        held.saturating_sub(k.stats.reserved_bytes)
     }
 
     /// No chunk could carve the request: completes deferred frees whose streams have
@@ -1882,6 +1894,9 @@ impl PoolInner {
             c.block = kept;
             k.stats.reserved_bytes -= old.size - kept.size;
             released += old.size - kept.size;
+            if kept.size < old.size {
+                self.returned.0.fetch_add(1, Ordering::Relaxed);
+            }
         }
         released
     }
@@ -1911,6 +1926,7 @@ impl PoolInner {
                     k.stats.chunks -= 1;
                     k.stats.reserved_bytes -= c.block.size;
                     released += c.block.size;
+                    self.returned.0.fetch_add(1, Ordering::Relaxed);
                 }
                 Err(e) => {
                     // The source refused: keep the chunk rather than lose track of it.
@@ -1981,14 +1997,25 @@ impl PoolInner {
         (done, failed)
     }
 
-    /// Waits, holding no lock, until each of `streams` has run the work queued on it so far:
-    /// through an event of the pool's own, recorded now, which nobody else can destroy
-    /// meanwhile (a deferred free's event may be completed and destroyed by another
-    /// thread), and which leaves a stream's failed tasks for its own synchronize to report.
-    /// Best effort: a stream whose fence or wait the runtime refuses is left to the caller's
+    /// Completes the deferred frees of `m`'s kind that their streams have passed, then waits,
+    /// holding no lock, until the streams the others wait on have run the work queued on
+    /// them so far: so a pass that waits for them under the lock afterwards
+    /// (`reclaim(.., true)`) finds them done and keeps the kind's allocations waiting only
+    /// for frees deferred meanwhile.
+    ///
+    /// Each stream is fenced with an event of the pool's own, recorded now, which nobody
+    /// else can destroy meanwhile (a deferred free's event may be completed and destroyed by
+    /// another thread), and which leaves a stream's failed tasks for its own synchronize to
+    /// report. Best effort: a stream whose fence or wait the runtime refuses is left to the
     /// pass under the lock.
-    fn pass_streams(&self, streams: &[StreamHandle]) {
-        for &s in streams {
+    fn pass_pending_streams(&self, m: &BiasedLock<KindPool>) {
+        let streams = {
+            let mut k = m.lock();
+            // Frees whose streams have passed them need no wait.
+            self.reclaim(&mut k, false);
+            k.pending_streams()
+        };
+        for s in streams {
             if let Ok(ev) = self.fence(s) {
                 let _ = self.source.synchronize_event(ev);
                 self.put_event(ev);
@@ -2594,6 +2621,10 @@ impl PoolInner {
     /// walk could list other segments than the counters count.
     fn kind_stats(&self, k: &KindPool, mut held: impl FnMut(usize)) -> KindStats {
         let mut s = k.stats;
+        // An allocation in debug mode counts its segment, lets the lock go to write the
+        // canary, and raises the peaks once it has the lock back: a figure read meanwhile
+        // must still not show a peak below its current value.
+        s.raise_peaks();
         s.pending_frees = k.pending.len() as u64;
         let (mut bytes, mut requested, mut items) = (0, 0, 0);
         let t = self.shapes[k.kind.index()].for_each_distinct(
