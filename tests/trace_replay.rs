@@ -197,6 +197,46 @@ fn a_piped_trace_is_replayed_whole_by_every_backend() {
     assert!(std::fs::read_to_string(&svg).unwrap().contains("<svg"));
 }
 
+/// A piped trace is copied up to `--spool-max` bytes: one of exactly that length replays,
+/// one a byte longer cannot be read (exit status 1, the limit named), and so a trace that
+/// never ends (`/dev/zero`) stops there instead of filling the temporary directory.
+#[test]
+fn a_piped_trace_past_the_spool_limit_cannot_be_read() {
+    use std::io::Write;
+    use std::process::Stdio;
+    let piped = |limit: usize| {
+        let mut child = Command::new(BIN)
+            .args(["replay", "/dev/stdin", "--json", "--spool-max"])
+            .arg(limit.to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // The tool may stop reading at the limit: a broken pipe here is expected.
+        let _ = child.stdin.take().unwrap().write_all(HAND_TRACE);
+        child.wait_with_output().unwrap()
+    };
+    let whole = piped(HAND_TRACE.len());
+    assert!(whole.status.success(), "{whole:?}");
+    assert_eq!(json_of(&whole)["ops"], 10);
+    let short = piped(HAND_TRACE.len() - 1);
+    assert_eq!(short.status.code(), Some(1), "{short:?}");
+    let limit = format!("--spool-max ({} bytes)", HAND_TRACE.len() - 1);
+    assert!(
+        String::from_utf8_lossy(&short.stderr).contains(&limit),
+        "{short:?}"
+    );
+    assert!(json_of(&short)["error"].as_str().unwrap().contains(&limit));
+
+    let endless = Command::new(BIN)
+        .args(["replay", "/dev/zero", "--spool-max", "1048576"])
+        .output()
+        .unwrap();
+    assert_eq!(endless.status.code(), Some(1), "{endless:?}");
+    assert!(String::from_utf8_lossy(&endless.stderr).contains("--spool-max (1048576 bytes)"));
+}
+
 /// host: 1 B -> 64, 100 B -> 192 (ALIGN_UP(ALIGN_UP(100,32)+32, 64) = ALIGN_UP(160, 64));
 /// dvpp 3110400 B at 128 -> 3110528; device 33 B -> 128.
 const HAND_TRACE: &[u8] = b"{\"op\":\"alloc\",\"id\":1,\"size\":1,\"mem\":\"host\"}

@@ -105,7 +105,17 @@ struct ReplayArgs {
     /// falls on every backend alike instead of on whichever ran during it.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
     rounds: u32,
+    /// Most bytes of a piped trace (a pipe, `/dev/stdin`, a process substitution) copied to a
+    /// temporary file to be read once per pass and backend; a longer one, or one that never
+    /// ends, cannot be read (exit status 1). Regular files are read in place, at any length.
+    #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_SPOOL_MAX,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    spool_max: u64,
 }
+
+/// The default `--spool-max`: 16 GiB, far above any recorded trace we know of (the shared
+/// ones are under 100 MiB), far below a temporary directory's room on most machines.
+const DEFAULT_SPOOL_MAX: u64 = 16 << 30;
 
 /// The largest `--device-size`: the simulator's virtual-memory source reserves no more at
 /// once, and peers that lay out their whole range up front (buddy_system_allocator) take
@@ -193,13 +203,22 @@ struct TraceInput {
 }
 
 impl TraceInput {
-    fn open(path: &Path) -> std::io::Result<Self> {
-        let mut file = File::open(path)?;
+    /// Opens `path`; one that is not a regular file is copied, up to `spool_max` bytes.
+    fn open(path: &Path, spool_max: u64) -> std::io::Result<Self> {
+        let file = File::open(path)?;
         let spool = if file.metadata()?.is_file() {
             None
         } else {
             let mut spool = temporary_file()?;
-            std::io::copy(&mut file, &mut spool)?;
+            // One byte past the limit tells a trace that ends there from a longer one.
+            let mut head = std::io::Read::take(file, spool_max.saturating_add(1));
+            let copied = std::io::copy(&mut head, &mut spool)?;
+            if copied > spool_max {
+                return Err(std::io::Error::other(format!(
+                    "a piped trace longer than --spool-max ({spool_max} bytes): save it to a \
+                     file and replay that, or raise the limit"
+                )));
+            }
             Some(spool)
         };
         Ok(Self {
@@ -438,8 +457,11 @@ fn run_replay(args: &ReplayArgs) -> ExitCode {
 
     let passes = if args.cold { 1 } else { 2 };
     let show_bar = progress_wanted(args.json, std::io::stderr().is_terminal());
-    let inputs: Vec<std::io::Result<TraceInput>> =
-        args.traces.iter().map(|p| TraceInput::open(p)).collect();
+    let inputs: Vec<std::io::Result<TraceInput>> = args
+        .traces
+        .iter()
+        .map(|p| TraceInput::open(p, args.spool_max))
+        .collect();
     let total: u64 = inputs
         .iter()
         .flatten()
