@@ -143,8 +143,11 @@ ap_status ap_pool_create(ap_source source, const char *conf, ap_pool *out);
 /* Destroys a pool: its streams are synchronized and destroyed, its live regions and buffer
  * handles freed (their number in *freed_regions, which may be NULL), its blocks returned to
  * the source. Calls on the pool already running on other threads finish first; later ones get
- * AP_ERR_BAD_POOL. In a child made by fork() after the pool was made, only the handle goes
- * (nothing freed, *freed_regions 0, AP_OK). */
+ * AP_ERR_BAD_POOL. The handle is gone whatever the status: a stream the runtime failed to
+ * synchronize is reported (AP_ERR_RUNTIME, the code in ap_last_error) after the pool is gone, and the
+ * blocks such a stream may still write are kept from the source rather than returned. In a
+ * child made by fork() after the pool was made, only the handle goes (nothing freed,
+ * *freed_regions 0, AP_OK). */
 ap_status ap_pool_destroy(ap_pool pool, uint64_t *freed_regions);
 ap_status ap_pool_stats(ap_pool pool, ap_kind kind, ap_stats *out);
 /* Checks every invariant of every chunk; AP_ERR_INVALID_STATE names the first broken one. */

@@ -759,7 +759,9 @@ pub unsafe extern "C" fn ap_pool_create(
 /// blocks.
 ///
 /// A call on the pool still running in another thread finishes first; the blocks go back
-/// when it has.
+/// when it has. The handle goes whatever the status: a failed stream synchronisation is
+/// reported after the pool is gone (the pool's drop keeps from the source what such a
+/// stream may still write).
 ///
 /// # Safety
 /// `freed_regions` is NULL or valid for a write.
