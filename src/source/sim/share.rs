@@ -202,7 +202,13 @@ pub(super) fn allow(handle: u64, pids: &[i32]) -> Result<(), AclError> {
         .get_mut(&handle)
         .filter(|e| e.fd.is_some())
         .ok_or(AclError::RT_INVALID_HANDLE)?;
-    e.whitelist.extend_from_slice(pids);
+    // A set: a process let in again (each publish of a region of the same allocation)
+    // adds nothing, or the list would grow for as long as the memory is exported.
+    for &pid in pids {
+        if !e.whitelist.contains(&pid) {
+            e.whitelist.push(pid);
+        }
+    }
     Ok(())
 }
 
@@ -701,6 +707,29 @@ mod tests {
         assert!(
             libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
             "the child hung or failed (wait status {status:#x})"
+        );
+    }
+
+    /// Whitelisting a process it already lets in adds nothing: a server that publishes each
+    /// request's tensor to the same reader (regions of one chunk, one export) would grow the
+    /// whitelist by a process id per publish, for as long as the chunk lives.
+    #[test]
+    #[cfg_attr(miri, ignore = "sockets")]
+    fn the_whitelist_holds_each_process_once() {
+        let fd = OwnedFd::from(std::fs::File::open("/dev/null").unwrap());
+        let handle = export(fd, 4096, true).unwrap();
+        let whitelisted = || exports().get(&handle).map(|e| e.whitelist.len());
+        for _ in 0..1000 {
+            allow(handle, &[7, 8]).unwrap();
+        }
+        assert_eq!(whitelisted(), Some(2));
+        for _ in 0..1000 {
+            allow(handle, &[8, 9, 9]).unwrap();
+        }
+        assert_eq!(whitelisted(), Some(3));
+        assert!(
+            close_export(handle, Box::new(|| {})).is_err(),
+            "no importer"
         );
     }
 }
