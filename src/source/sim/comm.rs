@@ -55,8 +55,9 @@ struct Channel {
 /// Threads, channels and windows of the simulated communicator.
 #[derive(Debug, Default)]
 pub(super) struct CommState {
-    /// Each thread's stream. Ids are never reused, so a stale handle stays unknown.
-    threads: HashMap<u64, StreamHandle>,
+    /// Each thread's stream, while the stream lives (destroying it forgets its threads).
+    /// Ids are never reused, so a stale handle stays unknown.
+    pub(super) threads: HashMap<u64, StreamHandle>,
     /// Each channel, by id.
     channels: HashMap<u64, Channel>,
     /// Notifications by `(receiving rank, sending rank, index)`: a record through a
@@ -233,8 +234,10 @@ impl SimSource {
     /// [`BlockSource::acquire_comm_thread`](crate::source::BlockSource::acquire_comm_thread).
     pub(super) fn comm_thread(&self, stream: StreamHandle) -> Result<CommThreadHandle> {
         self.call(AclFunc::ThreadAcquireWithStream, || {
-            self.stream(stream).map_err(|_| AclError::HCCL_E_PARA)?;
+            // Checked under the comm lock: a destroy of the stream forgets its threads
+            // after it, so no thread of a stream gone is left behind.
             let mut comm = lock(&self.comm);
+            self.stream(stream).map_err(|_| AclError::HCCL_E_PARA)?;
             let id = comm.next_id();
             comm.threads.insert(id, stream);
             Ok(CommThreadHandle(id))

@@ -422,7 +422,8 @@ pub struct SimSource {
     faults: Mutex<FaultPlan>,
     /// The simulated communicator: threads, channels and windows (`comm.rs`). Lock order:
     /// `mem` before `comm`, never the other way (a free drops the windows on its block
-    /// under both, so no write can reach them once the block is gone).
+    /// under both, so no write can reach them once the block is gone); `comm` before
+    /// `streams` (a thread is made for a stream checked under `comm`).
     comm: Mutex<comm::CommState>,
     /// The fork generation the simulator was made in. A child made by `fork` has neither
     /// the streams' worker threads nor, on hardware, the device context: there, every call
@@ -1047,6 +1048,9 @@ impl BlockSource for SimSource {
                 .remove(&stream.0)
                 .ok_or(AclError::RT_INVALID_HANDLE)?;
             s.close();
+            // Its communication threads have nowhere to run any more (a write or notify on
+            // one is refused as unknown either way): forgotten, or they would pile up.
+            lock(&self.comm).threads.retain(|_, on| *on != stream);
             Ok(())
         })
     }

@@ -523,3 +523,26 @@ fn synchronize_device_waits_for_that_devices_streams() {
     sim.destroy_stream(on_0).unwrap();
     sim.destroy_stream(on_1).unwrap();
 }
+
+/// A communication thread goes with its stream: a server that opens a stream and a thread
+/// per request would otherwise leave an entry per request in the simulator for good (a
+/// thread whose stream is gone has nowhere to run, and is refused as unknown either way).
+#[test]
+fn comm_threads_go_with_their_stream() {
+    let sim = small();
+    let threads = |sim: &SimSource| lock(&sim.comm).threads.len();
+    let channel = sim.acquire_channel(0, 1).unwrap();
+    let cycle = |n: usize| {
+        for _ in 0..n {
+            let s = sim.create_stream(0).unwrap();
+            let t = sim.acquire_comm_thread(s).unwrap();
+            sim.destroy_stream(s).unwrap();
+            let (_, refused) = code(sim.notify_record_on_thread(t, channel, 0));
+            assert_eq!(refused, AclError::HCCL_E_NOT_FOUND);
+        }
+    };
+    cycle(100);
+    let after_n = threads(&sim);
+    cycle(100);
+    assert_eq!((after_n, threads(&sim)), (0, 0));
+}
