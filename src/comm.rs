@@ -207,7 +207,7 @@ impl Pool {
         }
         let seg = src.segment();
         seg.settle_for_stream(stream.handle())?;
-        seg.note_stream(stream.handle());
+        seg.note_stream(stream);
         // SAFETY: the source range was checked against a live region of this pool's source,
         // recorded on the thread's stream, so its memory is not reused before the stream
         // passes the write; `from_raw`'s callers vouch that the thread runs on that stream

@@ -30,7 +30,7 @@ use crate::pool::{Owner, Pool, PoolInner, RawSegment};
 use crate::source::{BlockSource, DeviceId, EventHandle, MemcpyKind, StreamHandle};
 use smallvec::SmallVec;
 use std::marker::PhantomData;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 /// Keeps [`Region`] to this crate's types: the pool's unsafe copies trust what a region says
 /// about its address and length.
@@ -100,6 +100,9 @@ impl AlignMarker for Align128 {
     const ALIGN: u64 = 128;
 }
 
+/// A stream a segment has noted, and its [`Stream`]'s token (dead once the stream is gone).
+type NotedStream = (StreamHandle, Weak<()>);
+
 /// A live segment of a pool, shared by the typed regions.
 #[derive(Debug)]
 pub struct Segment {
@@ -107,8 +110,11 @@ pub struct Segment {
     /// cache keeps it for the next region of the same shape). `None` only once freed.
     pool: Option<Owner>,
     raw: RawSegment,
-    /// Streams that have queued work on this segment (`record_stream`).
-    streams: Mutex<SmallVec<[StreamHandle; 2]>>,
+    /// Streams that have queued work on this segment (`record_stream`), each with a token
+    /// of its [`Stream`]'s that dies once the stream has been waited for and destroyed: such
+    /// a stream has run its work, and is forgotten (a region that lives for the whole run,
+    /// used by a stream made per request, would otherwise note one more per request).
+    streams: Mutex<SmallVec<[NotedStream; 2]>>,
     /// Set when the memory was taken over from a region freed on this stream while its
     /// work was still queued (see [`Pool::alloc_device_on`]): the event marks the end of
     /// that work. Work on the same stream needs nothing; host-side access waits for the
@@ -143,11 +149,7 @@ impl Segment {
     /// since it was recorded has run its work already (a `Stream` waits before it is destroyed).
     fn settle_streams_for_host(&self) -> Result<()> {
         self.settle_for_host()?;
-        let queued = self
-            .streams
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
+        let queued = self.live_streams();
         for s in queued {
             crate::pool::wait_for_stream(&**self.source(), s)?;
         }
@@ -184,7 +186,7 @@ impl Segment {
     pub fn record_stream(&self, stream: &Stream) -> Result<()> {
         self.takes_stream(stream)?;
         self.settle_for_stream(stream.handle)?;
-        self.note_stream(stream.handle);
+        self.note_stream(stream);
         Ok(())
     }
 
@@ -197,11 +199,21 @@ impl Segment {
 
     /// [`record_stream`](Self::record_stream) for a stream already checked to be this
     /// source's.
-    pub(crate) fn note_stream(&self, stream: StreamHandle) {
+    pub(crate) fn note_stream(&self, stream: &Stream) {
         let mut s = self.streams.lock().unwrap_or_else(|p| p.into_inner());
-        if !s.contains(&stream) {
-            s.push(stream);
+        s.retain(|(_, alive)| alive.strong_count() > 0);
+        if !s.iter().any(|&(h, _)| h == stream.handle) {
+            s.push((stream.handle, Arc::downgrade(&stream.alive)));
         }
+    }
+
+    /// The noted streams not yet gone (see `streams`).
+    fn live_streams(&self) -> SmallVec<[StreamHandle; 2]> {
+        let s = self.streams.lock().unwrap_or_else(|p| p.into_inner());
+        s.iter()
+            .filter(|(_, alive)| alive.strong_count() > 0)
+            .map(|&(h, _)| h)
+            .collect()
     }
 
     fn source(&self) -> &Arc<dyn BlockSource> {
@@ -221,7 +233,7 @@ impl Segment {
             // Any wait on it was captured when queued, so the event may be recorded again.
             pool.put_event(ev);
         }
-        let streams = std::mem::take(&mut *self.streams.lock().unwrap_or_else(|p| p.into_inner()));
+        let streams = self.live_streams();
         PoolInner::release(pool, &self.raw, &streams)
     }
 }
@@ -335,6 +347,9 @@ pub struct Stream {
     handle: StreamHandle,
     /// The device it was created on: only pools of that device queue work on it.
     device: DeviceId,
+    /// Dropped with the stream, after its work has run: segments that noted the stream hold
+    /// a `Weak` of it, and forget the stream once it is gone.
+    alive: Arc<()>,
 }
 
 impl Stream {
@@ -517,7 +532,7 @@ impl Pool {
                 .allocate_on(self.anchor(kind), kind, len, align, stream.handle)?;
         let seg = Segment::new(pool, raw);
         *seg.after.lock().unwrap_or_else(|p| p.into_inner()) = after.map(|ev| (stream.handle, ev));
-        seg.note_stream(stream.handle);
+        seg.note_stream(stream);
         Ok(seg)
     }
 
@@ -529,6 +544,7 @@ impl Pool {
             source: Arc::clone(self.source()),
             handle,
             device,
+            alive: Arc::new(()),
         })
     }
 
@@ -660,8 +676,8 @@ impl Pool {
         }
         dst.segment().settle_for_stream(stream.handle)?;
         src.segment().settle_for_stream(stream.handle)?;
-        dst.segment().note_stream(stream.handle);
-        src.segment().note_stream(stream.handle);
+        dst.segment().note_stream(stream);
+        src.segment().note_stream(stream);
         // SAFETY: ranges checked against live regions; both are recorded on the stream, so
         // their memory stays reserved until the stream has passed the copy.
         unsafe {
@@ -703,7 +719,7 @@ impl Pool {
         dst.segment().takes_stream(stream)?;
         check_bounds(offset, len, dst.len())?;
         dst.segment().settle_for_stream(stream.handle)?;
-        dst.segment().note_stream(stream.handle);
+        dst.segment().note_stream(stream);
         // SAFETY: range checked; the region is recorded on the stream so it outlives the fill.
         unsafe {
             self.source().memset_async(

@@ -931,3 +931,62 @@ fn record_stream_orders_the_callers_own_work_after_the_previous_owner() {
     drop(new);
     every_free_completes(&pool);
 }
+
+/// A region that lives for the whole run (weights, a KV cache) used on a stream made per
+/// request keeps no note of the streams gone since: each host-side access waits for the
+/// streams still noted, and a server would otherwise wait for one more per request served.
+#[test]
+fn a_long_lived_region_forgets_streams_that_are_gone() {
+    let sim = sim(0);
+    let pool = pool_over(&sim);
+    let mut weights = pool.alloc_device(LEN).unwrap();
+    let syncs = || {
+        let calls = sim.stats().calls;
+        calls.get(&AclFunc::SynchronizeStream).copied().unwrap_or(0)
+    };
+    // Synchronizations a host-side copy into `weights` makes after `n` more requests.
+    let mut serve_then_copy = |n: usize| {
+        for _ in 0..n {
+            let stream = pool.create_stream().unwrap();
+            weights.record_stream(&stream).unwrap();
+        }
+        let before = syncs();
+        pool.copy_from_host(&mut weights, 0, &[1; 64]).unwrap();
+        syncs() - before
+    };
+    let after_n = serve_then_copy(200);
+    let after_2n = serve_then_copy(200);
+    assert!(
+        after_n <= 1 && after_2n <= 1,
+        "a host copy waited for {after_n}, then {after_2n} streams, all gone"
+    );
+}
+
+/// A stream per request, a region filled on it and freed behind it, the stream dropped: what
+/// the pool holds for those frees (pending frees, their events, the streams) stays within
+/// its bounds however many requests come (checked after N requests and after 2N).
+#[test]
+fn a_stream_per_request_leaves_no_streams_events_or_pending_frees() {
+    let sim = sim(0);
+    let pool = pool_over(&sim);
+    let serve = |n: usize| {
+        for i in 0..n {
+            let stream = pool.create_stream().unwrap();
+            // A size per request, past the thread caches, so each free goes to the kind.
+            let mut r = pool.alloc_device(LEN + 4096 * (i as u64 % 7)).unwrap();
+            pool.memset_async(&mut r, 0, 1, 4096, &stream).unwrap();
+            drop(r);
+            drop(stream);
+        }
+        let s = sim.stats();
+        let pending = pool.leak_report().iter().filter(|l| l.pending).count();
+        (s.live_streams, s.live_events, pending)
+    };
+    let after_n = serve(300);
+    let after_2n = serve(300);
+    assert_eq!(after_n.0, 0, "streams left");
+    assert!(
+        after_2n.1 <= after_n.1.max(256) && after_2n.2 <= after_n.2.max(64),
+        "events and pending frees grew: {after_n:?} then {after_2n:?}"
+    );
+}
