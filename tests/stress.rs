@@ -407,3 +407,41 @@ fn cached_segments_keep_exact_stats_and_their_canaries() {
     assert_eq!((s.allocations, s.frees), (2, 2));
     pool.validate().unwrap();
 }
+
+/// A debug pool in a long run whose overruns nobody takes keeps at most
+/// `CORRUPTION_REPORTS_MAX` of them (every one is still printed): the list does not grow
+/// with the run.
+#[test]
+fn corruption_reports_nobody_takes_stay_bounded() {
+    use ascend_pool::pool::CORRUPTION_REPORTS_MAX;
+    use ascend_pool::source::MemcpyKind;
+    let pool = Pool::new(
+        Arc::new(SimSource::default()),
+        PoolConfig::default().with_debug(true).with_thread_cache(0),
+    )
+    .unwrap();
+    let junk = [0x55u8; 4];
+    let overrun = |n: usize| {
+        for _ in 0..n {
+            let a = pool.alloc_device(100).unwrap();
+            // SAFETY: bytes 130..134 lie in the live segment's padding (128..192).
+            unsafe {
+                pool.source()
+                    .memcpy(
+                        a.addr() + 130,
+                        4,
+                        junk.as_ptr() as usize,
+                        4,
+                        MemcpyKind::HostToDevice,
+                    )
+                    .unwrap();
+            }
+            drop(a);
+        }
+    };
+    overrun(CORRUPTION_REPORTS_MAX + 10);
+    overrun(CORRUPTION_REPORTS_MAX + 10);
+    assert_eq!(pool.take_corruption_reports().len(), CORRUPTION_REPORTS_MAX);
+    overrun(3);
+    assert_eq!(pool.take_corruption_reports().len(), 3);
+}

@@ -85,6 +85,10 @@ pub const CANARY: u8 = 0xCD;
 const EVENT_POOL_MAX: usize = 256;
 /// Deferred frees that accumulate before their events are queried outside growth.
 const PENDING_RECLAIM_BATCH: usize = 64;
+/// Padding overruns a pool keeps for [`Pool::take_corruption_reports`]; later ones, until
+/// the reports are taken, are only printed (a long run in debug mode whose reports nobody
+/// takes would otherwise keep one more per overrun).
+pub const CORRUPTION_REPORTS_MAX: usize = 1024;
 
 /// Per-kind statistics, as `torch_npu` users know them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -338,7 +342,8 @@ pub(crate) struct PoolInner {
     /// One lock per kind, biased to the thread that works the kind most (see [`biased`]).
     kinds: [BiasedLock<KindPool>; 5],
     idle_events: Mutex<Vec<EventHandle>>,
-    /// Overruns found when regions were dropped (drop cannot return them).
+    /// Overruns found when regions were dropped (drop cannot return them); at most
+    /// [`CORRUPTION_REPORTS_MAX`], the first ones since the reports were last taken.
     corruption: Mutex<Vec<Error>>,
     /// Trace writer when [`PoolConfig::record`] is set.
     recorder: Option<record::Recorder>,
@@ -880,7 +885,8 @@ impl Pool {
         self.inner.recorder.as_ref().map_or(Ok(()), |r| r.flush())
     }
 
-    /// Padding overruns found when regions were dropped; taking them clears the list.
+    /// Padding overruns found when regions were dropped; taking them clears the list. At
+    /// most [`CORRUPTION_REPORTS_MAX`] are kept between two takes (every one is printed).
     pub fn take_corruption_reports(&self) -> Vec<Error> {
         if self.inner.forked() {
             return Vec::new();
@@ -2312,7 +2318,11 @@ impl PoolInner {
                 len: seg.len(),
                 first_bad: pad_start + i as u64,
             };
-            lock(&self.corruption).push(err.clone());
+            let mut kept = lock(&self.corruption);
+            if kept.len() < CORRUPTION_REPORTS_MAX {
+                kept.push(err.clone());
+            }
+            drop(kept);
             eprintln!("ascend-pool: {err}");
             return Err(err);
         }
