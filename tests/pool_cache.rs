@@ -478,3 +478,36 @@ mod races {
         assert!(bad.is_none(), "after {calls} checks: {}", bad.unwrap());
     }
 }
+
+/// A thread per request over one pool, and pools made and dropped on a thread that lives
+/// on: what exited threads cached goes back, and no pool's memory stays with the source
+/// (counted after N rounds and after 2N).
+#[test]
+fn threads_and_pools_that_come_and_go_leave_nothing_behind() {
+    let sim = Arc::new(SimSource::default());
+    let shared = Pool::new(sim.clone(), PoolConfig::default()).unwrap();
+    let round = |n: usize| {
+        for i in 0..n {
+            // Joined by its handle: that join waits for the thread's thread-local
+            // destructors too (the scope's own wait does not), where its cache goes back.
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    let held: Vec<DeviceRegion> = (0..8)
+                        .map(|j| shared.alloc_device(64 * (1 + (i + j) as u64 % 50)).unwrap())
+                        .collect();
+                    drop(held);
+                })
+                .join()
+                .unwrap();
+            });
+            let own = Pool::new(sim.clone(), PoolConfig::default()).unwrap();
+            drop(own.alloc_device(4096).unwrap());
+        }
+        let s = shared.stats(MemKind::DEVICE);
+        (s.reserved_bytes, s.cached_regions, sim.stats().live_blocks)
+    };
+    let after_n = round(100);
+    let after_2n = round(100);
+    assert_eq!(after_n.1, 0, "an exited thread's cache kept segments");
+    assert_eq!(after_n, after_2n);
+}
