@@ -65,7 +65,7 @@ use crate::error::{Error, Result};
 use crate::pool::Pool;
 use crate::region::{check_bounds, AsyncCopySafe, Stream};
 use crate::source::sim::SimSource;
-use crate::source::{ChannelHandle, CommThreadHandle};
+use crate::source::{BlockSource, ChannelHandle, CommThreadHandle};
 
 pub use crate::source::sim::WINDOW_GRANULE;
 
@@ -107,6 +107,9 @@ pub struct RemoteWindow {
     channel: ChannelHandle,
     addr: usize,
     len: u64,
+    /// The simulator the window was read from ([`of_sim`](Self::of_sim)), which alone checks
+    /// writes into it and knows its channel; `None` for a window the caller vouches for.
+    sim: Option<u64>,
 }
 
 impl RemoteWindow {
@@ -118,17 +121,29 @@ impl RemoteWindow {
     /// keeps registered, with nothing else using the bytes a write targets until the write
     /// has run: the pool checks writes against this range and nothing else.
     pub unsafe fn from_raw(channel: ChannelHandle, addr: usize, len: u64) -> Self {
-        Self { channel, addr, len }
+        Self {
+            channel,
+            addr,
+            len,
+            sim: None,
+        }
     }
 
     /// The windows the far end of `channel` registered with the simulator, in address
     /// order. Safe: the simulator checks every write against the windows and blocks live
-    /// when it runs.
+    /// when it runs. Only a pool whose source runs on `sim` writes into them (another
+    /// source, which would not check the write, refuses them with [`Error::ForeignHandle`]).
     pub fn of_sim(sim: &SimSource, channel: ChannelHandle) -> Result<Vec<Self>> {
+        let id = sim.simulator_id();
         Ok(sim
             .channel_windows(channel)?
             .into_iter()
-            .map(|(addr, len)| Self { channel, addr, len })
+            .map(|(addr, len)| Self {
+                channel,
+                addr,
+                len,
+                sim: id,
+            })
             .collect())
     }
 
@@ -175,7 +190,8 @@ impl Pool {
     ///   address space), or `len` is 0;
     /// - [`Error::WrongKind`] when `src` is host memory;
     /// - [`Error::ForeignHandle`] when `src` or the thread's stream belongs to another source,
-    ///   or the stream to another device than this pool's or `src`'s pool's;
+    ///   or the stream to another device than this pool's or `src`'s pool's, or `dst` was
+    ///   read from a simulator this pool's source does not run on;
     /// - [`Error::Runtime`] (`HcommWriteOnThread` and its `HcclResult`) when the
     ///   communication library refuses, and [`Error::NotSupported`] when there is none.
     pub fn write_remote(
@@ -194,6 +210,11 @@ impl Pool {
         // stream, which it cannot record on a stream of another device (it would wait for
         // the stream instead, under its lock).
         src.segment().takes_stream(stream)?;
+        // A window read from a simulator is checked by that simulator only: another source
+        // would take its channel handle for one of its own, or write unchecked.
+        if dst.sim.is_some() && dst.sim != self.source().simulator_id() {
+            return Err(Error::ForeignHandle);
+        }
         // A window given by address (`from_raw`, or an address from C) may run past the end
         // of the address space; the bytes before that end are all it can hold.
         let room = (usize::MAX - dst.addr) as u64;

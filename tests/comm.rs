@@ -778,3 +778,71 @@ fn a_source_of_another_device_is_refused_and_its_free_waits_for_no_stream_of_tha
     drop(window);
     t.intact();
 }
+
+/// A window read from one simulator (`RemoteWindow::of_sim`) was handed to any pool's
+/// `write_remote`: over another simulator its channel handle named that one's channel (ids
+/// count from 1 in each), and over the AscendCL source the address went to the
+/// communicator unchecked, though `of_sim` is safe because the simulator it came from
+/// checks the write. Found by a review (session 77). Fixed by refusing it with
+/// `ForeignHandle` unless the pool's source runs on that simulator.
+#[test]
+fn a_window_of_another_simulator_is_refused() {
+    let (t, u) = (ranks(), ranks());
+    let (window, far) = t.window(WINDOW_GRANULE);
+    let (theirs, far_u) = u.window(WINDOW_GRANULE);
+    assert_eq!(
+        far.channel(),
+        far_u.channel(),
+        "each simulator counts its own"
+    );
+    let stream = t.rank0.create_stream().unwrap();
+    let thread = t.rank0.acquire_comm_thread(&stream).unwrap();
+    let src = t.filled(4 * KIB, 9);
+    let before = (
+        t.sim.stats().calls(AclFunc::WriteOnThread),
+        u.sim.stats().calls(AclFunc::WriteOnThread),
+    );
+    assert_eq!(
+        t.rank0.write_remote(&thread, &far_u, 0, &src, 0, 64),
+        Err(Error::ForeignHandle)
+    );
+    assert_eq!(
+        (
+            t.sim.stats().calls(AclFunc::WriteOnThread),
+            u.sim.stats().calls(AclFunc::WriteOnThread),
+        ),
+        before
+    );
+    // The window of its own simulator still goes through.
+    t.rank0.write_remote(&thread, &far, 0, &src, 0, 64).unwrap();
+    stream.synchronize().unwrap();
+    assert_eq!(read(&t.rank1, &window, 0, 64), vec![9; 64]);
+    drop((src, window, theirs));
+    t.intact();
+    u.intact();
+}
+
+/// A pool over virtual memory on a simulator writes into that simulator's windows.
+#[test]
+#[cfg_attr(
+    miri,
+    ignore = "virtual memory reserves addresses with PROT_NONE, which Miri refuses"
+)]
+fn a_pool_over_virtual_memory_writes_into_its_simulators_windows() {
+    use ascend_pool::source::vmm::{VmmConfig, VmmSource};
+    let t = ranks();
+    let (window, far) = t.window(WINDOW_GRANULE);
+    let vmm = Arc::new(VmmSource::new(t.sim.clone(), 0, VmmConfig::default()).unwrap());
+    let pool = Pool::new(vmm, PoolConfig::default()).unwrap();
+    let stream = pool.create_stream().unwrap();
+    let thread = pool.acquire_comm_thread(&stream).unwrap();
+    let mut src = pool.alloc_device(4 * KIB).unwrap();
+    pool.copy_from_host(&mut src, 0, &[5; 64]).unwrap();
+    pool.write_remote(&thread, &far, 128, &src, 0, 64).unwrap();
+    stream.synchronize().unwrap();
+    assert_eq!(read(&t.rank1, &window, 128, 64), vec![5; 64]);
+    drop((src, window));
+    pool.synchronize().unwrap();
+    pool.validate().unwrap();
+    t.intact();
+}

@@ -188,6 +188,15 @@ pub trait BlockSource: Send + Sync + std::fmt::Debug {
         stream: StreamHandle,
     ) -> Result<()>;
 
+    /// The simulator this source runs on (a [`SimSource`], or a source over one), by an id
+    /// unique in the process; `None` for the real runtime (the default). A handle read from
+    /// one simulator, such as a window ([`RemoteWindow::of_sim`](crate::comm::RemoteWindow::of_sim)),
+    /// is checked by that simulator alone, so the pool gives it to no other source.
+    #[doc(hidden)]
+    fn simulator_id(&self) -> Option<u64> {
+        None
+    }
+
     /// A communication thread whose work runs on `stream`, as a communicator's
     /// `HcclThreadAcquireWithStream` gives one. Only the simulator acquires threads itself;
     /// on the real runtime the application's communicator does, and the handle comes in

@@ -802,6 +802,10 @@ impl<R: VmmRuntime + 'static> BlockSource for VmmSource<R> {
         self.runtime.acquire_comm_thread(stream)
     }
 
+    fn simulator_id(&self) -> Option<u64> {
+        self.runtime.simulator_id()
+    }
+
     unsafe fn write_on_thread(
         &self,
         thread: CommThreadHandle,

@@ -86,7 +86,7 @@ pub use stats::{KindUsage, SimStats};
 pub use vmm::DEFAULT_GRANULARITY;
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -429,7 +429,13 @@ pub struct SimSource {
     /// the streams' worker threads nor, on hardware, the device context: there, every call
     /// is refused with [`Error::Forked`] and a drop frees nothing ([`crate::fork`]).
     forks: u64,
+    /// Unique in the process (never reused, unlike an address): what a handle read from
+    /// this simulator alone, such as a [`RemoteWindow`](crate::comm::RemoteWindow), names it by.
+    id: u64,
 }
+
+/// Ids for [`SimSource::id`].
+static NEXT_SIM_ID: AtomicU64 = AtomicU64::new(1);
 
 impl std::fmt::Debug for SimSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -502,6 +508,7 @@ impl SimSource {
             faults: Mutex::new(FaultPlan::default()),
             comm: Mutex::new(comm::CommState::default()),
             forks: crate::fork::generation(),
+            id: NEXT_SIM_ID.fetch_add(1, Ordering::Relaxed),
         })
     }
 
@@ -1014,6 +1021,10 @@ impl Drop for SimSource {
 impl BlockSource for SimSource {
     fn name(&self) -> &str {
         "sim"
+    }
+
+    fn simulator_id(&self) -> Option<u64> {
+        Some(self.id)
     }
 
     fn alloc_block(&self, device: DeviceId, kind: MemKind, size: u64) -> Result<Block> {
