@@ -71,7 +71,8 @@ typedef enum ap_kind {
 
 /* Where a pool's blocks come from. */
 typedef enum ap_source {
-    AP_SOURCE_SIM = 0, /* the simulator, on host memory */
+    AP_SOURCE_SIM = 0, /* the simulator, on host memory: devices 0 to 7, as libascendcl.so's
+                          simulator by default (one simulator per pool) */
     AP_SOURCE_ACL = 1,    /* libascendcl.so: $ASCEND_POOL_ACL_LIB, $ASCEND_HOME_PATH/lib64,
                              $ASCEND_TOOLKIT_HOME/lib64, then the loader path */
     AP_SOURCE_VMM_SIM = 2, /* the simulator's virtual memory: device chunks mapped into one

@@ -217,6 +217,19 @@ pub const KIND_DVPP: c_int = 3;
 pub const KIND_HOST: c_int = 4;
 /// `ap_source`: the simulator.
 pub const SOURCE_SIM: c_int = 0;
+
+/// Devices of the simulator behind [`SOURCE_SIM`] and [`SOURCE_VMM_SIM`] (and of the one
+/// [`ap_share_open`] maps with): the drop-in `libascendcl.so`'s default machine, so that
+/// pools (and mappings) on several devices work as they do there. With one device, a pool
+/// of `device:1` was made and then refused every allocation and stream.
+const SIM_DEVICES: u32 = 8;
+
+/// A simulator of [`SIM_DEVICES`] devices, the rest as [`SimSource::default`].
+fn simulator() -> Result<SimSource, Failure> {
+    Ok(SimSource::new(
+        ascend_pool::source::sim::SimConfig::default().with_devices(SIM_DEVICES),
+    )?)
+}
 /// `ap_source`: `libascendcl.so`, found as [`AclSource::load`] looks for it.
 pub const SOURCE_ACL: c_int = 1;
 /// `ap_source`: the simulator's virtual memory: device chunks mapped into one reserved
@@ -727,9 +740,9 @@ pub unsafe extern "C" fn ap_pool_create(
         };
         let device = config.device;
         let (source, publisher): share::Sources = match source {
-            SOURCE_SIM => (Arc::new(SimSource::default()), None),
+            SOURCE_SIM => (Arc::new(simulator()?), None),
             SOURCE_ACL => (Arc::new(AclSource::load()?), None),
-            SOURCE_VMM_SIM => share::vmm_source(Arc::new(SimSource::default()), device)?,
+            SOURCE_VMM_SIM => share::vmm_source(Arc::new(simulator()?), device)?,
             SOURCE_VMM_ACL => share::vmm_source(Arc::new(AclSource::load()?), device)?,
             other => return Err(Failure::Invalid(format!("{other} is not an ap_source"))),
         };

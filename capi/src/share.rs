@@ -192,9 +192,7 @@ fn this_process<T>(
 
 pub(crate) fn runtime(source: c_int) -> Result<Runtime, Failure> {
     match source {
-        SOURCE_SIM | SOURCE_VMM_SIM => {
-            this_process(&SIM_RUNTIME, || Ok(SimSource::default())).map(Runtime::Sim)
-        }
+        SOURCE_SIM | SOURCE_VMM_SIM => this_process(&SIM_RUNTIME, simulator).map(Runtime::Sim),
         SOURCE_ACL | SOURCE_VMM_ACL => {
             this_process(&ACL_RUNTIME, || Ok(AclSource::load()?)).map(Runtime::Acl)
         }

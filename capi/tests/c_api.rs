@@ -1556,3 +1556,72 @@ fn a_publish_asked_for_its_size_has_published() {
     assert_eq!(ap_free(pool, r), Status::Ok);
     assert_eq!(destroy(pool), 0);
 }
+
+/// A pool on device 1 over the simulator was created, then refused every allocation and
+/// stream (`ACL_ERROR_RT_PARAM_INVALID`): each pool's simulator had one device, so C had no
+/// second device to give a pool (over virtual memory, the create itself failed), and a
+/// mapping could be opened on device 0 only. Found by a review (session 77). Fixed by
+/// simulating the drop-in's default machine: eight devices, 0 to 7.
+#[test]
+#[cfg_attr(
+    miri,
+    ignore = "virtual memory reserves addresses with PROT_NONE, which Miri refuses"
+)]
+fn pools_on_several_devices_of_the_simulator_work_side_by_side() {
+    for source in [SOURCE_SIM, SOURCE_VMM_SIM] {
+        let pools: Vec<u64> = (0..8)
+            .map(|d| pool_over(source, &format!("device:{d}")))
+            .collect();
+        for &pool in &pools {
+            let r = alloc(pool, KIND_DEVICE, 4096)
+                .unwrap_or_else(|s| panic!("{s:?}: {}", last_error()));
+            let q = alloc(pool, KIND_DEVICE, 4096).unwrap();
+            let mut stream = 0;
+            // SAFETY: a writable handle.
+            let got = unsafe { ap_stream_create(pool, &mut stream) };
+            assert_eq!(got, Status::Ok, "{}", last_error());
+            assert_eq!(ap_memset_async(pool, r, 0, 7, 4096, stream), Status::Ok);
+            assert_eq!(ap_copy_async(pool, q, 0, r, 0, 4096, stream), Status::Ok);
+            assert_eq!(ap_stream_synchronize(pool, stream), Status::Ok);
+            let mut back = [0u8; 64];
+            // SAFETY: 64 writable bytes.
+            let got = unsafe { ap_copy_to_host(pool, q, 0, back.as_mut_ptr().cast(), 64) };
+            assert_eq!((got, back), (Status::Ok, [7; 64]));
+            // A region or stream of the pool on another device is not this pool's.
+            let other = pools[(pools.iter().position(|&p| p == pool).unwrap() + 1) % 8];
+            assert_eq!(ap_free(other, r), Status::BadRegion);
+            assert_eq!(ap_stream_synchronize(other, stream), Status::BadStream);
+            assert_eq!(ap_free(pool, r), Status::Ok);
+            assert_eq!(ap_free(pool, q), Status::Ok);
+        }
+        for pool in pools {
+            assert_eq!(ap_pool_validate(pool), Status::Ok);
+            assert_eq!(destroy(pool), 0);
+        }
+        // A ninth device the machine does not have.
+        let pool = pool_with("device:8");
+        assert_eq!(alloc(pool, KIND_DEVICE, 4096), Err(Status::Runtime));
+        assert_eq!(destroy(pool), 0);
+    }
+
+    // Published on device 3, opened there.
+    let pool = pool_over(SOURCE_VMM_SIM, "device:3");
+    let r = alloc(pool, KIND_DEVICE, 4096).unwrap();
+    // SAFETY: 4 readable bytes.
+    let got = unsafe { ap_copy_from_host(pool, r, 0, [9u8, 8, 7, 6].as_ptr().cast(), 4) };
+    assert_eq!(got, Status::Ok);
+    // SAFETY (the closure): any process, and the buffers `text_of` gives.
+    let desc = text_of(|b, c, n| unsafe { ap_share_publish(pool, r, null(), 0, b, c, n) });
+    let desc = std::ffi::CString::new(desc).unwrap();
+    let mut m = 0;
+    // SAFETY: a NUL-terminated descriptor and a writable handle.
+    let got = unsafe { ap_share_open(SOURCE_SIM, 3, desc.as_ptr(), &mut m) };
+    assert_eq!(got, Status::Ok, "{}", last_error());
+    let mut four = [0u8; 4];
+    // SAFETY: 4 writable bytes.
+    let got = unsafe { ap_mapping_read(m, 0, four.as_mut_ptr().cast(), 4) };
+    assert_eq!((got, four), (Status::Ok, [9, 8, 7, 6]));
+    assert_eq!(ap_mapping_close(m), Status::Ok);
+    assert_eq!(ap_free(pool, r), Status::Ok);
+    assert_eq!(destroy(pool), 0);
+}
