@@ -740,3 +740,43 @@ fn the_runtime_stays_loaded_after_its_last_source_drops() {
     drop(acl);
     assert!(loaded(), "unloaded with its last source");
 }
+
+/// A copy or fill of memory mapped into a reserved range (a pool over virtual memory, a
+/// shared mapping) ran on the lowest device the source had used, not the range's: only
+/// blocks from `aclrtMalloc*` were looked up. A pool on device 3 beside one on device 0 (or
+/// any call for device 0 before) copied with device 0 current. Found by a review (session
+/// 77). Fixed by looking up the reserved range holding the address, whose device the source
+/// knows.
+#[test]
+fn copies_and_fills_of_mapped_memory_run_on_the_device_of_its_range() {
+    let lib = fake_lib("copy_device_vmm", &["-DWITH_VMM"]);
+    let counters = Counters::open(&lib);
+    let acl = AclSource::open(&lib).unwrap();
+    acl.mem_info(0, MemKind::DEVICE).unwrap(); // device 0 is now the lowest one used
+    let g = acl.allocation_granularity(3, false).unwrap();
+    let va = acl.reserve_address(3, 2 * g).unwrap();
+    let h = acl.malloc_physical(3, g).unwrap();
+    acl.map(va, g, 0, h).unwrap();
+    acl.mem_info(2, MemKind::DEVICE).unwrap();
+    assert_eq!(counters.get("fake_current_device"), 2);
+    // SAFETY: fills of 0 bytes touch no memory (the fake's addresses are never mapped).
+    unsafe { acl.memset(va + 4096, 0, 0, 0).unwrap() };
+    assert_eq!(counters.get("fake_copy_device"), 3, "the range's device");
+    acl.mem_info(2, MemKind::DEVICE).unwrap();
+    let mut out = [0u8; 1];
+    // SAFETY: as above, a copy of 0 bytes.
+    unsafe {
+        acl.memcpy(
+            out.as_mut_ptr() as usize,
+            0,
+            va,
+            0,
+            MemcpyKind::DeviceToHost,
+        )
+        .unwrap()
+    };
+    assert_eq!(counters.get("fake_copy_device"), 3, "the source's device");
+    acl.unmap(va).unwrap();
+    acl.free_physical(h).unwrap();
+    VmmRuntime::release_address(&acl, va).unwrap();
+}

@@ -151,8 +151,9 @@ struct Live {
     streams: HashMap<usize, DeviceId>,
     /// Events and their state.
     events: HashMap<usize, EventState>,
-    /// Reserved virtual ranges: start -> size.
-    reserved: BTreeMap<usize, usize>,
+    /// Reserved virtual ranges: start -> size, and the device they were reserved for (whose
+    /// memory is mapped there, and whose context copies of it run in).
+    reserved: BTreeMap<usize, (usize, DeviceId)>,
     /// Mappings made by `map`: start -> physical handle. Each start lies in a range of
     /// `reserved`; unmapped before the physical memory is freed when the source drops.
     mappings: BTreeMap<usize, PhysicalHandle>,
@@ -170,6 +171,12 @@ impl Live {
         let (_, (block, _)) = self.blocks.range(..=addr).next_back()?;
         (addr - block.addr < usize::try_from(block.size).unwrap_or(usize::MAX).max(1))
             .then_some(block)
+    }
+
+    /// The device of the reserved range that holds `addr`.
+    fn reserved_device(&self, addr: usize) -> Option<DeviceId> {
+        let (start, (len, device)) = self.reserved.range(..=addr).next_back()?;
+        (addr - start < *len).then_some(*device)
     }
 }
 
@@ -398,12 +405,17 @@ impl AclSource {
     }
 
     /// The device whose context a copy or fill touching `addrs` should run in: the device of
-    /// the first live block holding one of them, else the lowest device used so far, else 0.
+    /// the first live block or reserved range (memory mapped there) holding one of them, else
+    /// the lowest device used so far, else 0.
     fn device_for(&self, addrs: &[usize]) -> DeviceId {
         let live = self.lock();
         addrs
             .iter()
-            .find_map(|a| live.block_containing(*a).map(|b| b.device))
+            .find_map(|a| {
+                live.block_containing(*a)
+                    .map(|b| b.device)
+                    .or_else(|| live.reserved_device(*a))
+            })
             .or_else(|| live.set_device_calls.keys().next().copied())
             .unwrap_or(0)
     }

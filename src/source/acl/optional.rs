@@ -74,7 +74,7 @@ impl AclSource {
                 "{func} returned success and a null address"
             )));
         }
-        self.lock().reserved.insert(va as usize, size);
+        self.lock().reserved.insert(va as usize, (size, device));
         Ok(va as usize)
     }
 
@@ -82,7 +82,7 @@ impl AclSource {
     pub fn release_address(&self, va: usize) -> Result<()> {
         let func = "aclrtReleaseMemAddress";
         let f = sym!(self.api()?, aclrtReleaseMemAddress);
-        let size = self
+        let range = self
             .lock()
             .reserved
             .remove(&va)
@@ -90,7 +90,7 @@ impl AclSource {
         // SAFETY: `va` starts a range this runtime reserved and that is no longer tracked.
         let result = check(func, unsafe { f(va as *mut c_void) });
         if result.is_err() {
-            self.lock().reserved.insert(va, size);
+            self.lock().reserved.insert(va, range);
         }
         result
     }
@@ -181,7 +181,7 @@ impl AclSource {
             .reserved
             .range(..=va)
             .next_back()
-            .is_some_and(|(start, len)| va - start < *len && size <= len - (va - start));
+            .is_some_and(|(start, (len, _))| va - start < *len && size <= len - (va - start));
         if !inside {
             return Err(refused(func, AclError::INVALID_PARAM));
         }
