@@ -1181,3 +1181,38 @@ fn a_dropped_simulator_gives_back_what_it_still_holds() {
     assert_eq!(memory_objects(), objects);
     assert_eq!(mapped_objects(), mapped);
 }
+
+/// A pool configured for another device than its virtual-memory source's was made: its
+/// streams, events and host memory were of its device, and every device request was refused
+/// by the source (`aclrtMapMem`, `ACL_ERROR_RT_PARAM_INVALID`), a runtime error for a
+/// mistake of configuration. Found by a review (session 77). Fixed by refusing the pool
+/// with `Error::Config`, before it takes anything from the source.
+#[test]
+#[cfg_attr(
+    miri,
+    ignore = "virtual memory reserves addresses with PROT_NONE, which Miri refuses"
+)]
+fn a_pool_for_another_device_than_its_virtual_memory_is_refused() {
+    // Its memory objects would be counted by the tests that count them.
+    let _g = serial();
+    let sim = Arc::new(
+        SimSource::new(
+            SimConfig::default()
+                .with_devices(2)
+                .with_device_capacity(64 * MIB),
+        )
+        .unwrap(),
+    );
+    let on_1 = Arc::new(VmmSource::new(sim.clone(), 1, VmmConfig::default()).unwrap());
+    match Pool::new(on_1.clone(), PoolConfig::default()) {
+        Err(Error::Config(m)) => assert!(m.contains("device 1"), "{m}"),
+        other => panic!("{:?}", other.map(|_| ())),
+    }
+    assert_eq!(sim.stats().live_streams + sim.stats().live_events, 0);
+    // The source's own device is taken, and its memory is of that device.
+    let pool = Pool::new(on_1, PoolConfig::default().with_device(1)).unwrap();
+    let r = pool.alloc_device(4096).unwrap();
+    assert_eq!(pool.create_stream().unwrap().device(), 1);
+    drop(r);
+    pool.validate().unwrap();
+}

@@ -666,8 +666,20 @@ pub struct Pool {
 
 impl Pool {
     /// A pool over `source` with `config`.
+    ///
+    /// A source that serves one device only (a [`VmmSource`](crate::source::VmmSource))
+    /// and a `config.device` of another are refused with [`Error::Config`]: the pool's
+    /// streams and events would be of its device, and the source would refuse every
+    /// device request.
     pub fn new(source: Arc<dyn BlockSource>, config: PoolConfig) -> Result<Self> {
         config.validate()?;
+        if let Some(device) = source.only_device().filter(|&d| d != config.device) {
+            return Err(Error::Config(format!(
+                "the pool is for device {} and its source {} serves device {device} only",
+                config.device,
+                source.name()
+            )));
+        }
         let recorder = config
             .record
             .as_deref()

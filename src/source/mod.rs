@@ -188,6 +188,14 @@ pub trait BlockSource: Send + Sync + std::fmt::Debug {
         stream: StreamHandle,
     ) -> Result<()>;
 
+    /// The one device whose device memory this source gives, when it serves only one (a
+    /// [`VmmSource`] maps the memory of its own device); `None` (the default) for a source of
+    /// every device. A pool of another device is refused ([`Pool::new`](crate::Pool::new)).
+    #[doc(hidden)]
+    fn only_device(&self) -> Option<DeviceId> {
+        None
+    }
+
     /// The simulator this source runs on (a [`SimSource`], or a source over one), by an id
     /// unique in the process; `None` for the real runtime (the default). A handle read from
     /// one simulator, such as a window ([`RemoteWindow::of_sim`](crate::comm::RemoteWindow::of_sim)),

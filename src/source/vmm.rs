@@ -806,6 +806,10 @@ impl<R: VmmRuntime + 'static> BlockSource for VmmSource<R> {
         self.runtime.simulator_id()
     }
 
+    fn only_device(&self) -> Option<DeviceId> {
+        Some(self.device)
+    }
+
     unsafe fn write_on_thread(
         &self,
         thread: CommThreadHandle,
