@@ -13,6 +13,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
+#[path = "common/regions.rs"]
+mod common_regions;
+
 const MIB: u64 = 1 << 20;
 const CACHED: MemKind = MemKind::Cached(MallocPolicy::HugeFirst);
 
@@ -302,42 +305,14 @@ mod stress {
     //! every counter is back to zero and every block back with the source.
 
     use super::*;
-    use ascend_pool::region::{DeviceRegion, DvppRegion, HostRegion, Region};
+    use crate::common_regions::{with_region, Any, Rng};
+    use ascend_pool::region::Region;
     use ascend_pool::Stream;
     use std::sync::atomic::AtomicU64;
     use std::sync::mpsc;
 
     const WORKERS: usize = 3;
     const STEPS: usize = 12_000;
-
-    enum Any {
-        Device(DeviceRegion),
-        Dvpp(DvppRegion),
-        Host(HostRegion),
-    }
-
-    macro_rules! with_region {
-        ($any:expr, $r:ident => $body:expr) => {
-            match $any {
-                Any::Device($r) => $body,
-                Any::Dvpp($r) => $body,
-                Any::Host($r) => $body,
-            }
-        };
-    }
-
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-        }
-        fn below(&mut self, n: u64) -> u64 {
-            self.next() % n
-        }
-    }
 
     fn write_tag(pool: &Pool, r: &mut Any, tag: u64) {
         let bytes = tag.to_le_bytes();

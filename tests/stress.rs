@@ -11,12 +11,16 @@
 //! back to zero, every chunk returned by `trim`. A last test checks the exact figures and the
 //! debug canary of one segment held in a thread cache.
 
-use ascend_pool::region::{AsyncCopySafe, DeviceRegion, DvppRegion, HostRegion, Region};
+use ascend_pool::region::{AsyncCopySafe, Region};
 use ascend_pool::source::sim::{SimConfig, SimSource};
 use ascend_pool::{MemKind, Pool, PoolConfig, Stream};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Barrier};
+
+#[path = "common/regions.rs"]
+mod common_regions;
+use common_regions::{with_region, Any, Rng};
 
 const THREADS: usize = 4;
 const STEPS: usize = 600;
@@ -24,37 +28,6 @@ const STEPS: usize = 600;
 const QUIESCE: usize = 120;
 /// Most regions one thread holds.
 const MAX_LIVE: usize = 24;
-
-enum Any {
-    Device(DeviceRegion),
-    Dvpp(DvppRegion),
-    Host(HostRegion),
-}
-
-/// Runs `$body` with `$r` bound to the typed region inside `$any`.
-macro_rules! with_region {
-    ($any:expr, $r:ident => $body:expr) => {
-        match $any {
-            Any::Device($r) => $body,
-            Any::Dvpp($r) => $body,
-            Any::Host($r) => $body,
-        }
-    };
-}
-
-/// xorshift64*: deterministic per thread, no dependency.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 fn pattern(seed: u64, len: usize) -> Vec<u8> {
     (0..len)
