@@ -528,6 +528,36 @@ fn synchronize_waits_for_streams_without_the_kind_lock() {
     pool.validate().unwrap();
 }
 
+/// `Pool::synchronize` waits for the work queued before each deferred free, not for what the
+/// stream was given after it: that may wait for the caller itself, here a hold the caller
+/// releases only once `synchronize` has returned. (Fencing the stream anew, as a first
+/// version of the unlocked wait did, waited for the hold for ever; the 60 s bound turns that
+/// into a failure, and the copy before the free takes about half a second.)
+#[test]
+fn synchronize_waits_for_the_work_before_a_free_not_after() {
+    let sim = sim(2 << 20);
+    let pool = Arc::new(pool_over(&sim));
+    let s = pool.create_stream().unwrap();
+    let staging = pool.alloc_host(LEN).unwrap();
+    drop_behind_a_copy(&pool, &staging, &s);
+    let after = sim.hold_stream(s.handle()).unwrap();
+    assert_eq!(pool.stats(MemKind::DEVICE).pending_frees, 1);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let syncer = {
+        let pool = Arc::clone(&pool);
+        std::thread::spawn(move || tx.send(pool.synchronize()).unwrap())
+    };
+    let got = rx.recv_timeout(Duration::from_secs(60));
+    after.release();
+    syncer.join().unwrap();
+    assert!(
+        matches!(got, Ok(Ok(()))),
+        "synchronize waited for work queued after the free: {got:?}"
+    );
+    assert_eq!(pool.stats(MemKind::DEVICE).pending_frees, 0);
+    pool.validate().unwrap();
+}
+
 #[test]
 fn a_failed_wait_is_reported_and_its_free_stays_pending() {
     let sim = sim(0);

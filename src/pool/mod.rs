@@ -341,7 +341,7 @@ pub(crate) struct PoolInner {
     pub(crate) config: PoolConfig,
     /// One lock per kind, biased to the thread that works the kind most (see [`biased`]).
     kinds: [BiasedLock<KindPool>; 5],
-    idle_events: Mutex<Vec<EventHandle>>,
+    idle_events: Mutex<IdleEvents>,
     /// Overruns found when regions were dropped (drop cannot return them); at most
     /// [`CORRUPTION_REPORTS_MAX`], the first ones since the reports were last taken.
     corruption: Mutex<Vec<Error>>,
@@ -706,7 +706,7 @@ impl Pool {
         let inner = Arc::new_cyclic(|me| PoolInner {
             source,
             kinds,
-            idle_events: Mutex::new(Vec::new()),
+            idle_events: Mutex::default(),
             corruption: Mutex::new(Vec::new()),
             caches: (config.thread_cache > 0).then(|| CacheRegistry::new(config.thread_cache)),
             id: NEXT_POOL_ID.fetch_add(1, Ordering::Relaxed),
@@ -792,7 +792,7 @@ impl Pool {
         self.inner.ours()?;
         let mut first = None;
         for m in &self.inner.kinds {
-            self.inner.pass_pending_streams(m);
+            self.inner.pass_pending_events(m);
             let mut k = m.lock();
             // Authoritative: the frees' own events, complete by now unless the runtime
             // refused something above or a free was deferred since.
@@ -1070,26 +1070,42 @@ impl Drop for PoolInner {
                 }
             }
         }
-        let idle = self
+        let events = self
             .idle_events
             .get_mut()
             .unwrap_or_else(|p| p.into_inner());
-        for ev in idle.drain(..) {
+        for ev in events.idle.drain(..).chain(events.parked.drain(..)) {
             let _ = self.source.destroy_event(ev);
         }
     }
 }
 
+/// Events the pool keeps for its next fences, and those a wait outside the kind lock holds.
+///
+/// Invariants: an event is in at most one of `idle` and `parked`; every event in `parked`
+/// is in `waited`, until the wait that put it there has ended (it then moves to `idle` or is
+/// destroyed); `idle` holds at most [`EVENT_POOL_MAX`].
+#[derive(Debug, Default)]
+struct IdleEvents {
+    idle: Vec<EventHandle>,
+    /// Events of deferred frees that [`PoolInner::pass_pending_events`] waits for without
+    /// the kind lock, once per wait: their frees may complete meanwhile on another thread,
+    /// which must then neither destroy them nor record them again.
+    waited: Vec<EventHandle>,
+    /// Events given back while waited for, kept out of `idle` until the waits end.
+    parked: Vec<EventHandle>,
+}
+
 impl KindPool {
-    /// The streams this kind's deferred frees wait on, each once.
-    fn pending_streams(&self) -> SmallVec<[StreamHandle; 4]> {
-        let mut streams = SmallVec::new();
-        for (_, s) in self.pending.iter().flat_map(|p| &p.events) {
-            if !streams.contains(s) {
-                streams.push(*s);
+    /// The events this kind's deferred frees wait on, each once.
+    fn pending_events(&self) -> SmallVec<[EventHandle; 4]> {
+        let mut events = SmallVec::new();
+        for (e, _) in self.pending.iter().flat_map(|p| &p.events) {
+            if let Some(e) = e.filter(|e| !events.contains(e)) {
+                events.push(e);
             }
         }
-        streams
+        events
     }
 
     fn validate(&self) -> Result<()> {
@@ -1426,7 +1442,7 @@ impl PoolInner {
             if other.index() == kind.index() || !other.is_device() {
                 continue;
             }
-            self.pass_pending_streams(m);
+            self.pass_pending_events(m);
             released += self.release_idle(&mut m.lock(), true);
         }
         let mut k = self.kinds[kind.index()].lock();
@@ -2016,28 +2032,46 @@ impl PoolInner {
     }
 
     /// Completes the deferred frees of `m`'s kind that their streams have passed, then waits,
-    /// holding no lock, until the streams the others wait on have run the work queued on
-    /// them so far: so a pass that waits for them under the lock afterwards
-    /// (`reclaim(.., true)`) finds them done and keeps the kind's allocations waiting only
-    /// for frees deferred meanwhile.
+    /// holding no lock, for the events of the others: so a pass that waits for them under
+    /// the lock afterwards (`reclaim(.., true)`) finds them done, and keeps the kind's
+    /// allocations waiting only for frees deferred meanwhile (or fenced by no event).
     ///
-    /// Each stream is fenced with an event of the pool's own, recorded now, which nobody
-    /// else can destroy meanwhile (a deferred free's event may be completed and destroyed by
-    /// another thread), and which leaves a stream's failed tasks for its own synchronize to
-    /// report. Best effort: a stream whose fence or wait the runtime refuses is left to the
-    /// pass under the lock.
-    fn pass_pending_streams(&self, m: &BiasedLock<KindPool>) {
-        let streams = {
+    /// The events are the frees' own (a wait for work queued on their streams later could
+    /// wait for the caller itself), checked out in [`IdleEvents::waited`]: a free completed
+    /// meanwhile by another thread parks its event there rather than destroy it or hand it
+    /// to a fence that would record it again. Best effort: a wait the runtime refuses is left
+    /// to the pass under the lock, which reports it.
+    fn pass_pending_events(&self, m: &BiasedLock<KindPool>) {
+        let events = {
             let mut k = m.lock();
             // Frees whose streams have passed them need no wait.
             self.reclaim(&mut k, false);
-            k.pending_streams()
+            let events = k.pending_events();
+            lock(&self.idle_events).waited.extend_from_slice(&events);
+            events
         };
-        for s in streams {
-            if let Ok(ev) = self.fence(s) {
-                let _ = self.source.synchronize_event(ev);
-                self.put_event(ev);
+        for &ev in &events {
+            let _ = self.source.synchronize_event(ev);
+        }
+        let back: Vec<EventHandle> = {
+            let mut e = lock(&self.idle_events);
+            for ev in &events {
+                if let Some(i) = e.waited.iter().position(|w| w == ev) {
+                    e.waited.swap_remove(i);
+                }
             }
+            let IdleEvents { waited, parked, .. } = &mut *e;
+            let mut back = Vec::new();
+            parked.retain(|ev| {
+                waited.contains(ev) || {
+                    back.push(*ev);
+                    false
+                }
+            });
+            back
+        };
+        for ev in back {
+            self.put_event(ev);
         }
     }
 
@@ -2054,7 +2088,7 @@ impl PoolInner {
     }
 
     fn take_event(&self) -> Result<EventHandle> {
-        if let Some(ev) = lock(&self.idle_events).pop() {
+        if let Some(ev) = lock(&self.idle_events).idle.pop() {
             return Ok(ev);
         }
         self.source.create_event(self.config.device)
@@ -2064,11 +2098,13 @@ impl PoolInner {
         if self.forked() {
             return;
         }
-        let mut idle = lock(&self.idle_events);
-        if idle.len() < EVENT_POOL_MAX {
-            idle.push(ev);
+        let mut events = lock(&self.idle_events);
+        if events.waited.contains(&ev) {
+            events.parked.push(ev);
+        } else if events.idle.len() < EVENT_POOL_MAX {
+            events.idle.push(ev);
         } else {
-            drop(idle);
+            drop(events);
             let _ = self.source.destroy_event(ev);
         }
     }
