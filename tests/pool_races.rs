@@ -305,7 +305,7 @@ mod stress {
     //! every counter is back to zero and every block back with the source.
 
     use super::*;
-    use crate::common_regions::{with_region, Any, Rng};
+    use crate::common_regions::{assert_all_freed, with_region, Any, Rng};
     use ascend_pool::region::Region;
     use ascend_pool::Stream;
     use std::sync::atomic::AtomicU64;
@@ -562,20 +562,7 @@ mod stress {
         pool.flush_thread_caches();
         check_figures(&pool);
         assert!(pool.leak_report().is_empty(), "{:?}", pool.leak_report());
-        for s in pool.all_stats() {
-            assert_eq!(
-                (
-                    s.live_regions,
-                    s.allocated_bytes,
-                    s.requested_bytes,
-                    s.pending_frees
-                ),
-                (0, 0, 0, 0),
-                "{s:?}"
-            );
-            assert_eq!((s.cached_regions, s.cached_bytes), (0, 0), "{s:?}");
-            assert_eq!(s.allocations, s.frees, "{s:?}");
-        }
+        assert_all_freed(&pool);
         pool.trim();
         for s in pool.all_stats() {
             assert_eq!((s.reserved_bytes, s.chunks), (0, 0), "{s:?}");

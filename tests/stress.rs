@@ -20,7 +20,7 @@ use std::sync::{Arc, Barrier};
 
 #[path = "common/regions.rs"]
 mod common_regions;
-use common_regions::{with_region, Any, Rng};
+use common_regions::{assert_all_freed, with_region, Any, Rng};
 
 const THREADS: usize = 4;
 const STEPS: usize = 600;
@@ -280,22 +280,8 @@ fn run(config: PoolConfig) {
         "leaks: {:?}",
         pool.leak_report()
     );
-    for s in pool.all_stats() {
-        // The threads have exited, so their caches went back with them.
-        assert_eq!(
-            (
-                s.live_regions,
-                s.allocated_bytes,
-                s.requested_bytes,
-                s.pending_frees
-            ),
-            (0, 0, 0, 0),
-            "{:?}",
-            s.kind
-        );
-        assert_eq!((s.cached_regions, s.cached_bytes), (0, 0), "{:?}", s.kind);
-        assert_eq!(s.allocations, s.frees, "{:?}", s.kind);
-    }
+    // The threads have exited, so their caches went back with them.
+    assert_all_freed(&pool);
     assert!(pool.stats(MemKind::DEVICE).allocations > 0);
     assert_eq!(pool.flush_thread_caches(), 0);
     pool.trim();

@@ -1,6 +1,8 @@
-//! What the multi-threaded suites share: a region of any kind, and a seeded generator.
+//! What the multi-threaded suites share: a region of any kind, a seeded generator, and the
+//! check that a pool's threads gave everything back.
 
 use ascend_pool::region::{DeviceRegion, DvppRegion, HostRegion};
+use ascend_pool::Pool;
 
 /// A region of one of the three typed kinds, as threads hand them to each other.
 pub enum Any {
@@ -34,5 +36,23 @@ impl Rng {
 
     pub fn below(&mut self, n: u64) -> u64 {
         self.next() % n
+    }
+}
+
+/// Every kind holds nothing live, pending or cached, and counted a free for each allocation.
+pub fn assert_all_freed(pool: &Pool) {
+    for s in pool.all_stats() {
+        assert_eq!(
+            (
+                s.live_regions,
+                s.allocated_bytes,
+                s.requested_bytes,
+                s.pending_frees
+            ),
+            (0, 0, 0, 0),
+            "{s:?}"
+        );
+        assert_eq!((s.cached_regions, s.cached_bytes), (0, 0), "{s:?}");
+        assert_eq!(s.allocations, s.frees, "{s:?}");
     }
 }
