@@ -348,7 +348,8 @@ pub struct Stream {
     /// The device it was created on: only pools of that device queue work on it.
     device: DeviceId,
     /// Dropped with the stream, after its work has run: segments that noted the stream hold
-    /// a `Weak` of it, and forget the stream once it is gone.
+    /// a `Weak` of it, and forget the stream once it is gone. Kept alive for good when the
+    /// runtime refuses to destroy the stream (its work may still run).
     alive: Arc<()>,
 }
 
@@ -380,7 +381,11 @@ impl Stream {
 impl Drop for Stream {
     fn drop(&mut self) {
         let _ = self.source.synchronize_stream(self.handle);
-        let _ = self.source.destroy_stream(self.handle);
+        if self.source.destroy_stream(self.handle).is_err() {
+            // The stream lives on in the runtime, its work maybe still queued: the segments
+            // that noted it keep waiting for it (its token never dies).
+            std::mem::forget(Arc::clone(&self.alive));
+        }
     }
 }
 

@@ -1018,3 +1018,29 @@ fn a_stream_per_request_leaves_no_streams_events_or_pending_frees() {
         "events and pending frees grew: {after_n:?} then {after_2n:?}"
     );
 }
+
+/// A `Stream` whose synchronize and destroy the runtime refused is gone from the program but
+/// not from the device: its queued work still runs, so a region it was noted on still waits
+/// for it when freed afterwards (the stream is not forgotten with its `Stream`).
+#[test]
+fn a_stream_the_runtime_would_not_destroy_still_holds_its_regions() {
+    let sim = sim(0);
+    let pool = pool_over(&sim);
+    let s = pool.create_stream().unwrap();
+    let staging = pool.alloc_host(LEN).unwrap();
+    let hold = sim.hold_stream(s.handle()).unwrap();
+    let mut target = pool.alloc_device(LEN).unwrap();
+    let target_addr = target.addr();
+    pool.copy_async(&mut target, 0, &staging, 0, LEN, &s)
+        .unwrap();
+    for func in [AclFunc::SynchronizeStream, AclFunc::DestroyStream] {
+        sim.inject_fault(Fault::next(func, AclError::RT_FAILURE, 1));
+    }
+    drop(s);
+    drop(target);
+    assert_eq!(pool.stats(MemKind::DEVICE).pending_frees, 1);
+    let next = pool.alloc_device(LEN).unwrap();
+    assert!(!overlaps(next.addr(), target_addr, LEN));
+    hold.release();
+    every_free_completes(&pool);
+}
