@@ -671,3 +671,32 @@ fn memory_a_held_stream_still_writes_is_never_handed_out_while_threads_churn() {
     let s = pool.stats(MemKind::DEVICE);
     assert_eq!((s.pending_frees, s.live_regions), (0, 0), "{s:?}");
 }
+
+/// A device request the source refused, that tries again once another kind gave memory back
+/// and is then refused for another reason (a runtime failure, not counted as an
+/// out-of-memory itself), still counts its first refusal in `ooms`: one refusal per
+/// refused request, whatever ended it.
+#[test]
+fn a_request_refused_again_for_another_reason_counts_its_refusal() {
+    use ascend_pool::source::sim::{AclFunc, Fault};
+    use ascend_pool::AclError;
+    let malloc = AclFunc::alloc_for(MemKind::DEVICE);
+    // The source calls the request makes when its retry succeeds; the last is the retry's.
+    let calls = {
+        let (sim, _source, pool, filler) = a_full_device_with_idle_cached_memory();
+        let before = sim.stats().calls(malloc);
+        let a = pool.alloc_device(3 * MIB).unwrap();
+        drop((a, filler));
+        sim.stats().calls(malloc) - before
+    };
+    let (sim, _source, pool, filler) = a_full_device_with_idle_cached_memory();
+    sim.inject_fault(Fault::after(malloc, AclError::RT_FAILURE, calls - 1));
+    let refused = pool.alloc_device(3 * MIB).unwrap_err();
+    assert!(
+        matches!(refused, ascend_pool::Error::Runtime { code, .. } if code == AclError::RT_FAILURE),
+        "{refused:?}"
+    );
+    assert_eq!(pool.stats(MemKind::DEVICE).ooms, 1);
+    drop(filler);
+    pool.validate().unwrap();
+}

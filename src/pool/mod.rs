@@ -1449,12 +1449,16 @@ impl PoolInner {
         if released == 0 && self.returned.0.load(Ordering::Relaxed) == returned {
             return Err(refused);
         }
+        let counted = k.stats.ooms;
         let again = match self.carve_existing(&mut k, len, rule, footprint) {
             Some(x) => Ok(x),
             None => self.carve_after_reclaim(&mut k, len, rule, footprint),
         };
-        // The first refusal did not stand, or a second one was counted for this request.
-        k.stats.ooms = k.stats.ooms.saturating_sub(1);
+        // The first refusal did not stand, or a second one was counted for this request (a
+        // retry ended by an error growth does not count, a runtime failure, leaves the first).
+        if again.is_ok() || k.stats.ooms > counted {
+            k.stats.ooms = k.stats.ooms.saturating_sub(1);
+        }
         Ok((k, again?))
     }
 
