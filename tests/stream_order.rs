@@ -1044,3 +1044,38 @@ fn a_stream_the_runtime_would_not_destroy_still_holds_its_regions() {
     hold.release();
     every_free_completes(&pool);
 }
+
+/// `Pool::synchronize` records nothing on a stream the application has destroyed: a free
+/// pending on a busy stream and on one since waited for and destroyed (its event passed)
+/// waits for the busy one only. On the real runtime a destroyed stream's handle is freed
+/// memory: an event recorded on it is a use after free.
+#[test]
+fn synchronize_records_nothing_on_a_stream_destroyed_after_a_free() {
+    let sim = sim(0);
+    let pool = pool_over(&sim);
+    let (busy, done) = (pool.create_stream().unwrap(), pool.create_stream().unwrap());
+    let hold = sim.hold_stream(busy.handle()).unwrap();
+    let mut target = filled_on(&pool, &busy);
+    pool.memset_async(&mut target, 0, 1, LEN, &done).unwrap();
+    drop(target);
+    assert_eq!(pool.stats(MemKind::DEVICE).pending_frees, 1);
+    drop(done);
+    let waits = || sim.stats().calls(AclFunc::SynchronizeEvent);
+    let refused = || sim.stats().failures(AclFunc::RecordEvent);
+    let (before, refused_before) = (waits(), refused());
+    std::thread::scope(|scope| {
+        let waiter = scope.spawn(|| pool.synchronize());
+        // The waiter waits for the busy stream before the hold goes.
+        while waits() == before {
+            std::thread::yield_now();
+        }
+        hold.release();
+        waiter.join().unwrap().unwrap();
+    });
+    assert_eq!(
+        refused(),
+        refused_before,
+        "an event recorded on a destroyed stream"
+    );
+    every_free_completes(&pool);
+}
