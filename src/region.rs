@@ -378,13 +378,22 @@ impl Stream {
     }
 }
 
+/// Tokens of streams the runtime would not destroy: such a stream lives on, its work maybe
+/// still queued, so the segments that noted it keep waiting for it (its token never dies).
+/// Held here rather than leaked, so a leak checker finds them reachable; it grows only by a
+/// failed `aclrtDestroyStream`.
+static UNDESTROYED: Mutex<Vec<Arc<()>>> = Mutex::new(Vec::new());
+
 impl Drop for Stream {
     fn drop(&mut self) {
         let _ = self.source.synchronize_stream(self.handle);
         if self.source.destroy_stream(self.handle).is_err() {
-            // The stream lives on in the runtime, its work maybe still queued: the segments
-            // that noted it keep waiting for it (its token never dies).
-            std::mem::forget(Arc::clone(&self.alive));
+            match UNDESTROYED.try_lock() {
+                Ok(mut kept) => kept.push(Arc::clone(&self.alive)),
+                // Contended (or, in a child made by `fork`, held for good by a thread of the
+                // parent): the token is leaked instead, which keeps it alive as well.
+                Err(_) => std::mem::forget(Arc::clone(&self.alive)),
+            }
         }
     }
 }
