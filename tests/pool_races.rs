@@ -42,6 +42,14 @@ impl Pausing {
             resume: Barrier::new(2),
         }
     }
+
+    /// Stops here, once `armed` was set, until the test lets the thread go.
+    fn stop_if(&self, armed: &AtomicBool) {
+        if armed.swap(false, Ordering::SeqCst) {
+            self.paused.wait();
+            self.resume.wait();
+        }
+    }
 }
 
 impl BlockSource for Pausing {
@@ -52,9 +60,8 @@ impl BlockSource for Pausing {
         self.sim.alloc_block(device, kind, size)
     }
     fn free_block(&self, block: Block) -> Result<()> {
-        if matches!(block.kind, MemKind::Cached(_)) && self.armed.swap(false, Ordering::SeqCst) {
-            self.paused.wait();
-            self.resume.wait();
+        if matches!(block.kind, MemKind::Cached(_)) {
+            self.stop_if(&self.armed);
         }
         self.sim.free_block(block)
     }
@@ -121,10 +128,7 @@ impl BlockSource for Pausing {
         }
     }
     unsafe fn memset(&self, dst: usize, max: u64, value: u8, count: u64) -> Result<()> {
-        if self.armed_memset.swap(false, Ordering::SeqCst) {
-            self.paused.wait();
-            self.resume.wait();
-        }
+        self.stop_if(&self.armed_memset);
         // SAFETY: the caller's contract, passed on unchanged.
         unsafe { self.sim.memset(dst, max, value, count) }
     }
