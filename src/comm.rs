@@ -10,7 +10,10 @@
 //! - a thread of another source is refused, and a thread cannot outlive its stream.
 //!
 //! Windows are device memory with start and length at multiples of 2 MiB, as HCCL
-//! registers it: [`Pool::alloc_device_aligned`] with [`WINDOW_GRANULE`] gives one.
+//! registers it: [`Pool::alloc_device_aligned`] with [`WINDOW_GRANULE`] gives one, and on
+//! the simulator [`Pool::register_window`] registers it for as long as it keeps the region
+//! ([`RegisteredWindow`]): the region cannot be freed, and its memory reused, while other
+//! ranks may still write it.
 //! Telling the far end that its window has been written (HCCL's notifications,
 //! `HcommChannelNotifyRecordOnThread` and `HcommChannelNotifyWaitOnThread`) stays with the
 //! communicator; on the simulator, [`SimSource::notify_record_on_thread`] and
@@ -31,8 +34,7 @@
 //! let rank1 = Pool::new(sim.clone(), PoolConfig::default().with_device(1))?;
 //!
 //! // Rank 1 registers a window; rank 0 opens a channel to it.
-//! let window = rank1.alloc_device_aligned(WINDOW_GRANULE, WINDOW_GRANULE)?;
-//! sim.register_window(1, window.addr(), WINDOW_GRANULE)?;
+//! let window = rank1.register_window(rank1.alloc_device_aligned(WINDOW_GRANULE, WINDOW_GRANULE)?)?;
 //! let channel = sim.acquire_channel(0, 1)?;
 //! let far = RemoteWindow::of_sim(&sim, channel)?.remove(0);
 //!
@@ -52,7 +54,7 @@
 //! let back = sim.acquire_channel(1, 0)?;
 //! sim.notify_wait_on_thread(thread1.handle(), back, 0, 0)?;
 //! let mut copy = rank1.alloc_device(4096)?;
-//! rank1.copy_async(&mut copy, 0, &window, 64 << 10, 4096, &stream1)?;
+//! rank1.copy_async(&mut copy, 0, window.region(), 64 << 10, 4096, &stream1)?;
 //! stream1.synchronize()?;
 //!
 //! let mut seen = [0u8; 4096];
@@ -63,7 +65,7 @@
 
 use crate::error::{Error, Result};
 use crate::pool::Pool;
-use crate::region::{check_bounds, AsyncCopySafe, Stream};
+use crate::region::{check_bounds, AsyncCopySafe, Region, Stream};
 use crate::source::sim::SimSource;
 use crate::source::{BlockSource, ChannelHandle, CommThreadHandle};
 
@@ -168,7 +170,118 @@ impl RemoteWindow {
     }
 }
 
+/// A region registered as a window other ranks write one-sided ([`Pool::register_window`]).
+///
+/// It owns the region, so the region's memory goes back to its pool only after the window
+/// is deregistered, when this is dropped or [`into_region`](Self::into_region) is called:
+/// both return once the writes queued into the window have landed. A window forgotten
+/// (`std::mem::forget`) keeps its region for ever, which leaks but never lets a late write
+/// land in memory another region was given.
+#[derive(Debug)]
+pub struct RegisteredWindow<R: Region> {
+    /// `None` only while [`into_region`](Self::into_region) takes it out.
+    region: Option<R>,
+}
+
+impl<R: Region> RegisteredWindow<R> {
+    /// The region under the window. What other ranks wrote can be read from it once their
+    /// notifications say it has landed.
+    pub fn region(&self) -> &R {
+        self.region.as_ref().expect("held until into_region")
+    }
+
+    /// Deregisters the window and gives the region back, once the writes queued into the
+    /// window have landed (a write queued behind a notification wait waits for it too).
+    ///
+    /// # Errors
+    /// The source's refusal to deregister, with the region: it is then still registered,
+    /// so it is kept (leaked) rather than given back.
+    pub fn into_region(mut self) -> Result<R> {
+        self.deregister()?;
+        Ok(self.region.take().expect("held until into_region"))
+    }
+
+    fn deregister(&mut self) -> Result<()> {
+        let r = self.region();
+        r.segment().source().deregister_window(r.addr())
+    }
+}
+
+impl<R: Region> Drop for RegisteredWindow<R> {
+    fn drop(&mut self) {
+        if self.region.is_none() {
+            return;
+        }
+        if let Err(e) = self.deregister() {
+            // Other ranks may still write the memory: keep it from the pool for good.
+            eprintln!("ascend-pool: a window stays registered, its region is kept: {e}");
+            std::mem::forget(self.region.take());
+        }
+    }
+}
+
+/// A region [`Pool::register_window`] could not register, given back with the reason.
+#[derive(Debug)]
+pub struct WindowRefused<R> {
+    /// Why the window was refused.
+    pub error: Error,
+    /// The region, unregistered and still the caller's.
+    pub region: R,
+}
+
+impl<R> From<WindowRefused<R>> for Error {
+    /// The reason alone; the region is dropped (freed).
+    fn from(refused: WindowRefused<R>) -> Self {
+        refused.error
+    }
+}
+
 impl Pool {
+    /// Registers `region` as a window that other ranks write one-sided (HCCL's registration;
+    /// on the simulator, [`SimSource::register_window`]): its start and length must be
+    /// multiples of [`WINDOW_GRANULE`] (allocate it with [`Pool::alloc_device_aligned`]).
+    /// The returned window keeps the region until it is deregistered, so the region's
+    /// memory is never reused while a write may still land in it.
+    ///
+    /// # Errors
+    /// The region comes back in [`WindowRefused`] (`?` turns that into its error, freeing the
+    /// region) with:
+    /// - [`Error::ForeignHandle`] for a region of another source;
+    /// - [`Error::WrongKind`] for host memory;
+    /// - [`Error::Misaligned`] for a start or length off the 2 MiB granule, and
+    ///   [`Error::Invalid`] for memory of another device than this pool's or a window that
+    ///   overlaps one registered;
+    /// - [`Error::NotSupported`] on the real runtime, where the application's communicator
+    ///   registers windows.
+    pub fn register_window<R: Region>(
+        &self,
+        region: R,
+    ) -> std::result::Result<RegisteredWindow<R>, WindowRefused<R>> {
+        let checked = self.same_source(&region).and_then(|()| {
+            if region.kind().is_device() {
+                Ok(())
+            } else {
+                Err(Error::WrongKind {
+                    expected: "device",
+                    got: region.kind(),
+                })
+            }
+        });
+        // SAFETY: the window takes the region, and gives it back (or lets the pool have its
+        // memory) only once deregistered, after the writes queued into it have landed; until
+        // then nothing but reads through the window's `region()` touches the bytes.
+        let registered = checked.and_then(|()| unsafe {
+            self.source()
+                .register_window(self.config().device, region.addr(), region.len())
+        });
+        match registered {
+            Ok(()) => Ok(RegisteredWindow {
+                region: Some(region),
+            }),
+            Err(error) => Err(WindowRefused { error, region }),
+        }
+    }
+
     /// A communication thread whose writes run on `stream`, acquired from the block source.
     /// Only the simulator acquires threads; with the real runtime, the communicator does
     /// (see [`CommThread::from_raw`]), and this answers [`Error::NotSupported`].

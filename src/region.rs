@@ -216,7 +216,7 @@ impl Segment {
             .collect()
     }
 
-    fn source(&self) -> &Arc<dyn BlockSource> {
+    pub(crate) fn source(&self) -> &Arc<dyn BlockSource> {
         &self.pool().source
     }
 

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ascend_pool::comm::{CommThread, RemoteWindow, WINDOW_GRANULE};
+use ascend_pool::comm::{CommThread, RegisteredWindow, RemoteWindow, WINDOW_GRANULE};
 use ascend_pool::source::sim::{AclFunc, Fault, SimConfig, SimSource};
 use ascend_pool::source::vmm::VmmRuntime;
 use ascend_pool::source::{BlockSource, ChannelHandle, CommThreadHandle, MemcpyKind};
@@ -39,15 +39,18 @@ fn ranks() -> Ranks {
 
 impl Ranks {
     /// A window of `len` bytes registered by rank 1, and rank 0's view of it.
-    fn window(&self, len: u64) -> (DeviceRegion, RemoteWindow) {
+    fn window(&self, len: u64) -> (RegisteredWindow<DeviceRegion>, RemoteWindow) {
         let w = self
             .rank1
             .alloc_device_aligned(len, WINDOW_GRANULE)
             .unwrap();
-        self.sim.register_window(1, w.addr(), len).unwrap();
+        let w = self.rank1.register_window(w).unwrap();
         let channel = self.sim.acquire_channel(0, 1).unwrap();
         let far = RemoteWindow::of_sim(&self.sim, channel).unwrap();
-        let far = far.into_iter().find(|f| f.addr() == w.addr()).unwrap();
+        let far = far
+            .into_iter()
+            .find(|f| f.addr() == w.region().addr())
+            .unwrap();
         (w, far)
     }
 
@@ -100,11 +103,11 @@ fn writes_land_in_order_at_the_offsets_asked_for() {
         .write_remote(&thread, &far, end - 100, &a, 1000, 100)
         .unwrap();
     stream.synchronize().unwrap();
-    let got = read(&t.rank1, &window, 0, 96 * KIB);
+    let got = read(&t.rank1, window.region(), 0, 96 * KIB);
     assert!(got[..32 * KIB as usize].iter().all(|&x| x == 0xA1));
     assert!(got[32 * KIB as usize..].iter().all(|&x| x == 0xB2));
-    assert_eq!(read(&t.rank1, &window, end - 101, 1), [0]);
-    assert!(read(&t.rank1, &window, end - 100, 100)
+    assert_eq!(read(&t.rank1, window.region(), end - 101, 1), [0]);
+    assert!(read(&t.rank1, window.region(), end - 100, 100)
         .iter()
         .all(|&x| x == 0xA1));
     drop((a, b, window));
@@ -133,7 +136,9 @@ fn a_source_freed_after_the_call_is_not_reused_before_the_write_runs() {
     );
     hold.release();
     stream.synchronize().unwrap();
-    assert!(read(&t.rank1, &window, 0, len).iter().all(|&x| x == 0x5A));
+    assert!(read(&t.rank1, window.region(), 0, len)
+        .iter()
+        .all(|&x| x == 0x5A));
     drop((again, window));
     t.intact();
 }
@@ -280,18 +285,16 @@ fn the_simulator_refuses_what_the_communicator_would() {
     // Once deregistered, the window takes no more writes.
     t.rank0.write_remote(&thread, &far, 0, &src, 0, 64).unwrap();
     stream0.synchronize().unwrap();
-    t.sim.deregister_window(window.addr()).unwrap();
+    let region = window.into_region().unwrap();
     let code = refusal(t.rank0.write_remote(&thread, &far, 0, &src, 0, 64));
     assert_eq!(code, AclError::HCCL_E_PARA);
     assert!(matches!(
-        t.sim.deregister_window(window.addr()),
+        t.sim.deregister_window(region.addr()),
         Err(Error::Invalid(_))
     ));
 
     // A fault the runtime planned arrives as it is, and the pool keeps nothing.
-    t.sim
-        .register_window(1, window.addr(), WINDOW_GRANULE)
-        .unwrap();
+    let window = t.rank1.register_window(region).unwrap();
     t.sim
         .inject_fault(Fault::next(AclFunc::WriteOnThread, AclError::HCCL_E_PTR, 1));
     let code = refusal(t.rank0.write_remote(&thread, &far, 0, &src, 0, 64));
@@ -311,28 +314,25 @@ fn windows_follow_hccl_registration_rules() {
         .unwrap();
     let a = w.addr();
     let g = WINDOW_GRANULE;
+    // SAFETY (every registration below): nothing writes into these windows, and they are
+    // deregistered before `w` goes back to the pool.
+    let register = |device, addr, len| unsafe { t.sim.register_window(device, addr, len) };
     for (addr, len) in [(a + 64, g), (a, g + 32)] {
         assert!(matches!(
-            t.sim.register_window(1, addr, len),
+            register(1, addr, len),
             Err(Error::Misaligned { required, .. }) if required == g
         ));
     }
     for (device, addr, len) in [(1, a, 0), (0, a, g), (1, a, 4 * g), (1, 0x20_0000_0000, g)] {
         assert!(
-            matches!(
-                t.sim.register_window(device, addr, len),
-                Err(Error::Invalid(_))
-            ),
+            matches!(register(device, addr, len), Err(Error::Invalid(_))),
             "{device} {addr:#x} {len}"
         );
     }
     // Two windows side by side, then one over both.
-    t.sim.register_window(1, a, g).unwrap();
-    t.sim.register_window(1, a + g as usize, g).unwrap();
-    assert!(matches!(
-        t.sim.register_window(1, a, 2 * g),
-        Err(Error::Invalid(_))
-    ));
+    register(1, a, g).unwrap();
+    register(1, a + g as usize, g).unwrap();
+    assert!(matches!(register(1, a, 2 * g), Err(Error::Invalid(_))));
     let channel = t.sim.acquire_channel(0, 1).unwrap();
     assert_eq!(
         t.sim.channel_windows(channel).unwrap(),
@@ -355,6 +355,9 @@ fn windows_follow_hccl_registration_rules() {
     let stream = t.sim.create_stream(0).unwrap();
     t.sim.destroy_stream(stream).unwrap();
     assert!(t.sim.acquire_comm_thread(stream).is_err());
+    for at in [a, a + g as usize] {
+        t.sim.deregister_window(at).unwrap();
+    }
     drop(w);
     t.intact();
 }
@@ -387,7 +390,7 @@ fn a_wait_holds_the_far_ends_stream_until_the_record_behind_the_write() {
         .notify_wait_on_thread(th1.handle(), back, 2, 0)
         .unwrap();
     t.rank1
-        .copy_async(&mut copy, 0, &window, 0, 256 * KIB, &s1)
+        .copy_async(&mut copy, 0, window.region(), 0, 256 * KIB, &s1)
         .unwrap();
     std::thread::sleep(std::time::Duration::from_millis(50));
     assert_eq!(
@@ -551,26 +554,23 @@ fn dropping_the_simulator_ends_a_wait_queued_behind_an_endless_notification_wait
 }
 
 #[test]
-fn a_window_goes_with_the_memory_under_it() {
-    // Freed, its address taken by another region: a write through the old window is
-    // refused, and the new region keeps its bytes.
+fn a_window_goes_with_the_block_under_it() {
+    // The block under a window freed: a write through the old window is refused, whatever
+    // is allocated at its address next.
     let t = ranks();
-    let window = t
-        .rank1
-        .alloc_device_aligned(WINDOW_GRANULE, WINDOW_GRANULE)
+    let g = WINDOW_GRANULE;
+    let block = t
+        .sim
+        .alloc_block(1, ascend_pool::MemKind::DEVICE, 2 * g)
         .unwrap();
-    let at = window.addr();
-    t.sim.register_window(1, at, WINDOW_GRANULE).unwrap();
+    let at = block.addr.next_multiple_of(g as usize);
+    // SAFETY: nothing else uses the block; freeing it takes the window along.
+    unsafe { t.sim.register_window(1, at, g) }.unwrap();
     let channel = t.sim.acquire_channel(0, 1).unwrap();
     let far = RemoteWindow::of_sim(&t.sim, channel).unwrap().remove(0);
-    drop(window);
-    t.rank1.synchronize().unwrap();
-    t.rank1.trim();
+    t.sim.free_block(block).unwrap();
     assert!(RemoteWindow::of_sim(&t.sim, channel).unwrap().is_empty());
-    let mut victim = t
-        .rank1
-        .alloc_device_aligned(WINDOW_GRANULE, WINDOW_GRANULE)
-        .unwrap();
+    let mut victim = t.rank1.alloc_device_aligned(g, g).unwrap();
     t.rank1
         .copy_from_host(&mut victim, 0, &[0u8; 4096])
         .unwrap();
@@ -584,21 +584,10 @@ fn a_window_goes_with_the_memory_under_it() {
         matches!(&r, Err(e) if refused(e.clone()).0 == "HcommWriteOnThread"),
         "{r:?}"
     );
-    let mut seen = [0u8; 16];
-    t.rank1.copy_to_host(&victim, 0, &mut seen).unwrap();
-    assert_eq!(seen, [0; 16], "at {at:#x}: the new region was written");
-    // And a pool's drop takes its windows along.
-    let w = t
-        .rank1
-        .alloc_device_aligned(WINDOW_GRANULE, WINDOW_GRANULE)
-        .unwrap();
-    t.sim.register_window(1, w.addr(), WINDOW_GRANULE).unwrap();
-    drop((w, victim, src, thread));
+    assert_eq!(read(&t.rank1, &victim, 0, 16), [0; 16], "at {at:#x}");
+    drop((victim, src, thread));
     drop(stream);
-    let Ranks { sim, rank0, rank1 } = t;
-    drop((rank0, rank1));
-    assert_eq!(sim.stats().live_blocks, 0);
-    assert!(RemoteWindow::of_sim(&sim, channel).unwrap().is_empty());
+    t.intact();
 }
 
 /// One reservation holding a granule of device `first`'s physical memory and, right after
@@ -629,9 +618,10 @@ fn a_window_is_memory_of_its_rank_to_its_last_byte() {
     let t = ranks();
     let (va, undo) = joined(&t.sim, 1, 0);
     let g = WINDOW_GRANULE;
-    let r = t.sim.register_window(1, va, 2 * g);
+    // SAFETY (both): nothing writes into the window, deregistered before the unmap.
+    let r = unsafe { t.sim.register_window(1, va, 2 * g) };
     assert!(matches!(r, Err(Error::Invalid(_))), "{r:?}");
-    t.sim.register_window(1, va, g).unwrap();
+    unsafe { t.sim.register_window(1, va, g) }.unwrap();
     t.sim.deregister_window(va).unwrap();
     undo();
     t.intact();
@@ -713,7 +703,9 @@ fn a_write_never_lands_in_memory_mapped_where_a_window_was() {
     let mut written = None;
     while written.is_none() && start.elapsed() < Duration::from_secs(4) {
         sim.map(va, g, 0, window).unwrap();
-        sim.register_window(1, va, g).unwrap();
+        // SAFETY: the unmap right after takes the window along; the test is that no write
+        // checked against it lands in the memory mapped next.
+        unsafe { sim.register_window(1, va, g) }.unwrap();
         sim.unmap(va).unwrap();
         sim.map(va, g, 0, other).unwrap();
         sim.synchronize_stream(stream).unwrap();
@@ -816,7 +808,7 @@ fn a_window_of_another_simulator_is_refused() {
     // The window of its own simulator still goes through.
     t.rank0.write_remote(&thread, &far, 0, &src, 0, 64).unwrap();
     stream.synchronize().unwrap();
-    assert_eq!(read(&t.rank1, &window, 0, 64), vec![9; 64]);
+    assert_eq!(read(&t.rank1, window.region(), 0, 64), vec![9; 64]);
     drop((src, window, theirs));
     t.intact();
     u.intact();
@@ -840,9 +832,171 @@ fn a_pool_over_virtual_memory_writes_into_its_simulators_windows() {
     pool.copy_from_host(&mut src, 0, &[5; 64]).unwrap();
     pool.write_remote(&thread, &far, 128, &src, 0, 64).unwrap();
     stream.synchronize().unwrap();
-    assert_eq!(read(&t.rank1, &window, 128, 64), vec![5; 64]);
+    assert_eq!(read(&t.rank1, window.region(), 128, 64), vec![5; 64]);
     drop((src, window));
     pool.synchronize().unwrap();
     pool.validate().unwrap();
     t.intact();
+}
+
+#[test]
+fn a_registered_window_keeps_its_region_until_deregistered() {
+    // Before windows were registered through the pool, a region freed under its window went
+    // back to the pool while the simulator still took writes into it: the next region at
+    // that address was written by another rank.
+    let t = ranks();
+    let (window, far) = t.window(WINDOW_GRANULE);
+    let at = window.region().addr();
+    let stream = t.rank0.create_stream().unwrap();
+    let thread = t.rank0.acquire_comm_thread(&stream).unwrap();
+    let src = t.filled(4 * KIB, 0xab);
+    // The region is the window's: the pool gives its memory to no one else.
+    let other = t
+        .rank1
+        .alloc_device_aligned(WINDOW_GRANULE, WINDOW_GRANULE)
+        .unwrap();
+    assert_ne!(other.addr(), at);
+    drop(other);
+    t.rank0
+        .write_remote(&thread, &far, 0, &src, 0, 4 * KIB)
+        .unwrap();
+    stream.synchronize().unwrap();
+    let region = window.into_region().unwrap();
+    assert_eq!(read(&t.rank1, &region, 0, 4 * KIB), vec![0xab; 4096]);
+    assert!(RemoteWindow::of_sim(&t.sim, far.channel())
+        .unwrap()
+        .is_empty());
+    // Deregistered and freed: the memory may be the next region's, and the old window
+    // writes nothing into it.
+    drop(region);
+    let mut victim = t
+        .rank1
+        .alloc_device_aligned(WINDOW_GRANULE, WINDOW_GRANULE)
+        .unwrap();
+    t.rank1
+        .copy_from_host(&mut victim, 0, &[0u8; 4096])
+        .unwrap();
+    let r = t.rank0.write_remote(&thread, &far, 0, &src, 0, 4 * KIB);
+    stream.synchronize().unwrap();
+    assert_eq!(refusal(r), AclError::HCCL_E_PARA);
+    assert_eq!(read(&t.rank1, &victim, 0, 16), [0; 16]);
+    // A window dropped goes too.
+    let (window, far) = t.window(WINDOW_GRANULE);
+    drop(window);
+    assert!(RemoteWindow::of_sim(&t.sim, far.channel())
+        .unwrap()
+        .is_empty());
+    drop((victim, src, thread));
+    drop(stream);
+    t.intact();
+}
+
+#[test]
+fn deregistering_a_window_waits_for_the_writes_queued_into_it() {
+    let t = ranks();
+    let (window, far) = t.window(WINDOW_GRANULE);
+    let stream = t.rank0.create_stream().unwrap();
+    let thread = t.rank0.acquire_comm_thread(&stream).unwrap();
+    let src = t.filled(64 * KIB, 0x3c);
+    let hold = t.sim.hold_stream(stream.handle()).unwrap();
+    t.rank0
+        .write_remote(&thread, &far, 0, &src, 0, 64 * KIB)
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let back = std::thread::spawn(move || {
+        let region = window.into_region();
+        tx.send(()).unwrap();
+        region
+    });
+    let early = rx.recv_timeout(Duration::from_millis(300)).is_ok();
+    hold.release();
+    assert!(!early, "the window was deregistered before its write ran");
+    let region = back.join().unwrap().unwrap();
+    // The write landed before the region came back.
+    assert_eq!(
+        read(&t.rank1, &region, 0, 64 * KIB),
+        vec![0x3c; 64 * KIB as usize]
+    );
+    drop((region, src, thread));
+    drop(stream);
+    t.intact();
+}
+
+#[test]
+fn register_window_refuses_what_cannot_be_a_window_and_gives_the_region_back() {
+    let t = ranks();
+    // Off the 2 MiB granule.
+    let small = t.rank1.alloc_device(4 * KIB).unwrap();
+    let refused = t.rank1.register_window(small).unwrap_err();
+    assert!(
+        matches!(refused.error, Error::Misaligned { required, .. } if required == WINDOW_GRANULE),
+        "{:?}",
+        refused.error
+    );
+    let mut small = refused.region;
+    t.rank1.copy_from_host(&mut small, 0, &[1; 16]).unwrap();
+    // Host memory.
+    let host = t.rank1.alloc_host(WINDOW_GRANULE).unwrap();
+    let refused = t.rank1.register_window(host).unwrap_err();
+    assert!(matches!(refused.error, Error::WrongKind { .. }));
+    drop(refused);
+    // Another rank's memory, and a region of another simulator.
+    let theirs = t
+        .rank1
+        .alloc_device_aligned(WINDOW_GRANULE, WINDOW_GRANULE)
+        .unwrap();
+    let refused = t.rank0.register_window(theirs).unwrap_err();
+    assert!(
+        matches!(refused.error, Error::Invalid(_)),
+        "{:?}",
+        refused.error
+    );
+    let theirs = refused.region;
+    let u = ranks();
+    let foreign = u
+        .rank1
+        .alloc_device_aligned(WINDOW_GRANULE, WINDOW_GRANULE)
+        .unwrap();
+    let refused = t.rank1.register_window(foreign).unwrap_err();
+    assert!(matches!(refused.error, Error::ForeignHandle));
+    drop(refused);
+    // Twice over the same memory cannot happen (the window holds the region), but two
+    // windows over one range can be tried through the simulator: refused.
+    let window = t.rank1.register_window(theirs).unwrap();
+    let at = window.region().addr();
+    // SAFETY: refused, so nothing is registered.
+    let r = unsafe { t.sim.register_window(1, at, WINDOW_GRANULE) };
+    assert!(matches!(r, Err(Error::Invalid(_))), "{r:?}");
+    // `?` takes the error alone.
+    let via_question_mark = || -> Result<(), Error> {
+        t.rank1.register_window(t.rank1.alloc_device(64)?)?;
+        Ok(())
+    };
+    assert!(matches!(via_question_mark(), Err(Error::Misaligned { .. })));
+    drop((window, small));
+    t.intact();
+    u.intact();
+}
+
+#[test]
+fn a_forgotten_window_keeps_its_memory_for_ever() {
+    // Leaked, the window stays registered: its region must never go back to the pool.
+    let t = ranks();
+    let (window, far) = t.window(WINDOW_GRANULE);
+    let at = window.region().addr();
+    std::mem::forget(window);
+    for _ in 0..4 {
+        let r = t
+            .rank1
+            .alloc_device_aligned(WINDOW_GRANULE, WINDOW_GRANULE)
+            .unwrap();
+        assert_ne!(r.addr(), at);
+    }
+    t.rank1.synchronize().unwrap();
+    t.rank1.trim();
+    assert_eq!(
+        RemoteWindow::of_sim(&t.sim, far.channel()).unwrap().len(),
+        1
+    );
+    assert_eq!(t.rank1.leak_report().len(), 1);
 }

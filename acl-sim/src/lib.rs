@@ -13,7 +13,8 @@
 //! `HcommWriteOnThread` and the channels' notifications (`HcommChannelNotifyRecordOnThread`,
 //! `HcommChannelNotifyWaitOnThread`), over the simulator's communicator of one rank per device, and three
 //! functions of its own to set that communicator up (`ascendSimAcquireThread`,
-//! `ascendSimAcquireChannel`, `ascendSimRegisterWindow`), which no real library has.
+//! `ascendSimAcquireChannel`, `ascendSimRegisterWindow`, `ascendSimDeregisterWindow`), which no
+//! real library has.
 //!
 //! Behaviour beyond the simulator's own:
 //! - `aclInit` answers `ACL_ERROR_REPEAT_INITIALIZE` (100002) when already initialised;
@@ -1033,11 +1034,28 @@ pub unsafe extern "C" fn ascendSimAcquireChannel(
 /// Simulator only: registers `len` bytes at `addr`, device memory of `device`, as a window
 /// other ranks may write; start and length must be multiples of 2 MiB. Returns an
 /// `HcclResult` (`HCCL_E_PARA` for any refusal).
+///
+/// # Safety
+/// As for HCCL's registration: the caller keeps the memory for the window alone until
+/// the window is deregistered (or the memory freed with `aclrtFree`).
 #[no_mangle]
 pub unsafe extern "C" fn ascendSimRegisterWindow(device: i32, addr: *mut c_void, len: u64) -> i32 {
     hccl_code(run(|s| {
+        // SAFETY: the C caller keeps the memory for the window, as this function's
+        // contract (HCCL's) asks.
+        unsafe { s.sim.register_window(device, addr as usize, len) }
+            .map_err(|_| AclError::HCCL_E_PARA.0)
+    }))
+}
+
+/// Simulator only: deregisters the window registered at `addr`, once the writes queued into
+/// it have landed; the memory may then go to another use. Returns an `HcclResult`
+/// (`HCCL_E_PARA` when no window starts at `addr`).
+#[no_mangle]
+pub extern "C" fn ascendSimDeregisterWindow(addr: *mut c_void) -> i32 {
+    hccl_code(run(|s| {
         s.sim
-            .register_window(device, addr as usize, len)
+            .deregister_window(addr as usize)
             .map_err(|_| AclError::HCCL_E_PARA.0)
     }))
 }

@@ -217,6 +217,32 @@ pub trait BlockSource: Send + Sync + std::fmt::Debug {
         })
     }
 
+    /// Registers `len` bytes at `addr`, device memory of `device`, as a window other ranks
+    /// write one-sided. Only the simulator registers windows itself; on the real runtime the
+    /// application's communicator does. The default answers
+    /// [`Error::NotSupported`](crate::Error::NotSupported).
+    ///
+    /// # Safety
+    /// Nothing else may use the bytes until [`deregister_window`](Self::deregister_window)
+    /// has returned (see [`SimSource::register_window`](sim::SimSource::register_window)).
+    #[doc(hidden)]
+    unsafe fn register_window(&self, device: DeviceId, addr: usize, len: u64) -> Result<()> {
+        let _ = (device, addr, len);
+        Err(crate::Error::NotSupported {
+            func: "ascendSimRegisterWindow",
+        })
+    }
+
+    /// Deregisters the window registered at `addr`, once the writes queued into it have
+    /// landed. The default answers [`Error::NotSupported`](crate::Error::NotSupported).
+    #[doc(hidden)]
+    fn deregister_window(&self, addr: usize) -> Result<()> {
+        let _ = addr;
+        Err(crate::Error::NotSupported {
+            func: "ascendSimDeregisterWindow",
+        })
+    }
+
     /// Queues a one-sided write of `len` bytes from `src`, memory of this process, to `dst`,
     /// memory of the remote rank `channel` leads to, on the stream `thread` runs on
     /// (`HcommWriteOnThread`). Returns once queued. The default answers

@@ -802,6 +802,16 @@ impl<R: VmmRuntime + 'static> BlockSource for VmmSource<R> {
         self.runtime.acquire_comm_thread(stream)
     }
 
+    unsafe fn register_window(&self, device: DeviceId, addr: usize, len: u64) -> Result<()> {
+        // SAFETY: the caller upholds the contract, which is the runtime's: mapped ranges are
+        // the runtime's own memory.
+        unsafe { self.runtime.register_window(device, addr, len) }
+    }
+
+    fn deregister_window(&self, addr: usize) -> Result<()> {
+        self.runtime.deregister_window(addr)
+    }
+
     fn simulator_id(&self) -> Option<u64> {
         self.runtime.simulator_id()
     }

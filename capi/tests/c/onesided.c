@@ -24,6 +24,7 @@ enum { WINDOW = 2 << 20, LEN = 8192 };
 typedef int32_t (*acquire_thread_fn)(void *stream, uint64_t *thread);
 typedef int32_t (*acquire_channel_fn)(int32_t local, int32_t remote, uint64_t *channel);
 typedef int32_t (*register_window_fn)(int32_t device, void *addr, uint64_t len);
+typedef int32_t (*deregister_window_fn)(void *addr);
 typedef int32_t (*notify_record_fn)(uint64_t thread, uint64_t channel, uint32_t idx);
 typedef int32_t (*notify_wait_fn)(uint64_t thread, uint64_t channel, uint32_t idx,
                                   uint32_t timeout_ms);
@@ -40,10 +41,13 @@ int main(void) {
         (acquire_channel_fn)dlsym(lib, "ascendSimAcquireChannel");
     register_window_fn register_window =
         (register_window_fn)dlsym(lib, "ascendSimRegisterWindow");
+    deregister_window_fn deregister_window =
+        (deregister_window_fn)dlsym(lib, "ascendSimDeregisterWindow");
     notify_record_fn notify_record =
         (notify_record_fn)dlsym(lib, "HcommChannelNotifyRecordOnThread");
     notify_wait_fn notify_wait = (notify_wait_fn)dlsym(lib, "HcommChannelNotifyWaitOnThread");
-    CHECK(acquire_thread && acquire_channel && register_window && notify_record && notify_wait);
+    CHECK(acquire_thread && acquire_channel && register_window && deregister_window &&
+          notify_record && notify_wait);
     if (failures) return 1;
 
     ap_pool rank0 = 0, rank1 = 0;
@@ -148,6 +152,12 @@ int main(void) {
     EXPECT(ap_stream_native(rank0, stream, NULL), AP_ERR_NULL_ARGUMENT);
     EXPECT(ap_stream_native(rank0, stream + 1000, &native), AP_ERR_BAD_STREAM);
 
+    /* Deregistered (once the writes queued into it have landed), the window takes no more
+     * writes, and its region may go back to the pool. */
+    CHECK(deregister_window((void *)(uintptr_t)info.addr) == 0);
+    CHECK(deregister_window((void *)(uintptr_t)info.addr) == 1); /* HCCL_E_PARA: none there */
+    EXPECT(ap_write_remote(rank0, thread, stream, channel, a, WINDOW, 0, device, 0, 64),
+           AP_ERR_RUNTIME);
     EXPECT(ap_free(rank0, host), AP_OK);
     EXPECT(ap_free(rank0, device), AP_OK);
     EXPECT(ap_free(rank1, window), AP_OK);

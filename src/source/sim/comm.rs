@@ -27,7 +27,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use super::stream::{Notify, Op};
@@ -52,6 +52,54 @@ struct Channel {
     notifies: u32,
 }
 
+/// A registered window: its rank, its length, and the writes queued into it.
+#[derive(Debug)]
+struct Window {
+    device: DeviceId,
+    len: u64,
+    landing: Arc<Landing>,
+}
+
+/// The writes queued into one window that have neither run nor been dropped with their
+/// stream: the window's deregistration returns once there are none, so memory let go of
+/// after it takes no late write.
+#[derive(Debug, Default)]
+pub(super) struct Landing {
+    queued: Mutex<usize>,
+    landed: Condvar,
+}
+
+impl Landing {
+    /// Counts one more write queued into the window.
+    fn inbound(self: &Arc<Self>) -> Inbound {
+        *lock(&self.queued) += 1;
+        Inbound(Arc::clone(self))
+    }
+
+    /// Waits until every write counted has run or been dropped.
+    fn wait_landed(&self) {
+        let mut queued = lock(&self.queued);
+        while *queued > 0 {
+            queued = self
+                .landed
+                .wait(queued)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+    }
+}
+
+/// One write queued into a window, counted in its [`Landing`] until the op carrying it has
+/// run or has been dropped.
+#[derive(Debug)]
+pub(super) struct Inbound(Arc<Landing>);
+
+impl Drop for Inbound {
+    fn drop(&mut self) {
+        *lock(&self.0.queued) -= 1;
+        self.0.landed.notify_all();
+    }
+}
+
 /// Threads, channels and windows of the simulated communicator.
 #[derive(Debug, Default)]
 pub(super) struct CommState {
@@ -64,8 +112,8 @@ pub(super) struct CommState {
     /// channel from `a` to `b` and a wait through a channel from `b` to `a` meet at
     /// `(b, a, index)`. Made when first used.
     notifies: HashMap<(DeviceId, DeviceId, u32), Arc<Notify>>,
-    /// Registered windows by start address: `(device, len)`. Windows never overlap.
-    windows: BTreeMap<usize, (DeviceId, u64)>,
+    /// Registered windows by start address. Windows never overlap.
+    windows: BTreeMap<usize, Window>,
     /// Last thread or channel id handed out (0 is never one).
     last_id: u64,
 }
@@ -98,7 +146,7 @@ impl CommState {
             .windows
             .range(..end as usize)
             .rev()
-            .take_while(|(&s, &(_, l))| s as u64 + l > addr as u64)
+            .take_while(|(&s, w)| s as u64 + w.len > addr as u64)
             .map(|(&s, _)| s)
             .collect();
         for s in gone {
@@ -106,13 +154,13 @@ impl CommState {
         }
     }
 
-    /// Whether `addr..addr + len` lies inside one window registered by `device`.
-    fn in_window(&self, device: DeviceId, addr: usize, len: u64) -> bool {
-        let Some((&start, &(owner, wlen))) = self.windows.range(..=addr).next_back() else {
-            return false;
-        };
+    /// When `addr..addr + len` lies inside one window registered by `device`, a write into
+    /// it counted in that window's [`Landing`].
+    fn write_into(&self, device: DeviceId, addr: usize, len: u64) -> Option<Inbound> {
+        let (&start, w) = self.windows.range(..=addr).next_back()?;
         let offset = (addr - start) as u64;
-        owner == device && offset.checked_add(len).is_some_and(|end| end <= wlen)
+        (w.device == device && offset.checked_add(len).is_some_and(|end| end <= w.len))
+            .then(|| w.landing.inbound())
     }
 }
 
@@ -122,13 +170,23 @@ impl SimSource {
     /// [`deregister_window`](Self::deregister_window), or until the memory under it is
     /// freed or unmapped: later writes are refused, whatever is allocated there next.
     ///
+    /// The simulator sees blocks, not what a pool carves from them: a pool's region is
+    /// registered with [`Pool::register_window`](crate::Pool::register_window), which keeps
+    /// the region alive while it is registered.
+    ///
+    /// # Safety
+    /// Other ranks write the window's bytes whenever their streams reach a write: until
+    /// `deregister_window` has returned, nothing else may use them, and the memory must
+    /// not be handed to another use (a pool region over it freed, for one), since the
+    /// window outlives the region but not the block.
+    ///
     /// # Errors
     /// [`Error::Misaligned`] when `addr` or `len` is not a multiple of 2 MiB (HCCL's rule);
     /// [`Error::Invalid`] when `len` is 0, the range is not live device memory of `device`,
     /// or it overlaps a window already registered.
     ///
     /// [`BlockSource::write_on_thread`]: crate::source::BlockSource::write_on_thread
-    pub fn register_window(&self, device: DeviceId, addr: usize, len: u64) -> Result<()> {
+    pub unsafe fn register_window(&self, device: DeviceId, addr: usize, len: u64) -> Result<()> {
         // In a child made by `fork`, before any lock: a parent's thread may have held one.
         self.ours()?;
         for value in [addr as u64, len] {
@@ -156,25 +214,35 @@ impl SimSource {
         let mut comm = lock(&self.comm);
         let end = addr as u64 + len;
         let before = comm.windows.range(..end as usize).next_back();
-        if before.is_some_and(|(&s, &(_, l))| s as u64 + l > addr as u64) {
+        if before.is_some_and(|(&s, w)| s as u64 + w.len > addr as u64) {
             return Err(Error::Invalid(format!(
                 "the window at {addr:#x} overlaps one already registered"
             )));
         }
-        comm.windows.insert(addr, (device, len));
+        let landing = Arc::default();
+        comm.windows.insert(
+            addr,
+            Window {
+                device,
+                len,
+                landing,
+            },
+        );
         Ok(())
     }
 
-    /// Removes the window registered at `addr`; writes into it are refused from now on.
-    /// Writes already queued still land. Fails with [`Error::Invalid`] when no window
-    /// starts at `addr`.
+    /// Removes the window registered at `addr`: writes into it are refused from now on,
+    /// and those already queued land before this returns (it waits for them, holding no
+    /// lock: a write queued behind a notification wait waits for the notification too).
+    /// Fails with [`Error::Invalid`] when no window starts at `addr`.
     pub fn deregister_window(&self, addr: usize) -> Result<()> {
         self.ours()?;
-        lock(&self.comm)
+        let window = lock(&self.comm)
             .windows
             .remove(&addr)
-            .map(|_| ())
-            .ok_or_else(|| Error::Invalid(format!("no window is registered at {addr:#x}")))
+            .ok_or_else(|| Error::Invalid(format!("no window is registered at {addr:#x}")))?;
+        window.landing.wait_landed();
+        Ok(())
     }
 
     /// A channel from rank `local` to rank `remote` (two simulated devices), as
@@ -226,8 +294,8 @@ impl SimSource {
         Ok(comm
             .windows
             .iter()
-            .filter(|(_, &(device, _))| device == remote)
-            .map(|(&start, &(_, len))| (start, len))
+            .filter(|(_, w)| w.device == remote)
+            .map(|(&start, w)| (start, w.len))
             .collect())
     }
 
@@ -268,15 +336,16 @@ impl SimSource {
             }
             let count = usize::try_from(len).map_err(|_| AclError::HCCL_E_PARA)?;
             let mut keep = Vec::with_capacity(2);
-            {
+            let inbound = {
                 let mem = lock(&self.mem);
                 // The window is looked up under the memory lock (lock order: `mem`, then
                 // `comm`): a free or an unmap drops the windows on its memory under that
                 // lock, so the memory found below is the window's, not memory mapped at
-                // the same address after the window went.
-                if !lock(&self.comm).in_window(remote, dst, len) {
-                    return Err(AclError::HCCL_E_PARA);
-                }
+                // the same address after the window went. The write is counted from here
+                // on, so a deregistration after this waits for it.
+                let inbound = lock(&self.comm)
+                    .write_into(remote, dst, len)
+                    .ok_or(AclError::HCCL_E_PARA)?;
                 mem.range(src, len, true, &mut keep)
                     .map_err(|_| AclError::HCCL_E_PARA)?;
                 mem.range(dst, len, true, &mut keep)
@@ -286,13 +355,15 @@ impl SimSource {
                 if !mem.all_on_device(src, len, local) || !mem.all_on_device(dst, len, remote) {
                     return Err(AclError::HCCL_E_PARA);
                 }
-            }
+                inbound
+            };
             let op = Op::Copy {
                 dst,
                 src,
                 count,
                 cost: self.config.cost(len),
                 keep,
+                inbound: Some(inbound),
             };
             s.push(op).then_some(()).ok_or(AclError::HCCL_E_NOT_FOUND)
         })

@@ -1178,6 +1178,7 @@ impl BlockSource for SimSource {
                 count: n,
                 cost: self.config.cost(count),
                 keep,
+                inbound: None,
             };
             s.push(op).then_some(()).ok_or(AclError::RT_INVALID_HANDLE)
         })
@@ -1221,6 +1222,15 @@ impl BlockSource for SimSource {
 
     fn acquire_comm_thread(&self, stream: StreamHandle) -> Result<CommThreadHandle> {
         self.comm_thread(stream)
+    }
+
+    unsafe fn register_window(&self, device: DeviceId, addr: usize, len: u64) -> Result<()> {
+        // SAFETY: the caller upholds the contract, which is the same.
+        unsafe { SimSource::register_window(self, device, addr, len) }
+    }
+
+    fn deregister_window(&self, addr: usize) -> Result<()> {
+        SimSource::deregister_window(self, addr)
     }
 
     unsafe fn write_on_thread(

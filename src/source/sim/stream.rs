@@ -15,6 +15,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use super::comm::Inbound;
 use super::mapping::{copy_bytes, fill_bytes, Mapping};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -35,6 +36,8 @@ pub(super) enum Op {
         cost: Duration,
         /// The simulator blocks the copy touches, kept mapped until it has run.
         keep: Vec<Arc<Mapping>>,
+        /// A one-sided write's count in its window, released once the bytes have landed.
+        inbound: Option<Inbound>,
     },
     /// Fills `count` bytes at `dst` with `value`, taking `cost` first.
     Fill {
@@ -75,13 +78,14 @@ impl Op {
                 count,
                 cost,
                 keep,
+                inbound,
             } => {
                 sleep(cost);
                 // SAFETY: the simulator checked at enqueue time that every device-side range
                 // lies inside a live block, and `keep` holds those blocks mapped until now;
                 // host-side ranges are valid by the `memcpy_async` contract the caller accepted.
                 unsafe { copy_bytes(dst, src, count) };
-                drop(keep);
+                drop((keep, inbound));
             }
             Op::Fill {
                 dst,
