@@ -194,7 +194,13 @@ impl Segment {
     /// pool's device ([`Error::ForeignHandle`] otherwise, see
     /// [`record_stream`](Self::record_stream)).
     pub(crate) fn takes_stream(&self, stream: &Stream) -> Result<()> {
-        stream.belongs_to(self.source(), self.pool().config.device)
+        stream.belongs_to(self.source(), self.device())
+    }
+
+    /// The device of the pool the segment came from (for host memory, the device it was
+    /// pinned for).
+    fn device(&self) -> DeviceId {
+        self.pool().config.device
     }
 
     /// [`record_stream`](Self::record_stream) for a stream already checked to be this
@@ -623,6 +629,11 @@ impl Pool {
     }
 
     /// Copies `len` bytes between regions and waits.
+    ///
+    /// Device memory of two devices (regions of pools of one source for two devices) is
+    /// refused with [`Error::ForeignHandle`], as [`Pool::copy_async`] refuses it: the runtime
+    /// copies between two devices only once peer access is enabled between them, which the
+    /// pool never does. Either side may be host memory of any pool of the source.
     pub fn copy(
         &self,
         dst: &mut impl Region,
@@ -633,6 +644,12 @@ impl Pool {
     ) -> Result<()> {
         self.same_source(dst)?;
         self.same_source(src)?;
+        if dst.kind().is_device()
+            && src.kind().is_device()
+            && dst.segment().device() != src.segment().device()
+        {
+            return Err(Error::ForeignHandle);
+        }
         check_bounds(dst_offset, len, dst.len())?;
         check_bounds(src_off, len, src.len())?;
         dst.segment().settle_streams_for_host()?;

@@ -6,6 +6,8 @@ use ascend_pool::source::sim::{SimConfig, SimSource};
 
 conformance_suite!(|capacity| {
     let config = SimConfig::default()
+        // A second device, for the rules on copies between two devices of one source.
+        .with_devices(2)
         .with_device_capacity(capacity)
         .with_host_capacity(capacity)
         .with_dvpp_limit(capacity)

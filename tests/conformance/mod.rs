@@ -214,6 +214,49 @@ macro_rules! conformance_suite {
             assert!(a.leak_report().is_empty() && b.leak_report().is_empty());
         }
 
+        /// Device memory of two devices of one source: the runtime copies between them only
+        /// once peer access is enabled, which the pool never does, so the synchronous copy
+        /// refuses such a pair as the asynchronous one does, with the same error, and nothing
+        /// reaches the runtime. Within one device, and to or from the host, copies between the
+        /// two pools' regions run. A source of one device (virtual memory) has no second.
+        #[test]
+        fn copies_between_two_devices_are_refused_sync_as_async() {
+            let shared = source(256 << 20);
+            if shared.only_device().is_some() {
+                return;
+            }
+            let a = Pool::new(Arc::clone(&shared), PoolConfig::default()).unwrap();
+            let b = Pool::new(shared, PoolConfig::default().with_device(1)).unwrap();
+            let mut on0 = a.alloc_device(256).unwrap();
+            let mut on1 = b.alloc_device(256).unwrap();
+            let mut dvpp1 = b.alloc_dvpp(256).unwrap();
+            let mut host0 = a.alloc_host(256).unwrap();
+            a.copy_from_host(&mut on0, 0, &[1; 256]).unwrap();
+            b.copy_from_host(&mut on1, 0, &[2; 256]).unwrap();
+            let stream = a.create_stream().unwrap();
+            assert!(matches!(a.copy_async(&mut on0, 0, &on1, 0, 64, &stream), Err(Error::ForeignHandle)));
+            for pool in [&a, &b] {
+                assert!(matches!(pool.copy(&mut on0, 0, &on1, 0, 64), Err(Error::ForeignHandle)));
+                assert!(matches!(pool.copy(&mut on1, 0, &on0, 0, 64), Err(Error::ForeignHandle)));
+                assert!(matches!(pool.copy(&mut dvpp1, 0, &on0, 0, 64), Err(Error::ForeignHandle)));
+            }
+            let mut out = [0u8; 256];
+            a.copy_to_host(&on0, 0, &mut out).unwrap();
+            assert_eq!(out, [1; 256], "nothing was copied into device 0");
+            b.copy_to_host(&on1, 0, &mut out).unwrap();
+            assert_eq!(out, [2; 256], "nothing was copied into device 1");
+            a.copy(&mut dvpp1, 0, &on1, 0, 256).unwrap();
+            b.copy_to_host(&dvpp1, 0, &mut out).unwrap();
+            assert_eq!(out, [2; 256]);
+            b.copy(&mut host0, 0, &on1, 0, 256).unwrap();
+            assert_eq!(host0.as_slice(), &[2; 256][..]);
+            drop((on0, on1, dvpp1, host0));
+            stream.synchronize().unwrap();
+            a.validate().unwrap();
+            b.validate().unwrap();
+            assert!(a.leak_report().is_empty() && b.leak_report().is_empty());
+        }
+
         #[test]
         fn exhaustion_trims_retries_then_reports() {
             let pool = pool_with(256 << 20, PoolConfig::default().with_chunk_size(32 << 20));
