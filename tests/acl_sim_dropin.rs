@@ -510,6 +510,75 @@ fn the_host_side_of_a_copy_is_checked_when_it_is_a_block_of_the_runtime() {
 }
 
 #[test]
+fn inner_and_inter_device_copies_check_the_devices_of_both_sides() {
+    // ACL_MEMCPY_INNER_DEVICE_TO_DEVICE (6) is a copy within one device and
+    // ACL_MEMCPY_INTER_DEVICE_TO_DEVICE (7) one between two: both used to be taken as plain
+    // device-to-device copies, whatever devices the two sides were on.
+    // SAFETY: the drop-in's initialisers have no preconditions.
+    let lib = unsafe { libloading::Library::new(dropin()) }.unwrap();
+    // SAFETY: resolving symbols only.
+    let api = unsafe { sys::AclApi::from_library(lib) }.unwrap();
+    let (set, malloc, free, memcpy, memcpy_async) = (
+        api.aclrtSetDevice.as_ref().unwrap(),
+        api.aclrtMalloc.as_ref().unwrap(),
+        api.aclrtFree.as_ref().unwrap(),
+        api.aclrtMemcpy.as_ref().unwrap(),
+        api.aclrtMemcpyAsync.as_ref().unwrap(),
+    );
+    let (create, sync, destroy) = (
+        api.aclrtCreateStream.as_ref().unwrap(),
+        api.aclrtSynchronizeStream.as_ref().unwrap(),
+        api.aclrtDestroyStream.as_ref().unwrap(),
+    );
+    let (inner, inter) = (
+        sys::ACL_MEMCPY_INNER_DEVICE_TO_DEVICE,
+        sys::ACL_MEMCPY_INTER_DEVICE_TO_DEVICE,
+    );
+    let bad = sys::ACL_ERROR_INVALID_PARAM;
+    let n = 4096;
+    let host = vec![0u8; n];
+    // SAFETY: every range passed lies in a live block of `n` bytes of the drop-in (or in
+    // `host`, refused before it is touched); the stream is synchronized before the frees.
+    unsafe {
+        let mut on0 = [std::ptr::null_mut(); 2];
+        let mut on1 = std::ptr::null_mut();
+        assert_eq!(set(0), 0);
+        for p in &mut on0 {
+            assert_eq!(malloc(p, n, 0), 0);
+        }
+        assert_eq!(set(1), 0);
+        assert_eq!(malloc(&mut on1, n, 0), 0);
+        let mut stream = std::ptr::null_mut();
+        assert_eq!(create(&mut stream), 0);
+        let [a, b] = on0;
+        for (dst, src, kind, want) in [
+            (a, b, inner, 0),
+            (on1, a, inner, bad),
+            (a, on1, inner, bad),
+            (on1, a, inter, 0),
+            (a, on1, inter, 0),
+            (a, b, inter, bad),
+            (a, host.as_ptr().cast_mut().cast(), inner, bad),
+            (a, host.as_ptr().cast_mut().cast(), inter, bad),
+        ] {
+            let src = src.cast_const();
+            assert_eq!(
+                memcpy(dst, n, src, n, kind),
+                want,
+                "aclrtMemcpy kind {kind}"
+            );
+            let queued = memcpy_async(dst, n, src, n, kind, stream);
+            assert_eq!(queued, want, "aclrtMemcpyAsync kind {kind}");
+        }
+        assert_eq!(sync(stream), 0);
+        assert_eq!(destroy(stream), 0);
+        for p in [a, b, on1] {
+            assert_eq!(free(p), 0);
+        }
+    }
+}
+
+#[test]
 fn a_device_set_behind_the_source_s_back_is_set_again() {
     // The source remembers per thread which device it made current; the application (or
     // another library) may set another one on the thread since. The source used to trust

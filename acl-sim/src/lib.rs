@@ -24,6 +24,10 @@
 //! - A null stream is the current device's default stream, created on first use.
 //! - Freeing an address that does not start a live block, or with the wrong free function,
 //!   is `ACL_ERROR_RT_MEMORY_FREE`.
+//! - `ACL_MEMCPY_INNER_DEVICE_TO_DEVICE` (6) and `ACL_MEMCPY_INTER_DEVICE_TO_DEVICE` (7) are
+//!   device-to-device copies whose two sides must be on one device (6) or on two (7), else
+//!   `ACL_ERROR_INVALID_PARAM`; `ACL_MEMCPY_DEVICE_TO_DEVICE` (3) takes either (peer access
+//!   is not simulated).
 //! - A panic inside the simulator is caught and answered `ACL_ERROR_INTERNAL_ERROR`.
 //! - In a child made by `fork` of a process that used the library, every call is
 //!   `ACL_ERROR_RT_FAILURE`, as the simulator answers it.
@@ -211,6 +215,29 @@ fn copy_kind(raw: u32) -> Result<MemcpyKind, i32> {
 }
 
 impl DropIn {
+    /// The devices the two sides of a copy of raw kind `raw` are on, as the kinds that name
+    /// them require: INNER_DEVICE_TO_DEVICE (6) one device, INTER_DEVICE_TO_DEVICE (7) two.
+    /// A pair on the wrong devices is `ACL_ERROR_INVALID_PARAM`, like a side of the wrong
+    /// kind; a side that is no device memory of the runtime is left to the simulator's checks
+    /// of a device-to-device copy, which refuse it.
+    fn check_devices(&self, raw: u32, dst: usize, src: usize) -> AclResult {
+        let same = match raw {
+            6 => true,
+            7 => false,
+            _ => return Ok(()),
+        };
+        let device = |addr| {
+            self.sim
+                .block_containing(addr)
+                .filter(|b| b.kind.is_device())
+                .map(|b| b.device)
+        };
+        match (device(dst), device(src)) {
+            (Some(d), Some(s)) if (d == s) != same => Err(INVALID_PARAM),
+            _ => Ok(()),
+        }
+    }
+
     fn alloc(
         &self,
         out: *mut *mut c_void,
@@ -398,6 +425,7 @@ pub unsafe extern "C" fn aclrtMemcpy(
     kind: u32,
 ) -> c_int {
     run(|s| {
+        s.check_devices(kind, dst as usize, src as usize)?;
         let kind = copy_kind(kind)?;
         // SAFETY: the caller's contract (AscendCL's) makes both ranges valid.
         acl(unsafe {
@@ -423,6 +451,7 @@ pub unsafe extern "C" fn aclrtMemcpyAsync(
     stream: *mut c_void,
 ) -> c_int {
     run(|s| {
+        s.check_devices(kind, dst as usize, src as usize)?;
         let kind = copy_kind(kind)?;
         let stream = s.stream(stream)?;
         // SAFETY: the caller's contract makes both ranges valid until the stream passes them.
