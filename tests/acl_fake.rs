@@ -218,7 +218,7 @@ fn optional_functions_are_not_supported_not_load_failures() {
         "aclrtMallocPhysical",
     );
     not_supported(acl.bare_tgid().map(|_| ()), "aclrtDeviceGetBareTgid");
-    not_supported(acl.alloc_buf(64, false).map(|_| ()), "acltdtAllocBuf");
+    not_supported(acl.alloc_buf(0, 64, false).map(|_| ()), "acltdtAllocBuf");
 }
 
 #[test]

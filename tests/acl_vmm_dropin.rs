@@ -190,7 +190,7 @@ fn a_pool_over_vmm_over_acl_grows_in_place_and_shares() {
 fn shared_buffers_through_the_c_api() {
     let acl = open();
     for dvpp in [false, true] {
-        let buf = acl.alloc_buf(1000, dvpp).unwrap();
+        let buf = acl.alloc_buf(0, 1000, dvpp).unwrap();
         let (addr, size) = acl.buf_data(buf).unwrap();
         assert_eq!(size, 1000);
         assert_eq!(addr % if dvpp { 128 } else { 64 }, 0);
@@ -247,7 +247,31 @@ fn shared_buffers_through_the_c_api() {
         );
     }
     assert_eq!(
-        code(acl.alloc_buf(0, false)),
+        code(acl.alloc_buf(0, 0, false)),
         ("acltdtAllocBuf", AclError::INVALID_PARAM)
     );
+}
+
+#[test]
+fn a_shared_buffer_is_allocated_on_the_device_asked_for() {
+    // acltdtAllocBuf allocates on the calling thread's current device. The source used to
+    // call it on whatever device that was (the application's, or the last one the source
+    // used), so a buffer for one device landed on another. Devices 4 and 5 are this test's
+    // alone: no other test here moves their free bytes.
+    let acl = open();
+    let free = |device| acl.mem_info(device, MemKind::DEVICE).unwrap().0;
+    for dvpp in [false, true] {
+        let before = (free(4), free(5));
+        // The application's device is current on this thread.
+        acl.use_device(4).unwrap();
+        let buf = acl.alloc_buf(5, 1 << 20, dvpp).unwrap();
+        assert_eq!(
+            free(4),
+            before.0,
+            "dvpp {dvpp}: nothing taken on the current device"
+        );
+        assert!(free(5) < before.1, "dvpp {dvpp}: the buffer is on device 5");
+        acl.free_buf(buf).unwrap();
+        assert_eq!((free(4), free(5)), before, "dvpp {dvpp}");
+    }
 }

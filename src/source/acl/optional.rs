@@ -274,11 +274,14 @@ impl AclSource {
         Ok(MbufHandle(buf as usize))
     }
 
-    /// Allocates a shared buffer of `size` bytes, DVPP memory when `dvpp` (`acltdtAllocBuf`).
-    pub fn alloc_buf(&self, size: u64, dvpp: bool) -> Result<MbufHandle> {
+    /// Allocates a shared buffer of `size` bytes on `device`, DVPP memory when `dvpp`
+    /// (`acltdtAllocBuf`, which allocates on the calling thread's current device: `device` is
+    /// made current first, as for a block).
+    pub fn alloc_buf(&self, device: DeviceId, size: u64, dvpp: bool) -> Result<MbufHandle> {
         let func = "acltdtAllocBuf";
         let f = sym!(self.api()?, acltdtAllocBuf);
         let size = to_usize(func, size)?;
+        self.use_device(device)?;
         let ty = if dvpp {
             sys::ACL_TDT_DVPP_MEM
         } else {
