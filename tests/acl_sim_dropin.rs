@@ -579,6 +579,48 @@ fn inner_and_inter_device_copies_check_the_devices_of_both_sides() {
 }
 
 #[test]
+fn a_copy_runs_on_the_device_of_the_device_memory_it_touches() {
+    // Pinned host memory is allocated with a device current, and the source looked the sides
+    // of a copy up in order: a copy from device 2's memory into host memory pinned for
+    // device 1 ran with device 1 current, not the device whose memory it reads.
+    let acl = open();
+    // SAFETY: the drop-in's initialisers have no preconditions.
+    let lib = unsafe { libloading::Library::new(dropin()) }.unwrap();
+    // SAFETY: resolving symbols only.
+    let api = unsafe { sys::AclApi::from_library(lib) }.unwrap();
+    let get = api.aclrtGetDevice.as_ref().unwrap();
+    let current = || {
+        let mut d = -1;
+        // SAFETY: `d` is a live i32 the call writes.
+        assert_eq!(unsafe { get(&mut d) }, 0);
+        d
+    };
+    let n = 4096;
+    let host = acl.alloc_block(1, MemKind::Host, n).unwrap();
+    let dev = acl.alloc_block(2, MemKind::DEVICE, n).unwrap();
+    for kind in [MemcpyKind::DeviceToHost, MemcpyKind::Default] {
+        acl.use_device(1).unwrap();
+        // SAFETY: both are live blocks of `n` bytes that nothing else uses.
+        unsafe { acl.memcpy(host.addr, n, dev.addr, n, kind).unwrap() };
+        assert_eq!(current(), 2, "{kind:?}");
+    }
+    acl.use_device(1).unwrap();
+    // SAFETY: as above.
+    unsafe {
+        acl.memcpy(dev.addr, n, host.addr, n, MemcpyKind::HostToDevice)
+            .unwrap()
+    };
+    assert_eq!(current(), 2);
+    // Host memory alone: its own device.
+    acl.use_device(3).unwrap();
+    // SAFETY: as above.
+    unsafe { acl.memset(host.addr, n, 0, n).unwrap() };
+    assert_eq!(current(), 1);
+    acl.free_block(host).unwrap();
+    acl.free_block(dev).unwrap();
+}
+
+#[test]
 fn a_device_set_behind_the_source_s_back_is_set_again() {
     // The source remembers per thread which device it made current; the application (or
     // another library) may set another one on the thread since. The source used to trust

@@ -405,18 +405,25 @@ impl AclSource {
     }
 
     /// The device whose context a copy or fill touching `addrs` should run in: the device of
-    /// the first live block or reserved range (memory mapped there) holding one of them, else
-    /// the lowest device used so far, else 0.
+    /// the first device memory among them (a live device block, or a reserved range with
+    /// memory mapped there), else of the first pinned host block (allocated with a device
+    /// current: a copy between it and another device's memory runs on that other device),
+    /// else the lowest device used so far, else 0.
     fn device_for(&self, addrs: &[usize]) -> DeviceId {
         let live = self.lock();
-        addrs
-            .iter()
-            .find_map(|a| {
-                live.block_containing(*a)
-                    .map(|b| b.device)
-                    .or_else(|| live.reserved_device(*a))
-            })
-            .or_else(|| live.set_device_calls.keys().next().copied())
+        let mut host = None;
+        for &a in addrs {
+            match live.block_containing(a) {
+                Some(b) if b.kind.is_device() => return b.device,
+                Some(b) => host = host.or(Some(b.device)),
+                None => {
+                    if let Some(device) = live.reserved_device(a) {
+                        return device;
+                    }
+                }
+            }
+        }
+        host.or_else(|| live.set_device_calls.keys().next().copied())
             .unwrap_or(0)
     }
 
