@@ -107,13 +107,18 @@ fn simulator_errors_arrive_as_typed_runtime_errors() {
     acl.free_block(a).unwrap();
 }
 
-#[test]
-fn the_c_functions_check_pointers_and_frees_themselves() {
-    // Below AclSource's own checks: the drop-in's answers to bad calls, through the raw table.
+/// The drop-in's functions, raw: for calls below `AclSource`'s own checks.
+fn raw_api() -> sys::AclApi {
     // SAFETY: the drop-in's initialisers have no preconditions.
     let lib = unsafe { libloading::Library::new(dropin()) }.unwrap();
     // SAFETY: resolving symbols only.
-    let api = unsafe { sys::AclApi::from_library(lib) }.unwrap();
+    unsafe { sys::AclApi::from_library(lib) }.unwrap()
+}
+
+#[test]
+fn the_c_functions_check_pointers_and_frees_themselves() {
+    // Below AclSource's own checks: the drop-in's answers to bad calls, through the raw table.
+    let api = raw_api();
     let (malloc, free, info) = (
         api.aclrtMalloc.as_ref().unwrap(),
         api.aclrtFree.as_ref().unwrap(),
@@ -156,10 +161,7 @@ fn the_c_functions_check_pointers_and_frees_themselves() {
 
 #[test]
 fn null_events_and_the_reserved_dvpp_device_id() {
-    // SAFETY: the drop-in's initialisers have no preconditions.
-    let lib = unsafe { libloading::Library::new(dropin()) }.unwrap();
-    // SAFETY: resolving symbols only.
-    let api = unsafe { sys::AclApi::from_library(lib) }.unwrap();
+    let api = raw_api();
     let null = std::ptr::null_mut();
     let bad = sys::ACL_ERROR_INVALID_PARAM;
     // SAFETY: every pointer passed is null, a live local, or an address the drop-in handed out.
@@ -454,10 +456,7 @@ fn the_host_side_of_a_copy_is_checked_when_it_is_a_block_of_the_runtime() {
     // Device memory named as host memory is the wrong kind, and pinned host memory has an
     // end the runtime knows: both used to be copied through unchecked (past a block's end
     // into whatever the host mapped next).
-    // SAFETY: the drop-in's initialisers have no preconditions.
-    let lib = unsafe { libloading::Library::new(dropin()) }.unwrap();
-    // SAFETY: resolving symbols only.
-    let api = unsafe { sys::AclApi::from_library(lib) }.unwrap();
+    let api = raw_api();
     let (malloc, malloc_host, free, free_host, memcpy) = (
         api.aclrtMalloc.as_ref().unwrap(),
         api.aclrtMallocHost.as_ref().unwrap(),
@@ -514,10 +513,7 @@ fn inner_and_inter_device_copies_check_the_devices_of_both_sides() {
     // ACL_MEMCPY_INNER_DEVICE_TO_DEVICE (6) is a copy within one device and
     // ACL_MEMCPY_INTER_DEVICE_TO_DEVICE (7) one between two: both used to be taken as plain
     // device-to-device copies, whatever devices the two sides were on.
-    // SAFETY: the drop-in's initialisers have no preconditions.
-    let lib = unsafe { libloading::Library::new(dropin()) }.unwrap();
-    // SAFETY: resolving symbols only.
-    let api = unsafe { sys::AclApi::from_library(lib) }.unwrap();
+    let api = raw_api();
     let (set, malloc, free, memcpy, memcpy_async) = (
         api.aclrtSetDevice.as_ref().unwrap(),
         api.aclrtMalloc.as_ref().unwrap(),
@@ -584,10 +580,7 @@ fn a_copy_runs_on_the_device_of_the_device_memory_it_touches() {
     // of a copy up in order: a copy from device 2's memory into host memory pinned for
     // device 1 ran with device 1 current, not the device whose memory it reads.
     let acl = open();
-    // SAFETY: the drop-in's initialisers have no preconditions.
-    let lib = unsafe { libloading::Library::new(dropin()) }.unwrap();
-    // SAFETY: resolving symbols only.
-    let api = unsafe { sys::AclApi::from_library(lib) }.unwrap();
+    let api = raw_api();
     let get = api.aclrtGetDevice.as_ref().unwrap();
     let current = || {
         let mut d = -1;
@@ -627,10 +620,7 @@ fn a_device_set_behind_the_source_s_back_is_set_again() {
     // its memory, skip aclrtSetDevice and allocate on the application's device while the
     // block said device 6.
     let acl = open();
-    // SAFETY: the drop-in's initialisers have no preconditions.
-    let lib = unsafe { libloading::Library::new(dropin()) }.unwrap();
-    // SAFETY: resolving symbols only.
-    let api = unsafe { sys::AclApi::from_library(lib) }.unwrap();
+    let api = raw_api();
     let (set, get) = (
         api.aclrtSetDevice.as_ref().unwrap(),
         api.aclrtGetDevice.as_ref().unwrap(),
