@@ -558,6 +558,103 @@ fn synchronize_waits_for_the_work_before_a_free_not_after() {
     pool.validate().unwrap();
 }
 
+/// A pool whose one device chunk (the limit, 2 MiB) holds `kept` and a region freed behind a
+/// fill queued on a held stream (512 KiB each), and a thread whose allocation (1.25 MiB)
+/// fits only once that free completes, so it waits for the stream. While it waits, `other` runs on a third
+/// thread with the pool and `kept`. Returns whether `other` finished while the stream was
+/// still held (it used to wait behind the stream, for the allocation held the kind's lock
+/// through its wait); then checks that the allocation succeeded once the stream ran, and
+/// that the pool is whole and gives everything back.
+///
+/// The 60 s bound only turns a thread that waits for as long as the hold into a failure:
+/// `other` takes microseconds.
+fn meanwhile_an_allocation_waits_for_a_held_stream(
+    other: impl FnOnce(&Pool, DeviceRegion) + Send + 'static,
+) -> bool {
+    let sim = sim(0);
+    let source: Arc<dyn BlockSource> = Arc::clone(&sim) as Arc<dyn BlockSource>;
+    // No thread cache: frees and allocations go through the kind's lock.
+    let config = PoolConfig::default()
+        .with_limit(2 << 20)
+        .with_thread_cache(0);
+    let pool = Arc::new(Pool::new(source, config).unwrap());
+    let s = pool.create_stream().unwrap();
+    let hold = sim.hold_stream(s.handle()).unwrap();
+    let kept = pool.alloc_device(LEN / 2).unwrap();
+    let mut busy = pool.alloc_device(LEN / 2).unwrap();
+    pool.memset_async(&mut busy, 0, 0xAB, LEN / 2, &s).unwrap();
+    drop(busy);
+    let st = pool.stats(MemKind::DEVICE);
+    assert_eq!(
+        (st.pending_frees, st.reserved_bytes),
+        (1, 2 << 20),
+        "{st:?}"
+    );
+
+    let waits = || {
+        let st = sim.stats();
+        st.calls(AclFunc::SynchronizeEvent) + st.calls(AclFunc::SynchronizeStream)
+    };
+    let before = waits();
+    let waiter = {
+        let pool = Arc::clone(&pool);
+        std::thread::spawn(move || pool.alloc_device(LEN + LEN / 4))
+    };
+    // Nothing else waits for a stream: the next wait is the allocation's, for the hold.
+    while waits() == before && !waiter.is_finished() {
+        std::thread::yield_now();
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    let third = {
+        let pool = Arc::clone(&pool);
+        std::thread::spawn(move || {
+            other(&pool, kept);
+            tx.send(()).unwrap();
+        })
+    };
+    let got = rx.recv_timeout(Duration::from_secs(60));
+    hold.release();
+    third.join().unwrap();
+    let region = waiter.join().unwrap();
+    assert!(region.is_ok(), "{region:?}");
+    drop(region);
+    every_free_completes(&pool);
+    let st = pool.stats(MemKind::DEVICE);
+    assert_eq!(
+        (st.live_regions, st.allocated_bytes, st.ooms),
+        (0, 0, 0),
+        "{st:?}"
+    );
+    assert_eq!(st.allocations, st.frees, "{st:?}");
+    pool.trim();
+    assert_eq!(pool.stats(MemKind::DEVICE).reserved_bytes, 0);
+    got.is_ok()
+}
+
+/// An allocation short of memory waits for a held stream without the kind's lock: another
+/// thread frees a region of the kind meanwhile (it used to wait for the stream too, and a
+/// thread that had to free something before the stream could go on never would have).
+#[test]
+fn a_free_does_not_wait_behind_an_allocation_waiting_for_a_stream() {
+    assert!(
+        meanwhile_an_allocation_waits_for_a_held_stream(|_, kept| drop(kept)),
+        "a free waited for a stream an allocation was waiting for"
+    );
+}
+
+/// The same for an allocation the kind's free space holds; the waiting allocation still
+/// gets its memory once the stream has run, and the pool loses nothing.
+#[test]
+fn an_allocation_does_not_wait_behind_another_waiting_for_a_stream() {
+    assert!(
+        meanwhile_an_allocation_waits_for_a_held_stream(|pool, kept| {
+            drop(pool.alloc_device(LEN / 8).unwrap());
+            drop(kept);
+        }),
+        "an allocation waited for a stream another allocation was waiting for"
+    );
+}
+
 #[test]
 fn a_failed_wait_is_reported_and_its_free_stays_pending() {
     let sim = sim(0);

@@ -1352,20 +1352,9 @@ impl PoolInner {
         let (chunk, alloc) = match self.carve_existing(&mut k, len, rule, footprint) {
             Some(x) => x,
             None => {
-                let returned = self.returned.0.load(Ordering::Relaxed);
-                match self.carve_after_reclaim(&mut k, len, rule, footprint) {
-                    Ok(x) => x,
-                    Err(refused) => {
-                        let (guard, x) = self.carve_after_releasing_elsewhere(
-                            k,
-                            refused,
-                            returned,
-                            (len, rule, footprint),
-                        )?;
-                        k = guard;
-                        x
-                    }
-                }
+                let (guard, x) = self.carve_when_full(k, (len, rule, footprint))?;
+                k = guard;
+                x
             }
         };
         let c = &k.chunks[chunk];
@@ -1403,6 +1392,55 @@ impl PoolInner {
             r.alloc(kind, addr, len, align);
         }
         Ok(RawSegment::new(kind, addr, align, key, alloc))
+    }
+
+    /// No chunk of `k` could carve the request: reclaims, grows, and when the source has no
+    /// memory left, takes back what the other kinds hold idle. Out of line and cold, so the
+    /// common path of [`allocate_from_kind`](Self::allocate_from_kind) keeps a small frame.
+    #[cold]
+    #[inline(never)]
+    fn carve_when_full<'a>(
+        &'a self,
+        k: BiasedGuard<'a, KindPool>,
+        request: (u64, CarveRule, u64),
+    ) -> Result<(BiasedGuard<'a, KindPool>, (usize, Allocation))> {
+        let returned = self.returned.0.load(Ordering::Relaxed);
+        match self.carve_or_grow(k, request) {
+            (k, Ok(x), _) => Ok((k, x)),
+            (k, Err(refused), _) => {
+                self.carve_after_releasing_elsewhere(k, refused, returned, request)
+            }
+        }
+    }
+
+    /// [`carve_after_reclaim`](Self::carve_after_reclaim), whose last pass, when deferred
+    /// frees still wait for streams, waits for their events with `k`'s lock released
+    /// ([`pass_pending_events`](Self::pass_pending_events)) and then goes on under the lock
+    /// taken again: the kind's other threads allocate and free meanwhile (one may be what
+    /// the stream waits for). Returns the guard, the outcome, and whether a refusal was
+    /// counted in `ooms` (under the guard returned: other threads may count theirs while
+    /// the lock is released).
+    fn carve_or_grow<'a>(
+        &'a self,
+        mut k: BiasedGuard<'a, KindPool>,
+        (len, rule, footprint): (u64, CarveRule, u64),
+    ) -> (BiasedGuard<'a, KindPool>, Result<(usize, Allocation)>, bool) {
+        let mut ooms = k.stats.ooms;
+        let mut got = self.carve_after_reclaim(&mut k, len, rule, footprint);
+        if let Ok(None) = got {
+            let m = &self.kinds[k.kind.index()];
+            drop(k);
+            self.pass_pending_events(m);
+            k = m.lock();
+            ooms = k.stats.ooms;
+            // Once waited for, the last pass goes on under the lock: it answers.
+            got = self.grow_and_carve(&mut k, len, rule, footprint, true);
+        }
+        let counted = k.stats.ooms > ooms;
+        let got = got.and_then(|x| {
+            x.ok_or_else(|| Error::Invalid("growth asked for a second unlocked wait".into()))
+        });
+        (k, got, counted)
     }
 
     /// The source had no memory to grow `k` (it refused with an out-of-memory code): the
@@ -1449,14 +1487,13 @@ impl PoolInner {
         if released == 0 && self.returned.0.load(Ordering::Relaxed) == returned {
             return Err(refused);
         }
-        let counted = k.stats.ooms;
-        let again = match self.carve_existing(&mut k, len, rule, footprint) {
-            Some(x) => Ok(x),
-            None => self.carve_after_reclaim(&mut k, len, rule, footprint),
+        let (mut k, again, counted) = match self.carve_existing(&mut k, len, rule, footprint) {
+            Some(x) => (k, Ok(x), false),
+            None => self.carve_or_grow(k, (len, rule, footprint)),
         };
         // The first refusal did not stand, or a second one was counted for this request (a
         // retry ended by an error growth does not count, a runtime failure, leaves the first).
-        if again.is_ok() || k.stats.ooms > counted {
+        if again.is_ok() || counted {
             k.stats.ooms = k.stats.ooms.saturating_sub(1);
         }
         Ok((k, again?))
@@ -1477,31 +1514,30 @@ impl PoolInner {
     }
 
     /// No chunk could carve the request: completes deferred frees whose streams have
-    /// passed them and tries again, else grows. Out of line and cold, so the common path
-    /// of [`allocate_from_kind`](Self::allocate_from_kind) keeps a small frame.
-    #[cold]
-    #[inline(never)]
+    /// passed them and tries again, else grows. `None`: deferred frees still wait for
+    /// streams, and growth's last pass is to wait for them without the lock (see
+    /// [`grow_and_carve`](Self::grow_and_carve)).
     fn carve_after_reclaim(
         &self,
         k: &mut KindPool,
         len: u64,
         rule: CarveRule,
         footprint: u64,
-    ) -> Result<(usize, Allocation)> {
+    ) -> Result<Option<(usize, Allocation)>> {
         // Growth and the trim before it see every free byte (see `shapes`); a small request
         // may fit where a proven slot's segment was.
         if self.shapes[k.kind.index()].any() && self.empty_slots(k, Emptying::All) > 0 {
             if let Some(x) = self.carve_existing(k, len, rule, footprint) {
-                return Ok(x);
+                return Ok(Some(x));
             }
         }
         // Memory freed behind streams may be usable now: look lazily, only here.
         if !k.pending.is_empty() && self.reclaim(k, false).0 > 0 {
             if let Some(x) = self.carve_existing(k, len, rule, footprint) {
-                return Ok(x);
+                return Ok(Some(x));
             }
         }
-        self.grow_and_carve(k, len, rule, footprint)
+        self.grow_and_carve(k, len, rule, footprint, false)
     }
 
     /// Carves `len` under `rule` (whose footprint is `footprint`) from the first chunk that
@@ -1621,13 +1657,21 @@ impl PoolInner {
         best
     }
 
+    /// Makes room in `k` or grows it, in three passes (see below), and carves the request.
+    ///
+    /// The last pass waits for the streams of deferred frees. Unless `waited`, it asks
+    /// first: `None` when some free still waits on an event, for the caller to wait for the
+    /// events without `k`'s lock (so the kind's other threads are not held up for as long
+    /// as the streams run; one may be what a stream waits for) and call again with `waited`,
+    /// which resumes at that pass (the earlier ones' errors are overwritten by it anyway).
     fn grow_and_carve(
         &self,
         k: &mut KindPool,
         len: u64,
         rule: CarveRule,
         footprint: u64,
-    ) -> Result<(usize, Allocation)> {
+        waited: bool,
+    ) -> Result<Option<(usize, Allocation)>> {
         let granule = config::CHUNK_GRANULE;
         let dedicated = footprint >= self.config.large_threshold;
         // A buddy range places a segment in a block of the next power of two: a chunk
@@ -1659,21 +1703,32 @@ impl PoolInner {
         // could not hold the request, and holding them beside a new chunk only raises the
         // kind's peak. Then deferred frees and thread caches; last, wait for streams.
         let mut last_err = None;
-        for attempt in 0..3 {
+        for attempt in if waited { 2 } else { 0 }..3 {
             if attempt == 1 {
                 self.flush_kind(k);
                 self.reclaim(k, false);
             } else if attempt == 2 {
+                let fenced = || {
+                    k.pending
+                        .iter()
+                        .flat_map(|p| &p.events)
+                        .any(|e| e.0.is_some())
+                };
+                if !waited && fenced() {
+                    return Ok(None);
+                }
+                // Finds done what the caller waited for: waits only for frees deferred
+                // since, or fenced by no event.
                 self.reclaim(k, true);
             }
             self.trim_kind(k, 0);
             if let Some(x) = self.carve_existing(k, len, rule, footprint) {
-                return Ok(x);
+                return Ok(Some(x));
             }
             // A source that can grow a block in place (virtual memory) extends a chunk
             // first, by just what the request needs past the chunk's free tail.
             match self.grow_in_place(k, len, rule, footprint) {
-                Ok(Some(x)) => return Ok(x),
+                Ok(Some(x)) => return Ok(Some(x)),
                 Ok(None) => {}
                 // Extending the chunk would pass the limit (or the source has no room to
                 // extend it): a new chunk of just the request may still fit.
@@ -1706,7 +1761,7 @@ impl PoolInner {
                             .engine
                             .alloc(len, rule)
                             .map_err(|e| Error::Invalid(format!("fresh chunk refused: {e}")))?;
-                        return Ok((id, a));
+                        return Ok(Some((id, a)));
                     }
                     Err(Error::Runtime { code, .. }) if code.is_out_of_memory() => {
                         last_err = Some(Self::out_of_memory(k, len, Some(code)));
@@ -1722,7 +1777,7 @@ impl PoolInner {
             for (id, c) in k.chunks.iter_mut() {
                 if c.base & (rule.align() as usize - 1) == 0 {
                     if let Ok(a) = c.engine.alloc(len, rule) {
-                        return Ok((id, a));
+                        return Ok(Some((id, a)));
                     }
                 }
             }
