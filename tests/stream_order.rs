@@ -655,6 +655,65 @@ fn an_allocation_does_not_wait_behind_another_waiting_for_a_stream() {
     );
 }
 
+/// A request that fits nowhere even once the free it waited for has completed is refused
+/// as before the wait was made without the kind's lock: with the limit's error, or the
+/// source's (after the other kinds were asked for memory, and the kind tried once more),
+/// and counted once in `ooms`.
+#[test]
+fn a_request_refused_after_waiting_for_a_stream_counts_one_refusal() {
+    for by_source in [false, true] {
+        let sim = Arc::new(
+            SimSource::new(SimConfig::default().with_device_capacity(if by_source {
+                8 << 20
+            } else {
+                512 << 20
+            }))
+            .unwrap(),
+        );
+        let source: Arc<dyn BlockSource> = Arc::clone(&sim) as Arc<dyn BlockSource>;
+        let config = PoolConfig::default().with_thread_cache(0);
+        let config = if by_source {
+            config
+        } else {
+            config.with_limit(2 << 20)
+        };
+        let pool = Arc::new(Pool::new(source, config).unwrap());
+        let s = pool.create_stream().unwrap();
+        let hold = sim.hold_stream(s.handle()).unwrap();
+        drop(filled_on(&pool, &s));
+        assert_eq!(pool.stats(MemKind::DEVICE).pending_frees, 1);
+        let waits = || sim.stats().calls(AclFunc::SynchronizeEvent);
+        let before = waits();
+        let waiter = {
+            let pool = Arc::clone(&pool);
+            std::thread::spawn(move || pool.alloc_device(16 << 20).map(drop))
+        };
+        while waits() == before && !waiter.is_finished() {
+            std::thread::yield_now();
+        }
+        hold.release();
+        let got = waiter.join().unwrap();
+        assert!(waits() > before, "the request did not wait for the stream");
+        if by_source {
+            assert!(
+                matches!(
+                    got,
+                    Err(Error::OutOfMemory {
+                        source: Some(_),
+                        ..
+                    })
+                ),
+                "{got:?}"
+            );
+        } else {
+            assert!(matches!(got, Err(Error::LimitExceeded { .. })), "{got:?}");
+        }
+        let st = pool.stats(MemKind::DEVICE);
+        assert_eq!((st.ooms, st.pending_frees), (1, 0), "{st:?}");
+        every_free_completes(&pool);
+    }
+}
+
 #[test]
 fn a_failed_wait_is_reported_and_its_free_stays_pending() {
     let sim = sim(0);
