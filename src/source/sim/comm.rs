@@ -4,7 +4,10 @@
 //! Every simulated device is a rank of one communicator, so a pipeline can develop its
 //! one-sided writes with all its ranks in one process, a pool per device:
 //! - [`SimSource::register_window`] registers device memory that other ranks may write;
-//!   like HCCL, it needs the start and the length at multiples of 2 MiB;
+//!   like HCCL, it needs the start and the length at multiples of 2 MiB. It is `unsafe`,
+//!   since the simulator sees blocks, not a pool's regions: a pool registers a region with
+//!   [`Pool::register_window`](crate::Pool::register_window), which holds the region until
+//!   [`deregister_window`](SimSource::deregister_window) has let the queued writes land;
 //! - [`SimSource::acquire_channel`] opens a channel from one rank to another, and
 //!   [`SimSource::channel_windows`] lists what the far end registered (what
 //!   `HcclChannelGetHcclBuffer` tells a real caller);

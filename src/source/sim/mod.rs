@@ -30,7 +30,8 @@
 //! - **Shared buffers** (`mbuf.rs`): `acltdtAllocBuf` and friends; see [`SimSource::alloc_buf`].
 //! - **One-sided writes** (`comm.rs`): every device a rank of one communicator, windows,
 //!   channels, `HcommWriteOnThread` and the channels' notifications; see
-//!   [`SimSource::register_window`] and [`SimSource::notify_wait_on_thread`].
+//!   [`Pool::register_window`](crate::Pool::register_window) and
+//!   [`SimSource::notify_wait_on_thread`].
 //! - **Observability**: [`SimSource::stats`] counts calls and failures per function and
 //!   live bytes per device and kind; [`SimSource::inject_fault`] makes chosen calls fail.
 //!
