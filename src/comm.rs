@@ -177,6 +177,40 @@ impl RemoteWindow {
 /// both return once the writes queued into the window have landed. A window forgotten
 /// (`std::mem::forget`) keeps its region for ever, which leaks but never lets a late write
 /// land in memory another region was given.
+///
+/// So the region cannot be a borrow: forgetting the window would end the borrow, and the
+/// region it borrowed could go back to the pool while the window stays registered.
+///
+/// ```compile_fail
+/// use std::sync::Arc;
+/// use ascend_pool::comm::{RemoteWindow, WINDOW_GRANULE};
+/// use ascend_pool::region::SubRegion;
+/// use ascend_pool::source::sim::{SimConfig, SimSource};
+/// use ascend_pool::{Pool, PoolConfig, Region};
+///
+/// let sim = Arc::new(SimSource::new(SimConfig::default().with_devices(2))?);
+/// let rank0 = Pool::new(sim.clone(), PoolConfig::default().with_device(0))?;
+/// let rank1 = Pool::new(sim.clone(), PoolConfig::default().with_device(1))?;
+/// let g = WINDOW_GRANULE;
+/// let mut region = rank1.alloc_device_aligned(g, g)?;
+/// std::mem::forget(rank1.register_window(SubRegion::new(&mut region, 0, g)?)?);
+/// drop(region); // back to the pool, still registered
+/// let mut victim = rank1.alloc_device_aligned(g, g)?;
+/// rank1.copy_from_host(&mut victim, 0, &[0; 64])?;
+///
+/// let far = RemoteWindow::of_sim(&sim, sim.acquire_channel(0, 1)?)?.remove(0);
+/// let stream = rank0.create_stream()?;
+/// let thread = rank0.acquire_comm_thread(&stream)?;
+/// let mut src = rank0.alloc_device(64)?;
+/// rank0.copy_from_host(&mut src, 0, &[7; 64])?;
+/// rank0.write_remote(&thread, &far, 0, &src, 0, 64)?;
+/// stream.synchronize()?;
+/// let mut seen = [0; 64];
+/// rank1.copy_to_host(&victim, 0, &mut seen)?;
+/// assert_eq!(far.addr(), victim.addr());
+/// assert_eq!(seen, [7; 64]); // another region, written by rank 0
+/// # Ok::<(), ascend_pool::Error>(())
+/// ```
 #[derive(Debug)]
 pub struct RegisteredWindow<R: Region> {
     /// `None` only while [`into_region`](Self::into_region) takes it out.
@@ -241,7 +275,9 @@ impl Pool {
     /// on the simulator, [`SimSource::register_window`]): its start and length must be
     /// multiples of [`WINDOW_GRANULE`] (allocate it with [`Pool::alloc_device_aligned`]).
     /// The returned window keeps the region until it is deregistered, so the region's
-    /// memory is never reused while a write may still land in it.
+    /// memory is never reused while a write may still land in it. The region is owned
+    /// (`'static`), not a [`SubRegion`](crate::region::SubRegion) borrowing one: forgetting
+    /// the window would end the borrow and free the region under it.
     ///
     /// # Errors
     /// The region comes back in [`WindowRefused`] (`?` turns that into its error, freeing the
@@ -253,7 +289,7 @@ impl Pool {
     ///   overlaps one registered;
     /// - [`Error::NotSupported`] on the real runtime, where the application's communicator
     ///   registers windows.
-    pub fn register_window<R: Region>(
+    pub fn register_window<R: Region + 'static>(
         &self,
         region: R,
     ) -> std::result::Result<RegisteredWindow<R>, WindowRefused<R>> {
