@@ -173,8 +173,10 @@ impl RemoteWindow {
 /// A region registered as a window other ranks write one-sided ([`Pool::register_window`]).
 ///
 /// It owns the region, so the region's memory goes back to its pool only after the window
-/// is deregistered, when this is dropped or [`into_region`](Self::into_region) is called:
-/// both return once the writes queued into the window have landed. A window forgotten
+/// is deregistered, when this is dropped or [`into_region`](Self::into_region) is called.
+/// Deregistration waits for a write landing at that moment only: a write still queued lands
+/// nowhere and fails its stream's task (it may wait for a notification only this rank would
+/// record, so waiting for it could wait for ever). A window forgotten
 /// (`std::mem::forget`) keeps its region for ever, which leaks but never lets a late write
 /// land in memory another region was given.
 ///
@@ -224,12 +226,13 @@ impl<R: Region> RegisteredWindow<R> {
         self.region.as_ref().expect("held until into_region")
     }
 
-    /// Deregisters the window and gives the region back, once the writes queued into the
-    /// window have landed (a write queued behind a notification wait waits for it too).
+    /// Deregisters the window and gives the region back: no write lands in it afterwards
+    /// (those still queued fail their streams' tasks). Let the writers' notifications say
+    /// their writes have landed first.
     ///
     /// # Errors
-    /// The source's refusal to deregister, with the region: it is then still registered,
-    /// so it is kept (leaked) rather than given back.
+    /// The source's refusal to deregister: the region may then still be registered, so it
+    /// is kept (leaked) rather than given back.
     pub fn into_region(mut self) -> Result<R> {
         self.deregister()?;
         Ok(self.region.take().expect("held until into_region"))
@@ -304,8 +307,8 @@ impl Pool {
             }
         });
         // SAFETY: the window takes the region, and gives it back (or lets the pool have its
-        // memory) only once deregistered, after the writes queued into it have landed; until
-        // then nothing but reads through the window's `region()` touches the bytes.
+        // memory) only once deregistered, which no write lands after; until then nothing but
+        // reads through the window's `region()` touches the bytes.
         let registered = checked.and_then(|()| unsafe {
             self.source()
                 .register_window(self.config().device, region.addr(), region.len())

@@ -892,7 +892,9 @@ fn a_registered_window_keeps_its_region_until_deregistered() {
 }
 
 #[test]
-fn deregistering_a_window_waits_for_the_writes_queued_into_it() {
+fn deregistering_a_window_drops_the_writes_still_queued_into_it() {
+    // The region comes back at once; the write queued before, run after, lands nowhere
+    // and fails its stream's task (once), and the stream runs on.
     let t = ranks();
     let (window, far) = t.window(WINDOW_GRANULE);
     let stream = t.rank0.create_stream().unwrap();
@@ -908,17 +910,88 @@ fn deregistering_a_window_waits_for_the_writes_queued_into_it() {
         tx.send(()).unwrap();
         region
     });
-    let early = rx.recv_timeout(Duration::from_millis(300)).is_ok();
+    let returned = rx.recv_timeout(Duration::from_secs(2)).is_ok();
     hold.release();
-    assert!(!early, "the window was deregistered before its write ran");
-    let region = back.join().unwrap().unwrap();
-    // The write landed before the region came back.
+    let mut region = back.join().unwrap().unwrap();
+    assert!(returned, "deregistration waited for a write still queued");
+    t.rank1
+        .copy_from_host(&mut region, 0, &vec![0; 64 * KIB as usize])
+        .unwrap();
+    let late = stream.synchronize();
+    assert!(
+        matches!(late, Err(Error::Runtime { code, .. }) if code == AclError::RT_FAILURE),
+        "{late:?}"
+    );
     assert_eq!(
         read(&t.rank1, &region, 0, 64 * KIB),
+        vec![0; 64 * KIB as usize]
+    );
+    // Registered again, the window takes the next write on the same stream.
+    let window = t.rank1.register_window(region).unwrap();
+    t.rank0
+        .write_remote(&thread, &far, 0, &src, 0, 64 * KIB)
+        .unwrap();
+    stream.synchronize().unwrap();
+    assert_eq!(
+        read(&t.rank1, window.region(), 0, 64 * KIB),
         vec![0x3c; 64 * KIB as usize]
     );
-    drop((region, src, thread));
+    drop((window, src, thread));
     drop(stream);
+    t.intact();
+}
+
+#[test]
+fn deregistering_a_window_does_not_wait_for_a_write_held_for_the_deregistering_rank() {
+    // Rank 0's write waits behind a notification only rank 1 records: rank 1 dropping its
+    // window first waited for that write for ever. The write, run once let through, must
+    // not land in the region given back either: it fails its stream's task.
+    let t = ranks();
+    let mut region = t
+        .rank1
+        .alloc_device_aligned(WINDOW_GRANULE, WINDOW_GRANULE)
+        .unwrap();
+    t.rank1.copy_from_host(&mut region, 0, &[0; 64]).unwrap();
+    let window = t.rank1.register_window(region).unwrap();
+    let channel = t.sim.acquire_channel(0, 1).unwrap();
+    let far = RemoteWindow::of_sim(&t.sim, channel).unwrap().remove(0);
+    let (s0, s1) = (
+        t.rank0.create_stream().unwrap(),
+        t.rank1.create_stream().unwrap(),
+    );
+    let th0 = t.rank0.acquire_comm_thread(&s0).unwrap();
+    let th1 = t.rank1.acquire_comm_thread(&s1).unwrap();
+    let back = t.sim.acquire_channel(1, 0).unwrap();
+    let src = t.filled(64, 0x77);
+    t.sim
+        .notify_wait_on_thread(th0.handle(), channel, 0, 0)
+        .unwrap();
+    t.rank0.write_remote(&th0, &far, 0, &src, 0, 64).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let gone = std::thread::spawn(move || {
+        let region = window.into_region();
+        tx.send(()).unwrap();
+        region
+    });
+    let returned = rx.recv_timeout(Duration::from_secs(2)).is_ok();
+    // Whatever happened, rank 1 records now: the write runs and the thread ends.
+    t.sim
+        .notify_record_on_thread(th1.handle(), back, 0)
+        .unwrap();
+    let region = gone.join().unwrap().unwrap();
+    assert!(
+        returned,
+        "deregistration waited for a write held for its caller"
+    );
+    let late = s0.synchronize();
+    assert!(
+        matches!(late, Err(Error::Runtime { code, .. }) if code == AclError::RT_FAILURE),
+        "{late:?}"
+    );
+    assert_eq!(read(&t.rank1, &region, 0, 64), [0; 64]);
+    s1.synchronize().unwrap();
+    drop((region, src, th0, th1));
+    drop((s0, s1));
     t.intact();
 }
 

@@ -1077,8 +1077,9 @@ pub unsafe extern "C" fn ascendSimRegisterWindow(device: i32, addr: *mut c_void,
     }))
 }
 
-/// Simulator only: deregisters the window registered at `addr`, once the writes queued into
-/// it have landed; the memory may then go to another use. Returns an `HcclResult`
+/// Simulator only: deregisters the window registered at `addr`; no write lands in it once
+/// this has returned (one still queued fails its stream's task), so the memory may then go
+/// to another use. Returns an `HcclResult`
 /// (`HCCL_E_PARA` when no window starts at `addr`).
 #[no_mangle]
 pub extern "C" fn ascendSimDeregisterWindow(addr: *mut c_void) -> i32 {

@@ -233,8 +233,8 @@ pub trait BlockSource: Send + Sync + std::fmt::Debug {
         })
     }
 
-    /// Deregisters the window registered at `addr`, once the writes queued into it have
-    /// landed. The default answers [`Error::NotSupported`](crate::Error::NotSupported).
+    /// Deregisters the window registered at `addr`: no write lands in it once this has
+    /// returned. The default answers [`Error::NotSupported`](crate::Error::NotSupported).
     #[doc(hidden)]
     fn deregister_window(&self, addr: usize) -> Result<()> {
         let _ = addr;

@@ -152,8 +152,8 @@ int main(void) {
     EXPECT(ap_stream_native(rank0, stream, NULL), AP_ERR_NULL_ARGUMENT);
     EXPECT(ap_stream_native(rank0, stream + 1000, &native), AP_ERR_BAD_STREAM);
 
-    /* Deregistered (once the writes queued into it have landed), the window takes no more
-     * writes, and its region may go back to the pool. */
+    /* Deregistered (the writes above have landed: their stream was synchronized), the window
+     * takes no more writes, and its region may go back to the pool. */
     CHECK(deregister_window((void *)(uintptr_t)info.addr) == 0);
     CHECK(deregister_window((void *)(uintptr_t)info.addr) == 1); /* HCCL_E_PARA: none there */
     EXPECT(ap_write_remote(rank0, thread, stream, channel, a, WINDOW, 0, device, 0, 64),

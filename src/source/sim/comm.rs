@@ -30,7 +30,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use super::stream::{Notify, Op};
@@ -55,7 +55,7 @@ struct Channel {
     notifies: u32,
 }
 
-/// A registered window: its rank, its length, and the writes queued into it.
+/// A registered window: its rank, its length, and whether it still takes writes.
 #[derive(Debug)]
 struct Window {
     device: DeviceId,
@@ -63,43 +63,29 @@ struct Window {
     landing: Arc<Landing>,
 }
 
-/// The writes queued into one window that have neither run nor been dropped with their
-/// stream: the window's deregistration returns once there are none, so memory let go of
-/// after it takes no late write.
-#[derive(Debug, Default)]
-pub(super) struct Landing {
-    queued: Mutex<usize>,
-    landed: Condvar,
+/// Whether one window still takes the writes queued into it. A write looks as it lands,
+/// holding the flag shared; deregistration clears it exclusively, so it waits only for a
+/// write landing at that moment, never for one still queued (which may wait for a
+/// notification only the deregistering thread would record): that one is dropped when its
+/// turn comes, as the runtime fails a write into memory deregistered meanwhile.
+#[derive(Debug)]
+struct Landing {
+    open: RwLock<bool>,
 }
 
-impl Landing {
-    /// Counts one more write queued into the window.
-    fn inbound(self: &Arc<Self>) -> Inbound {
-        *lock(&self.queued) += 1;
-        Inbound(Arc::clone(self))
-    }
-
-    /// Waits until every write counted has run or been dropped.
-    fn wait_landed(&self) {
-        let mut queued = lock(&self.queued);
-        while *queued > 0 {
-            queued = self
-                .landed
-                .wait(queued)
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-        }
-    }
-}
-
-/// One write queued into a window, counted in its [`Landing`] until the op carrying it has
-/// run or has been dropped.
+/// A write queued into a window, which lands only while the window is registered.
 #[derive(Debug)]
 pub(super) struct Inbound(Arc<Landing>);
 
-impl Drop for Inbound {
-    fn drop(&mut self) {
-        *lock(&self.0.queued) -= 1;
-        self.0.landed.notify_all();
+impl Inbound {
+    /// Runs `write` unless the window was deregistered since the write was queued; `false`
+    /// (the write's task failed) then. Deregistration waits for `write` to end.
+    pub(super) fn land(&self, write: impl FnOnce()) -> bool {
+        let open = self.0.open.read().unwrap_or_else(PoisonError::into_inner);
+        if *open {
+            write();
+        }
+        *open
     }
 }
 
@@ -158,12 +144,12 @@ impl CommState {
     }
 
     /// When `addr..addr + len` lies inside one window registered by `device`, a write into
-    /// it counted in that window's [`Landing`].
+    /// it, which lands only while that window is registered.
     fn write_into(&self, device: DeviceId, addr: usize, len: u64) -> Option<Inbound> {
         let (&start, w) = self.windows.range(..=addr).next_back()?;
         let offset = (addr - start) as u64;
         (w.device == device && offset.checked_add(len).is_some_and(|end| end <= w.len))
-            .then(|| w.landing.inbound())
+            .then(|| Inbound(Arc::clone(&w.landing)))
     }
 }
 
@@ -222,7 +208,9 @@ impl SimSource {
                 "the window at {addr:#x} overlaps one already registered"
             )));
         }
-        let landing = Arc::default();
+        let landing = Arc::new(Landing {
+            open: RwLock::new(true),
+        });
         comm.windows.insert(
             addr,
             Window {
@@ -234,9 +222,12 @@ impl SimSource {
         Ok(())
     }
 
-    /// Removes the window registered at `addr`: writes into it are refused from now on,
-    /// and those already queued land before this returns (it waits for them, holding no
-    /// lock: a write queued behind a notification wait waits for the notification too).
+    /// Removes the window registered at `addr`: writes into it are refused from now on, and
+    /// those queued but not yet run land nowhere (each fails its stream's task, so that
+    /// stream's next synchronize reports `ACL_ERROR_RT_FAILURE`, as the runtime fails a
+    /// write into memory deregistered meanwhile). Returns once a write landing at this
+    /// moment has ended, so no byte lands after it; it never waits for a queued write,
+    /// which may wait for a notification only the caller would record.
     /// Fails with [`Error::Invalid`] when no window starts at `addr`.
     pub fn deregister_window(&self, addr: usize) -> Result<()> {
         self.ours()?;
@@ -244,7 +235,13 @@ impl SimSource {
             .windows
             .remove(&addr)
             .ok_or_else(|| Error::Invalid(format!("no window is registered at {addr:#x}")))?;
-        window.landing.wait_landed();
+        // Held by a write while it lands: taken once none is landing, and cleared for the
+        // writes still queued. No other lock is held here.
+        *window
+            .landing
+            .open
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = false;
         Ok(())
     }
 
@@ -344,8 +341,8 @@ impl SimSource {
                 // The window is looked up under the memory lock (lock order: `mem`, then
                 // `comm`): a free or an unmap drops the windows on its memory under that
                 // lock, so the memory found below is the window's, not memory mapped at
-                // the same address after the window went. The write is counted from here
-                // on, so a deregistration after this waits for it.
+                // the same address after the window went. The write lands only while the
+                // window is registered: a deregistration before it runs drops it.
                 let inbound = lock(&self.comm)
                     .write_into(remote, dst, len)
                     .ok_or(AclError::HCCL_E_PARA)?;

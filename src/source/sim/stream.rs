@@ -36,7 +36,7 @@ pub(super) enum Op {
         cost: Duration,
         /// The simulator blocks the copy touches, kept mapped until it has run.
         keep: Vec<Arc<Mapping>>,
-        /// A one-sided write's count in its window, released once the bytes have landed.
+        /// A one-sided write's window: the bytes land only while it is registered.
         inbound: Option<Inbound>,
     },
     /// Fills `count` bytes at `dst` with `value`, taking `cost` first.
@@ -84,8 +84,16 @@ impl Op {
                 // SAFETY: the simulator checked at enqueue time that every device-side range
                 // lies inside a live block, and `keep` holds those blocks mapped until now;
                 // host-side ranges are valid by the `memcpy_async` contract the caller accepted.
-                unsafe { copy_bytes(dst, src, count) };
-                drop((keep, inbound));
+                let copy = || unsafe { copy_bytes(dst, src, count) };
+                let landed = match &inbound {
+                    Some(window) => window.land(copy),
+                    None => {
+                        copy();
+                        true
+                    }
+                };
+                drop(keep);
+                return landed;
             }
             Op::Fill {
                 dst,
