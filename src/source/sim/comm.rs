@@ -7,7 +7,8 @@
 //!   like HCCL, it needs the start and the length at multiples of 2 MiB. It is `unsafe`,
 //!   since the simulator sees blocks, not a pool's regions: a pool registers a region with
 //!   [`Pool::register_window`](crate::Pool::register_window), which holds the region until
-//!   [`deregister_window`](SimSource::deregister_window) has let the queued writes land;
+//!   [`deregister_window`](SimSource::deregister_window) has returned (after which no write
+//!   lands in it);
 //! - [`SimSource::acquire_channel`] opens a channel from one rank to another, and
 //!   [`SimSource::channel_windows`] lists what the far end registered (what
 //!   `HcclChannelGetHcclBuffer` tells a real caller);
