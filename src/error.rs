@@ -150,7 +150,8 @@ pub enum Error {
     ForeignHandle,
     /// A handle that was already freed.
     AlreadyFreed,
-    /// A copy or slice that reaches past the end of a region or buffer.
+    /// A copy, fill, read, write or view that reaches past the end of a region or buffer,
+    /// or that covers no byte (`len` 0: every such call takes at least one byte).
     OutOfBounds {
         /// Offset asked for.
         offset: u64,
@@ -274,6 +275,16 @@ impl std::fmt::Display for Error {
             ),
             Self::ForeignHandle => write!(f, "handle or pointer was not issued by this pool"),
             Self::AlreadyFreed => write!(f, "handle was already freed"),
+            // Nothing passes the end of an empty range: say what is refused instead.
+            Self::OutOfBounds {
+                offset,
+                len: 0,
+                capacity,
+            } => write!(
+                f,
+                "empty range at offset {offset} of {capacity} bytes: a copy, fill, read, \
+                 write or view of 0 bytes is refused"
+            ),
             Self::OutOfBounds {
                 offset,
                 len,

@@ -682,3 +682,33 @@ fn vmm_pool() -> (Arc<SimSource>, Arc<VmmSource<SimSource>>, Pool) {
     let pool = Pool::new(vmm.clone(), PoolConfig::default()).unwrap();
     (sim, vmm, pool)
 }
+
+// Said "range 0..0+0 is out of bounds of 4096 bytes": a copy of nothing, well inside the
+// region, read as a range past its end, and the message did not say what to change.
+#[test]
+fn a_copy_or_fill_of_zero_bytes_says_it_is_empty() {
+    let pool = Pool::new(sim(256 * MIB), PoolConfig::default()).unwrap();
+    let stream = pool.create_stream().unwrap();
+    let (mut a, b) = (
+        pool.alloc_device(4096).unwrap(),
+        pool.alloc_device(4096).unwrap(),
+    );
+    let mut host = [0u8; 0];
+    for r in [
+        pool.copy(&mut a, 0, &b, 0, 0),
+        pool.copy_async(&mut a, 0, &b, 0, 0, &stream),
+        pool.memset(&mut a, 64, 1, 0),
+        pool.copy_from_host(&mut a, 0, &[]),
+        pool.copy_to_host(&b, 0, &mut host),
+    ] {
+        let e = r.unwrap_err();
+        assert!(matches!(e, Error::OutOfBounds { len: 0, .. }), "{e:?}");
+        let m = e.to_string();
+        assert!(m.contains("0 bytes") && !m.contains("out of bounds"), "{m}");
+    }
+    // A range that does pass the end still says so.
+    let m = pool.copy(&mut a, 64, &b, 0, 4096).unwrap_err().to_string();
+    assert!(m.contains("out of bounds"), "{m}");
+    drop((a, b));
+    pool.validate().unwrap();
+}
