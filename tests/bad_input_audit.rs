@@ -712,3 +712,22 @@ fn a_copy_or_fill_of_zero_bytes_says_it_is_empty() {
     drop((a, b));
     pool.validate().unwrap();
 }
+
+// A limit below one 2 MiB chunk was taken, and then every allocation of the kind failed
+// with "device pool limit 1048576 bytes would be passed: requested 64, reserved 0".
+#[test]
+fn a_limit_below_one_chunk_granule_is_refused_when_the_pool_is_made() {
+    for limit in [MIB, 2 * MIB - 1] {
+        let made = Pool::new(sim(256 * MIB), PoolConfig::default().with_limit(limit));
+        let parsed = PoolConfig::parse(&format!("limit:{limit}"));
+        for e in [made.map(|_| ()).unwrap_err(), parsed.unwrap_err()] {
+            assert!(
+                matches!(e, Error::Config(ref m) if m.contains("limit") && m.contains("2 MiB")),
+                "{limit}: {e:?}"
+            );
+        }
+    }
+    // One granule is enough for a small request.
+    let pool = Pool::new(sim(256 * MIB), PoolConfig::parse("limit:2m").unwrap()).unwrap();
+    drop(pool.alloc_device(64).unwrap());
+}

@@ -16,7 +16,7 @@ pub const CONF_ENV: &str = "ASCEND_POOL_CONF";
 /// | `chunk_size` | [`chunk_size`](Self::chunk_size): largest ordinary block taken from the source | `128m` |
 /// | `large_threshold` | [`large_threshold`](Self::large_threshold): requests at least this big get a chunk of their own size | `chunk_size / 2` |
 /// | `padding` | [`padding`](Self::padding): carve-rule padding after each segment | `32` |
-/// | `limit` | [`limit`](Self::limit): most bytes one memory kind may reserve (`0` = none) | `0` |
+/// | `limit` | [`limit`](Self::limit): most bytes one memory kind may reserve (`0` = none, else at least `2m`) | `0` |
 /// | `release_threshold` | [`release_threshold`](Self::release_threshold): empty chunks beyond this many bytes go back at once (all of them before the kind grows) | `128m` |
 /// | `debug` | [`debug`](Self::debug): canaries in the padding, checked on free | `0` |
 /// | `thread_cache` | [`thread_cache`](Self::thread_cache): bytes of free segments each thread may keep (`off` or `0` = no caches) | `2m` |
@@ -51,7 +51,10 @@ pub struct PoolConfig {
     pub large_threshold: u64,
     /// Carve-rule padding after each segment (32 by default; 0 on newer SoCs).
     pub padding: u64,
-    /// Most bytes one memory kind may reserve from the source; 0 means no limit.
+    /// Most bytes one memory kind may reserve from the source; 0 means no limit. Chunks
+    /// come in whole 2 MiB granules, so a limit is at least one granule (a smaller one is
+    /// refused by [`validate`](Self::validate)), and bytes past its last whole granule are
+    /// never reserved.
     pub limit: u64,
     /// Bytes of empty chunks a kind keeps cached; beyond this they go back on free. Below
     /// `chunk_size`, a chunk that empties may go straight back and be asked for again.
@@ -241,6 +244,13 @@ impl PoolConfig {
             )));
         }
         crate::align::CarveRule::new(self.padding, 64)?;
+        // Chunks come in whole granules: under one, every allocation would pass the limit.
+        if self.limit != 0 && self.limit < CHUNK_GRANULE {
+            return Err(Error::Config(format!(
+                "limit {} is below one chunk granule (2 MiB): no chunk could be taken",
+                self.limit
+            )));
+        }
         // AscendCL device ids count from 0: a negative one names no device, and would only
         // be refused at the pool's first allocation.
         if self.device < 0 {
@@ -406,8 +416,11 @@ mod tests {
             ("3M", 3 << 20),
             (" 3g ", 3 << 30),
         ] {
+            // A size key that takes any value (a limit is at least one chunk granule).
             assert_eq!(
-                PoolConfig::parse(&format!("limit:{v}")).unwrap().limit,
+                PoolConfig::parse(&format!("release_threshold:{v}"))
+                    .unwrap()
+                    .release_threshold,
                 bytes,
                 "{v}"
             );
