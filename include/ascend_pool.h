@@ -178,8 +178,9 @@ ap_status ap_alloc(ap_pool pool, ap_kind kind, uint64_t len, ap_region *out);
 ap_status ap_alloc_aligned(ap_pool pool, uint64_t len, uint64_t align, ap_region *out);
 /* Device memory with 128-byte starts, fit for model input. */
 ap_status ap_alloc_model_input(ap_pool pool, uint64_t len, ap_region *out);
-/* Device or DVPP memory for work ordered on `stream`: memory freed while work on this stream
- * still used it is reused at once, the work running in stream order. */
+/* Device or DVPP memory (AP_KIND_DEVICE or AP_KIND_DVPP; other kinds get AP_ERR_WRONG_KIND)
+ * for work ordered on `stream`: memory freed while work on this stream still used it is
+ * reused at once, the work running in stream order. */
 ap_status ap_alloc_on(ap_pool pool, ap_kind kind, uint64_t len, ap_stream stream, ap_region *out);
 /* Frees a region; if streams have work queued on it, its memory is reused once they pass it.
  * AP_ERR_CORRUPTION (debug mode) reports an overwritten padding: the region is freed all the
