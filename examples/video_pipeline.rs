@@ -21,7 +21,7 @@ const MODEL_OUTPUT: u64 = 25_200 * 85 * 2; // fp16 detections
 fn vdec(
     pool: &Pool,
     packet: &impl DvppInput,
-    frame: &mut (impl DvppOutput + ascend_pool::region::AsyncCopySafe),
+    frame: &mut impl DvppOutput,
     seq: u8,
     stream: &ascend_pool::Stream,
 ) -> ascend_pool::Result<()> {

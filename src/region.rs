@@ -3,7 +3,7 @@
 //! Each memory kind has its own region type, and capability traits say what a region may
 //! be given to:
 //! - [`AsyncCopySafe`]: start 64-aligned, so `aclrtMemcpyAsync` accepts it;
-//! - [`DvppInput`] / [`DvppOutput`]: DVPP memory;
+//! - [`DvppInput`] / [`DvppOutput`]: DVPP memory (128-aligned, so async-copy safe too);
 //! - [`ModelInput`]: start 128-aligned (DVPP output feeding a model, or device memory
 //!   allocated as model input).
 //!
@@ -75,10 +75,29 @@ pub trait Region: sealed::Sealed {
 
 /// A region whose start is 64-aligned: `aclrtMemcpyAsync` accepts it.
 pub trait AsyncCopySafe: Region {}
-/// A region DVPP may read.
-pub trait DvppInput: Region {}
-/// A region DVPP may write.
-pub trait DvppOutput: Region {}
+/// A region DVPP may read. DVPP memory starts 128-aligned, so an asynchronous copy takes it.
+pub trait DvppInput: AsyncCopySafe {}
+/// A region DVPP may write; an asynchronous copy or fill takes it too, so a stand-in for a
+/// decoder needs no other bound:
+///
+/// ```
+/// use ascend_pool::region::{DvppInput, DvppOutput};
+/// use ascend_pool::{Pool, PoolConfig, Result, SimSource, Stream};
+/// use std::sync::Arc;
+///
+/// fn decode(pool: &Pool, packet: &impl DvppInput, frame: &mut impl DvppOutput, s: &Stream) -> Result<()> {
+///     pool.copy_async(frame, 0, packet, 0, 4096, s)?;
+///     pool.memset_async(frame, 4096, 0x80, 4096, s)
+/// }
+///
+/// let pool = Pool::new(Arc::new(SimSource::default()), PoolConfig::default())?;
+/// let stream = pool.create_stream()?;
+/// let (packet, mut frame) = (pool.alloc_dvpp(4096)?, pool.alloc_dvpp(8192)?);
+/// decode(&pool, &packet, &mut frame, &stream)?;
+/// stream.synchronize()?;
+/// # Ok::<(), ascend_pool::Error>(())
+/// ```
+pub trait DvppOutput: AsyncCopySafe {}
 /// A region a model may take as input: start 128-aligned.
 pub trait ModelInput: AsyncCopySafe {}
 
