@@ -88,3 +88,40 @@ fn a_kind_whose_requests_failed_is_in_the_snapshot() {
     let svg = ascend_pool::svg::pool_state(&snap, "refused");
     assert!(svg.contains("dvpp: 0 chunk(s)"), "{svg}");
 }
+
+/// After `reset_peak_stats` a kind's peaks are its current figures, and then follow what
+/// runs after the call (as `torch.npu.reset_peak_memory_stats`): a phase's own peak can be
+/// read without making a new pool.
+#[test]
+fn reset_peak_stats_lowers_the_peaks_to_the_current_figures() {
+    use ascend_pool::MemKind;
+    let pool = Pool::new(Arc::new(SimSource::default()), PoolConfig::default()).unwrap();
+    let kept = pool.alloc_dvpp(1 << 20).unwrap();
+    drop(pool.alloc_dvpp(40 << 20).unwrap());
+    pool.trim();
+    let before = pool.stats(MemKind::Dvpp);
+    assert!(before.peak_requested_bytes > 40 << 20, "{before:?}");
+    pool.reset_peak_stats();
+    let s = pool.stats(MemKind::Dvpp);
+    assert_eq!(
+        (
+            s.peak_allocated_bytes,
+            s.peak_requested_bytes,
+            s.peak_reserved_bytes
+        ),
+        (
+            s.allocated_bytes + s.cached_bytes,
+            s.requested_bytes,
+            s.reserved_bytes
+        ),
+        "{s:?}"
+    );
+    assert_eq!(s.requested_bytes, 1 << 20);
+    // The next phase raises them again.
+    let more = pool.alloc_dvpp(3 << 20).unwrap();
+    let s = pool.stats(MemKind::Dvpp);
+    assert_eq!(s.peak_requested_bytes, 4 << 20, "{s:?}");
+    assert!(s.peak_reserved_bytes >= s.reserved_bytes);
+    drop((kept, more));
+    pool.validate().unwrap();
+}

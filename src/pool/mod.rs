@@ -766,6 +766,24 @@ impl Pool {
         MemKind::ALL.iter().map(|&k| self.stats(k)).collect()
     }
 
+    /// Lowers every kind's peaks (`peak_allocated_bytes`, `peak_requested_bytes`,
+    /// `peak_reserved_bytes`) to its current figures, as `torch.npu.reset_peak_memory_stats`
+    /// does: the peaks [`stats`](Self::stats) reads afterwards are those of what ran since.
+    /// Nothing else changes.
+    pub fn reset_peak_stats(&self) {
+        if self.inner.forked() {
+            return;
+        }
+        for m in &self.inner.kinds {
+            let s = &mut m.lock().stats;
+            // The kind's own figures count cached segments as allocated: the peaks are
+            // those of `allocated_bytes + cached_bytes`, as `stats` documents.
+            s.peak_allocated_bytes = s.allocated_bytes;
+            s.peak_requested_bytes = s.requested_bytes;
+            s.peak_reserved_bytes = s.reserved_bytes;
+        }
+    }
+
     /// Gives every empty chunk back to the source (after reclaiming completed deferred frees).
     /// Returns the bytes released.
     /// Thread caches are flushed first.
