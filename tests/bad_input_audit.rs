@@ -731,3 +731,19 @@ fn a_limit_below_one_chunk_granule_is_refused_when_the_pool_is_made() {
     let pool = Pool::new(sim(256 * MIB), PoolConfig::parse("limit:2m").unwrap()).unwrap();
     drop(pool.alloc_device(64).unwrap());
 }
+
+// Was Error::Carve(BadPadding): a configuration the pool refuses is an Error::Config, as
+// PoolConfig::from_env and Error::Config say, whichever key is wrong.
+#[test]
+fn a_padding_the_carve_rule_refuses_is_a_configuration_error() {
+    let made = Pool::new(sim(256 * MIB), PoolConfig::default().with_padding(16));
+    for e in [
+        PoolConfig::parse("padding:16").unwrap_err(),
+        made.map(|_| ()).unwrap_err(),
+    ] {
+        assert!(
+            matches!(e, Error::Config(ref m) if m.contains("padding 16")),
+            "{e:?}"
+        );
+    }
+}

@@ -431,6 +431,14 @@ fn refused_calls_leave_the_pool_as_it_was() {
             Status::Config,
             "limit",
         );
+        // A padding the carve rule refuses is the configuration's fault too (it was
+        // AP_ERR_INVALID_SIZE, a status the header gives sizes and alignments).
+        expect(
+            "padding",
+            ap_pool_create(SOURCE_SIM, c"padding:16".as_ptr(), &mut r),
+            Status::Config,
+            "padding 16",
+        );
         expect(
             "source",
             ap_pool_create(4, null(), &mut r),

@@ -243,7 +243,8 @@ impl PoolConfig {
                 self.chunk_size
             )));
         }
-        crate::align::CarveRule::new(self.padding, 64)?;
+        // The rule's own refusal, as the configuration's: the caller fixes a key, not a size.
+        crate::align::CarveRule::new(self.padding, 64).map_err(|e| Error::Config(e.to_string()))?;
         // Chunks come in whole granules: under one, every allocation would pass the limit.
         if self.limit != 0 && self.limit < CHUNK_GRANULE {
             return Err(Error::Config(format!(
