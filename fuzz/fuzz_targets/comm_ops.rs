@@ -2,7 +2,8 @@
 //! them: source regions of any size are made and filled, written into two windows of the far
 //! rank at any offsets and lengths, and freed at once, while the stream is held back now and
 //! then (so writes queue up behind freed regions and new ones are made meanwhile), windows are
-//! deregistered and registered again, and the runtime refuses a write now and then.
+//! deregistered (once the writes into them have landed, as the writer's notifications would
+//! tell a rank) and registered again, and the runtime refuses a write now and then.
 //!
 //! Notifications go alongside: rank 0 records them after its writes, rank 1's stream waits
 //! for them (only for one a record already queued will answer, so no wait is left hanging),
@@ -18,7 +19,7 @@
 #![no_main]
 
 use arbitrary::Arbitrary;
-use ascend_pool::comm::{RemoteWindow, WINDOW_GRANULE};
+use ascend_pool::comm::{RegisteredWindow, RemoteWindow, WINDOW_GRANULE};
 use ascend_pool::source::sim::{AclFunc, Fault, SimConfig, SimSource, CHANNEL_NOTIFIES};
 use ascend_pool::{AclError, DeviceRegion, Error, HostRegion, Pool, PoolConfig, Region};
 use libfuzzer_sys::fuzz_target;
@@ -104,6 +105,21 @@ struct Source {
     len: u64,
 }
 
+/// A window of rank 1: its region, registered or not.
+enum Window {
+    Registered(RegisteredWindow<DeviceRegion>),
+    Unregistered(DeviceRegion),
+}
+
+impl Window {
+    fn region(&self) -> &DeviceRegion {
+        match self {
+            Window::Registered(w) => w.region(),
+            Window::Unregistered(r) => r,
+        }
+    }
+}
+
 fn window_bytes(pool: &Pool, w: &DeviceRegion) -> Vec<u8> {
     let mut out = vec![0u8; WLEN as usize];
     pool.copy_to_host(w, 0, &mut out).expect("read a window");
@@ -123,18 +139,20 @@ fuzz_target!(|ops: Vec<Op>| {
             .alloc_device_aligned(WLEN, WINDOW_GRANULE)
             .expect("a window");
         rank1.memset(&mut w, 0, 0, WLEN).expect("clear a window");
-        sim.register_window(1, w.addr(), WLEN).expect("register");
-        windows.push(w);
+        let w = rank1.register_window(w).expect("register");
+        windows.push(Some(Window::Registered(w)));
     }
     // The simulator lists windows by address; the shadow goes by the order they were made.
     let listed = RemoteWindow::of_sim(&sim, channel).expect("windows");
     let far: Vec<RemoteWindow> = windows
         .iter()
         .map(|w| {
-            *listed
-                .iter()
-                .find(|f| f.addr() == w.addr())
-                .expect("listed")
+            let at = w
+                .as_ref()
+                .expect("every window is in place")
+                .region()
+                .addr();
+            *listed.iter().find(|f| f.addr() == at).expect("listed")
         })
         .collect();
     let mut shadow = vec![vec![0u8; WLEN as usize]; WINDOWS];
@@ -226,22 +244,30 @@ fuzz_target!(|ops: Vec<Op>| {
                 stream1
                     .synchronize()
                     .expect("every wait of rank 1 answered");
-                for (w, window) in windows.iter().enumerate() {
+                for (w, window) in windows.iter().flatten().enumerate() {
                     assert!(
-                        window_bytes(&rank1, window) == shadow[w],
+                        window_bytes(&rank1, window.region()) == shadow[w],
                         "window {w} differs"
                     );
                 }
             }
             Op::Toggle { window } => {
                 let w = window as usize % WINDOWS;
-                if registered[w] {
-                    sim.deregister_window(windows[w].addr())
-                        .expect("deregister");
-                } else {
-                    sim.register_window(1, windows[w].addr(), WLEN)
-                        .expect("register again");
-                }
+                windows[w] = Some(match windows[w].take().expect("in place") {
+                    Window::Registered(window) => {
+                        // The writes queued into it land first: a write still queued when
+                        // its window goes lands nowhere (and fails its stream's task).
+                        drop(hold.take());
+                        stream.synchronize().expect("synchronize");
+                        Window::Unregistered(window.into_region().expect("deregister"))
+                    }
+                    Window::Unregistered(region) => Window::Registered(
+                        rank1
+                            .register_window(region)
+                            .map_err(|e| e.error)
+                            .expect("register again"),
+                    ),
+                });
                 registered[w] = !registered[w];
             }
             Op::Record { index } => {
@@ -302,9 +328,9 @@ fuzz_target!(|ops: Vec<Op>| {
     stream1
         .synchronize()
         .expect("every wait of rank 1 answered");
-    for (w, window) in windows.iter().enumerate() {
+    for (w, window) in windows.iter().flatten().enumerate() {
         assert!(
-            window_bytes(&rank1, window) == shadow[w],
+            window_bytes(&rank1, window.region()) == shadow[w],
             "window {w} differs at the end"
         );
     }
