@@ -1359,13 +1359,7 @@ impl PoolInner {
         footprint: u64,
     ) -> Result<RawSegment> {
         let mut k = self.kinds[kind.index()].lock();
-        if k.live.vacant_key() >= 1 << KEY_BITS {
-            // Segment handles keep 27-bit keys (see `RawSegment`).
-            return Err(Error::Invalid(format!(
-                "{} pool: more than 2^27 live segments",
-                k.kind
-            )));
-        }
+        Self::key_room(&k)?;
         let kind = k.kind;
         let (chunk, alloc) = match self.carve_existing(&mut k, len, rule, footprint) {
             Some(x) => x,
@@ -1412,6 +1406,23 @@ impl PoolInner {
         Ok(RawSegment::new(kind, addr, align, key, alloc))
     }
 
+    /// `Ok` while `k` can register one more live segment: segment handles keep 27-bit keys
+    /// (see [`RawSegment`]). Checked again wherever an allocation takes the lock back after
+    /// letting it go, since other threads may have registered segments meanwhile.
+    #[inline(always)]
+    fn key_room(k: &KindPool) -> Result<()> {
+        if k.live.vacant_key() >= 1 << KEY_BITS {
+            return Err(Self::too_many_segments(k.kind));
+        }
+        Ok(())
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn too_many_segments(kind: MemKind) -> Error {
+        Error::Invalid(format!("{kind} pool: more than 2^27 live segments"))
+    }
+
     /// No chunk of `k` could carve the request: reclaims, grows, and when the source has no
     /// memory left, takes back what the other kinds hold idle. Out of line and cold, so the
     /// common path of [`allocate_from_kind`](Self::allocate_from_kind) keeps a small frame.
@@ -1450,6 +1461,9 @@ impl PoolInner {
             drop(k);
             self.pass_pending_events(m);
             k = m.lock();
+            if let Err(e) = Self::key_room(&k) {
+                return (k, Err(e), false);
+            }
             ooms = k.stats.ooms;
             // Once waited for, the last pass goes on under the lock: it answers.
             got = self.grow_and_carve(&mut k, len, rule, footprint, true);
@@ -1505,6 +1519,7 @@ impl PoolInner {
         if released == 0 && self.returned.0.load(Ordering::Relaxed) == returned {
             return Err(refused);
         }
+        Self::key_room(&k)?;
         let (mut k, again, counted) = match self.carve_existing(&mut k, len, rule, footprint) {
             Some(x) => (k, Ok(x), false),
             None => self.carve_or_grow(k, (len, rule, footprint)),
