@@ -376,7 +376,34 @@ pub struct Stream {
     /// a `Weak` of it, and forget the stream once it is gone. Kept alive for good when the
     /// runtime refuses to destroy the stream (its work may still run).
     alive: Arc<()>,
+    /// The events [`wait_for`](Self::wait_for) has this stream wait on, all of this
+    /// stream's device.
+    waits: Mutex<WaitEvents>,
 }
+
+/// Events a [`Stream`] waits on ([`Stream::wait_for`]), and what it may do with them.
+///
+/// Invariants: an event is in at most one of `queued` and `idle`, and is never `marker`;
+/// no queued wait of the stream names an event of `idle`, so one may be recorded again or
+/// destroyed (the reference says neither whether a queued wait survives a new record of
+/// its event nor whether the event may be destroyed under it); `queued` holds at most
+/// [`WAIT_EVENTS_MAX`] events; when `fenced`, `marker` was recorded on the stream after the
+/// waits on every event of `queued`.
+#[derive(Debug, Default)]
+struct WaitEvents {
+    /// Events a wait queued on the stream may still name.
+    queued: SmallVec<[EventHandle; 4]>,
+    /// Events no queued wait names.
+    idle: SmallVec<[EventHandle; 4]>,
+    /// Recorded on the stream after each wait, never waited on: once it has completed, the
+    /// stream has passed every wait on `queued`.
+    marker: Option<EventHandle>,
+    fenced: bool,
+}
+
+/// Events whose waits a [`Stream`] may have queued at once: past them,
+/// [`Stream::wait_for`] first waits for the stream to pass its earlier waits.
+const WAIT_EVENTS_MAX: usize = 8;
 
 impl Stream {
     /// The raw handle.
@@ -390,6 +417,94 @@ impl Stream {
     /// Waits for all work queued so far.
     pub fn synchronize(&self) -> Result<()> {
         self.source.synchronize_stream(self.handle)
+    }
+
+    /// Orders the work queued on this stream after this call after the work queued on
+    /// `other` before it (`aclrtRecordEvent` on `other`, `aclrtStreamWaitEvent` on this
+    /// one), and returns at once: a pipeline decoding on one stream and running its model on
+    /// another makes the model's stream wait for the decoder's.
+    ///
+    /// ```
+    /// use ascend_pool::{Pool, PoolConfig, SimSource};
+    /// use std::sync::Arc;
+    /// let pool = Pool::new(Arc::new(SimSource::default()), PoolConfig::default())?;
+    /// let (decode, model) = (pool.create_stream()?, pool.create_stream()?);
+    /// let packet = pool.alloc_dvpp(4096)?;
+    /// let mut frame = pool.alloc_dvpp(4096)?;
+    /// pool.copy_async(&mut frame, 0, &packet, 0, 4096, &decode)?;
+    /// model.wait_for(&decode)?; // the model's work from here runs after the decode
+    /// let mut input = pool.alloc_model_input(4096)?;
+    /// pool.copy_async(&mut input, 0, &frame, 0, 4096, &model)?;
+    /// model.synchronize()?;
+    /// # Ok::<(), ascend_pool::Error>(())
+    /// ```
+    ///
+    /// The events it takes belong to this stream, which records one again only once it has
+    /// passed the wait on it, and destroys them when dropped (after its work has run). With
+    /// 8 of its waits still queued, a call first waits on the host for the stream to pass
+    /// them: so a stream that is never let run (one waiting for work the calling thread has
+    /// yet to queue) blocks the ninth call.
+    ///
+    /// Waiting on itself does nothing. A stream of another source, or of another device, is
+    /// refused with [`Error::ForeignHandle`]: its handle names nothing here, and waits
+    /// between devices are not known to be allowed.
+    pub fn wait_for(&self, other: &Stream) -> Result<()> {
+        other.belongs_to(&self.source, self.device)?;
+        if other.handle == self.handle {
+            return Ok(());
+        }
+        let mut w = self.waits.lock().unwrap_or_else(|p| p.into_inner());
+        self.reclaim(&mut w, false)?;
+        if w.idle.is_empty() && w.queued.len() >= WAIT_EVENTS_MAX {
+            self.reclaim(&mut w, true)?;
+        }
+        let ev = match w.idle.pop() {
+            Some(ev) => ev,
+            None => self.source.create_event(self.device)?,
+        };
+        let queued = self
+            .source
+            .record_event(ev, other.handle)
+            .and_then(|()| self.source.stream_wait_event(self.handle, ev));
+        if let Err(e) = queued {
+            // No wait names it: a record alone may be made again.
+            w.idle.push(ev);
+            return Err(e);
+        }
+        w.queued.push(ev);
+        // The marker is bookkeeping: the wait is queued whether or not it is recorded.
+        let marker = match w.marker {
+            Some(m) => Ok(m),
+            None => self.source.create_event(self.device),
+        };
+        w.fenced = match marker {
+            Ok(m) => {
+                w.marker = Some(m);
+                self.source.record_event(m, self.handle).is_ok()
+            }
+            Err(_) => false,
+        };
+        Ok(())
+    }
+
+    /// Moves the events of `w.queued` to `w.idle` once the stream has passed the waits on
+    /// them: when the marker says so, or (if `block`) after waiting for the marker, or for
+    /// the whole stream when no marker covers them. A failed query leaves them queued.
+    fn reclaim(&self, w: &mut WaitEvents, block: bool) -> Result<()> {
+        if w.queued.is_empty() {
+            return Ok(());
+        }
+        let passed = match (w.marker.filter(|_| w.fenced), block) {
+            (Some(m), false) => self.source.query_event(m).unwrap_or(false),
+            (Some(m), true) => self.source.synchronize_event(m).map(|()| true)?,
+            (None, false) => false,
+            (None, true) => self.source.synchronize_stream(self.handle).map(|()| true)?,
+        };
+        if passed {
+            let done = std::mem::take(&mut w.queued);
+            w.idle.extend(done);
+        }
+        Ok(())
     }
 
     /// `Ok` when a pool of `device` on `source` may queue work on this stream: a handle is
@@ -411,7 +526,19 @@ static UNDESTROYED: Mutex<Vec<Arc<()>>> = Mutex::new(Vec::new());
 
 impl Drop for Stream {
     fn drop(&mut self) {
-        let _ = self.source.synchronize_stream(self.handle);
+        let synced = self.source.synchronize_stream(self.handle).is_ok();
+        let w = self.waits.get_mut().unwrap_or_else(|p| p.into_inner());
+        // Once the stream has run its work, no wait of it names an event of `queued`; if it
+        // could not be synchronized they are kept (at most `WAIT_EVENTS_MAX`).
+        let done = synced.then(|| std::mem::take(&mut w.queued));
+        for ev in w
+            .idle
+            .drain(..)
+            .chain(w.marker.take())
+            .chain(done.into_iter().flatten())
+        {
+            let _ = self.source.destroy_event(ev);
+        }
         if self.source.destroy_stream(self.handle).is_err() {
             match UNDESTROYED.try_lock() {
                 Ok(mut kept) => kept.push(Arc::clone(&self.alive)),
@@ -584,6 +711,7 @@ impl Pool {
             handle,
             device,
             alive: Arc::new(()),
+            waits: Mutex::default(),
         })
     }
 

@@ -1235,3 +1235,102 @@ fn synchronize_records_nothing_on_a_stream_destroyed_after_a_free() {
     );
     every_free_completes(&pool);
 }
+
+/// `Stream::wait_for`: a pipeline that decodes on `a` and runs its model on `b` orders `b`'s
+/// later copy after `a`'s earlier one, and the call returns while `a` is still held. Without
+/// the wait, `b` would copy the zeros the device region held before `a`'s copy.
+#[test]
+fn wait_for_orders_a_later_copy_after_another_streams_earlier_one() {
+    let sim = sim(0);
+    let pool = pool_over(&sim);
+    let (a, b) = (pool.create_stream().unwrap(), pool.create_stream().unwrap());
+    let mut packet = pool.alloc_host(LEN).unwrap();
+    packet.as_mut_slice().fill(0xAA);
+    let mut frame = pool.alloc_device(LEN).unwrap();
+    let mut out = pool.alloc_host(LEN).unwrap();
+    out.as_mut_slice().fill(0);
+    let hold = sim.hold_stream(a.handle()).unwrap();
+    pool.copy_async(&mut frame, 0, &packet, 0, LEN, &a).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::scope(|scope| {
+        // Releases `a` when told, or after 10 s: a wait_for that blocked on the held stream
+        // ends then, and fails the timing check below rather than hanging.
+        scope.spawn(move || {
+            let _ = rx.recv_timeout(Duration::from_secs(10));
+            hold.release();
+        });
+        let started = std::time::Instant::now();
+        b.wait_for(&a).unwrap();
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "wait_for blocked until the other stream ran"
+        );
+        pool.copy_async(&mut out, 0, &frame, 0, LEN, &b).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(sim.pending_ops(b.handle()).unwrap() > 0, "b waits for a");
+        tx.send(()).unwrap();
+    });
+    b.synchronize().unwrap();
+    assert!(
+        out.as_slice().iter().all(|&x| x == 0xAA),
+        "b's copy ran before a's"
+    );
+}
+
+/// Each `wait_for` needs an event recorded on the other stream; the waiting stream keeps a
+/// few and records them again once its waits on them have passed, so a long run creates a
+/// bounded number, and dropping the stream destroys them.
+#[test]
+fn wait_for_keeps_a_bounded_number_of_events() {
+    let sim = sim(0);
+    let pool = pool_over(&sim);
+    let (a, b) = (pool.create_stream().unwrap(), pool.create_stream().unwrap());
+    let mut dev = pool.alloc_device(4096).unwrap();
+    let before = sim.stats().live_events;
+    for _ in 0..2000 {
+        pool.memset_async(&mut dev, 0, 1, 4096, &a).unwrap();
+        b.wait_for(&a).unwrap();
+        a.wait_for(&b).unwrap();
+    }
+    let st = sim.stats();
+    assert!(
+        st.live_events - before <= 20 && st.calls(AclFunc::CreateEvent) <= 20,
+        "events grow with the calls: {} live, {} created",
+        st.live_events,
+        st.calls(AclFunc::CreateEvent)
+    );
+    // Waiting on itself orders nothing new, and queues nothing.
+    let waits = sim.stats().calls(AclFunc::StreamWaitEvent);
+    b.wait_for(&b).unwrap();
+    assert_eq!(sim.stats().calls(AclFunc::StreamWaitEvent), waits);
+    drop((a, b));
+    assert_eq!(
+        sim.stats().live_events,
+        before,
+        "the streams' events go with them"
+    );
+    drop(dev);
+    pool.synchronize().unwrap();
+}
+
+/// A stream of another source, or of another device of the same source, is refused: its
+/// handle names nothing here, and the reference does not say that a stream may wait for an
+/// event of another device.
+#[test]
+fn wait_for_refuses_streams_of_another_source_or_device() {
+    let sim = Arc::new(SimSource::new(SimConfig::default().with_devices(2)).unwrap());
+    let source: Arc<dyn BlockSource> = Arc::clone(&sim) as Arc<dyn BlockSource>;
+    let pool0 = Pool::new(Arc::clone(&source), PoolConfig::default()).unwrap();
+    let pool1 = Pool::new(source, PoolConfig::default().with_device(1)).unwrap();
+    let other = pool_over(&self::sim(0));
+    let (s0, s1, foreign) = (
+        pool0.create_stream().unwrap(),
+        pool1.create_stream().unwrap(),
+        other.create_stream().unwrap(),
+    );
+    let calls = sim.stats().calls(AclFunc::RecordEvent);
+    assert_eq!(s0.wait_for(&s1), Err(Error::ForeignHandle));
+    assert_eq!(s1.wait_for(&s0), Err(Error::ForeignHandle));
+    assert_eq!(s0.wait_for(&foreign), Err(Error::ForeignHandle));
+    assert_eq!(sim.stats().calls(AclFunc::RecordEvent), calls);
+}
