@@ -685,6 +685,22 @@ impl Pool {
         })
     }
 
+    /// Model input (128-byte starts) for work ordered on `stream`, as
+    /// [`alloc_device_on`](Self::alloc_device_on): a segment freed behind `stream`'s work is
+    /// taken over at once only when it has the length asked for and a 128-aligned start.
+    pub fn alloc_model_input_on(
+        &self,
+        len: u64,
+        stream: &Stream,
+    ) -> Result<DeviceRegion<Align128>> {
+        let kind = MemKind::Device(self.config().policy);
+        let seg = self.segment_on(kind, len, 128, stream)?;
+        Ok(DeviceRegion {
+            seg,
+            _align: PhantomData,
+        })
+    }
+
     /// DVPP memory for work ordered on `stream` (see [`alloc_device_on`](Self::alloc_device_on)).
     pub fn alloc_dvpp_on(&self, len: u64, stream: &Stream) -> Result<DvppRegion> {
         let seg = self.segment_on(MemKind::Dvpp, len, 128, stream)?;

@@ -1334,3 +1334,45 @@ fn wait_for_refuses_streams_of_another_source_or_device() {
     assert_eq!(s0.wait_for(&foreign), Err(Error::ForeignHandle));
     assert_eq!(sim.stats().calls(AclFunc::RecordEvent), calls);
 }
+
+/// `alloc_model_input_on`: model input for work ordered on a stream is 128-aligned, reused
+/// at once after a region of its shape freed behind that stream's work, and never takes a
+/// freed segment whose start is only 64-aligned.
+#[test]
+fn model_input_on_a_stream_is_reused_at_once_and_stays_128_aligned() {
+    let sim = sim(0);
+    let pool = pool_over(&sim);
+    let s = pool.create_stream().unwrap();
+    let staging = pool.alloc_host(LEN).unwrap();
+    let hold = sim.hold_stream(s.handle()).unwrap();
+    let mut a = pool.alloc_model_input_on(LEN, &s).unwrap();
+    let a_addr = a.addr();
+    assert_eq!(a_addr % 128, 0);
+    pool.copy_async(&mut a, 0, &staging, 0, LEN, &s).unwrap();
+    drop(a);
+    let b = pool.alloc_model_input_on(LEN, &s).unwrap();
+    assert_eq!(b.addr(), a_addr, "same stream, same shape: reused at once");
+    assert_eq!(pool.stats(MemKind::DEVICE).pending_frees, 0);
+
+    // Two 100-byte device regions take 192 bytes each: the second starts 64-aligned only.
+    let mut small: Vec<_> = (0..2)
+        .map(|_| pool.alloc_device_on(100, &s).unwrap())
+        .collect();
+    let odd = small.iter().position(|r| r.addr() % 128 != 0).unwrap();
+    let odd_addr = small[odd].addr();
+    for r in &mut small {
+        pool.memset_async(r, 0, 1, 100, &s).unwrap();
+    }
+    drop(small);
+    let taken: Vec<_> = (0..2)
+        .map(|_| pool.alloc_model_input_on(100, &s).unwrap())
+        .collect();
+    for r in &taken {
+        assert_eq!(r.addr() % 128, 0);
+        assert_ne!(r.addr(), odd_addr);
+    }
+    pool.validate().unwrap();
+    hold.release();
+    drop((b, taken));
+    every_free_completes(&pool);
+}
