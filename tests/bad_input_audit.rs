@@ -747,3 +747,21 @@ fn a_padding_the_carve_rule_refuses_is_a_configuration_error() {
         );
     }
 }
+
+// A pool of a device the simulator lacks was made, and then every allocation and stream
+// failed with ACL_ERROR_RT_PARAM_INVALID: the simulator knows how many devices it has.
+#[test]
+fn a_pool_of_a_device_the_source_lacks_is_refused_when_made() {
+    let two = || Arc::new(SimSource::new(SimConfig::default().with_devices(2)).unwrap());
+    for device in [2, 5] {
+        let made = Pool::new(two(), PoolConfig::default().with_device(device));
+        let e = made.map(|_| ()).unwrap_err();
+        assert!(
+            matches!(e, Error::Config(ref m) if m.contains(&format!("device {device} is not one of the 2 devices"))),
+            "{device}: {e:?}"
+        );
+    }
+    let pool = Pool::new(two(), PoolConfig::default().with_device(1)).unwrap();
+    drop(pool.alloc_device(64).unwrap());
+    drop(pool.create_stream().unwrap());
+}

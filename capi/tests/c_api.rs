@@ -1610,10 +1610,13 @@ fn pools_on_several_devices_of_the_simulator_work_side_by_side() {
             assert_eq!(ap_pool_validate(pool), Status::Ok);
             assert_eq!(destroy(pool), 0);
         }
-        // A ninth device the machine does not have.
-        let pool = pool_with("device:8");
-        assert_eq!(alloc(pool, KIND_DEVICE, 4096), Err(Status::Runtime));
-        assert_eq!(destroy(pool), 0);
+        // A ninth device the machine does not have: refused when the pool is made (it was
+        // made, and refused every allocation with AP_ERR_RUNTIME).
+        let conf = std::ffi::CString::new("device:8").unwrap();
+        let mut pool = 0;
+        // SAFETY: a NUL-terminated string and a writable handle.
+        let got = unsafe { ap_pool_create(source, conf.as_ptr(), &mut pool) };
+        expect("device 8", got, Status::Config, "device 8");
     }
 
     // Published on device 3, opened there.
@@ -1636,4 +1639,16 @@ fn pools_on_several_devices_of_the_simulator_work_side_by_side() {
     assert_eq!(ap_mapping_close(m), Status::Ok);
     assert_eq!(ap_free(pool, r), Status::Ok);
     assert_eq!(destroy(pool), 0);
+}
+
+/// A pool of a device the simulator does not have (it has 8) is refused at creation.
+#[test]
+fn a_pool_of_a_device_the_source_lacks_is_refused() {
+    let conf = std::ffi::CString::new("device:8").unwrap();
+    let mut pool = 0;
+    // SAFETY: a NUL-terminated string and a writable handle.
+    let got = unsafe { ap_pool_create(SOURCE_SIM, conf.as_ptr(), &mut pool) };
+    expect("device 8", got, Status::Config, "device 8");
+    assert_eq!(pool, 0);
+    destroy(pool_with("device:7"));
 }

@@ -670,9 +670,22 @@ impl Pool {
     /// A source that serves one device only (a [`VmmSource`](crate::source::VmmSource))
     /// and a `config.device` of another are refused with [`Error::Config`]: the pool's
     /// streams and events would be of its device, and the source would refuse every
-    /// device request.
+    /// device request. So is a device the source says it does not have
+    /// ([`BlockSource::device_count`]; the simulator's `SimConfig::devices`), which it would
+    /// refuse every call of with `ACL_ERROR_RT_PARAM_INVALID`.
+    ///
+    /// ```
+    /// use ascend_pool::source::sim::{SimConfig, SimSource};
+    /// use ascend_pool::{Error, Pool, PoolConfig};
+    /// use std::sync::Arc;
+    /// let sim = Arc::new(SimSource::new(SimConfig::default().with_devices(2))?);
+    /// let refused = Pool::new(sim, PoolConfig::default().with_device(5));
+    /// assert!(matches!(refused, Err(Error::Config(_))));
+    /// # Ok::<(), Error>(())
+    /// ```
     pub fn new(source: Arc<dyn BlockSource>, config: PoolConfig) -> Result<Self> {
         config.validate()?;
+        crate::source::has_device(&*source, config.device)?;
         if let Some(device) = source.only_device().filter(|&d| d != config.device) {
             return Err(Error::Config(format!(
                 "the pool is for device {} and its source {} serves device {device} only",

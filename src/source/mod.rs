@@ -26,6 +26,21 @@ use crate::kind::MemKind;
 /// A device ordinal as `aclrtSetDevice` takes it.
 pub type DeviceId = i32;
 
+/// `Ok` unless `source` tells how many devices it has ([`BlockSource::device_count`]) and
+/// `device` is not one of them: [`Error::Config`](crate::Error::Config) then, for a pool or
+/// a reservation made for it would be refused every call with `ACL_ERROR_RT_PARAM_INVALID`.
+pub(crate) fn has_device(source: &dyn BlockSource, device: DeviceId) -> Result<()> {
+    match source.device_count() {
+        Some(n) if u32::try_from(device).map_or(true, |d| d >= n) => {
+            Err(crate::Error::Config(format!(
+                "device {device} is not one of the {n} devices (0..{n}) of the source {}",
+                source.name()
+            )))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// A big block handed out by a source.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Block {
@@ -193,6 +208,14 @@ pub trait BlockSource: Send + Sync + std::fmt::Debug {
     /// every device. A pool of another device is refused ([`Pool::new`](crate::Pool::new)).
     #[doc(hidden)]
     fn only_device(&self) -> Option<DeviceId> {
+        None
+    }
+
+    /// How many devices the source has (ids `0..n`), when it can tell; `None` (the default)
+    /// when it cannot. A pool of a device outside them is refused
+    /// ([`Pool::new`](crate::Pool::new)). [`AclSource`] answers `None`: the reference lists no
+    /// call that counts devices.
+    fn device_count(&self) -> Option<u32> {
         None
     }
 

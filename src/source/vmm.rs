@@ -267,8 +267,10 @@ impl<R: VmmRuntime> VmmSource<R> {
     /// Reserves the address range on `device` (see [`VmmConfig`]).
     ///
     /// Fails with [`Error::Config`] for a granule that is not a power-of-two multiple of the
-    /// runtime's minimum granularity, or with the runtime's error.
+    /// runtime's minimum granularity or a device the runtime says it lacks
+    /// ([`BlockSource::device_count`]), or with the runtime's error.
     pub fn new(runtime: Arc<R>, device: DeviceId, config: VmmConfig) -> Result<Self> {
+        super::has_device(&*runtime, device)?;
         let minimum = runtime.allocation_granularity(device, false)?;
         let granule = match config.granule {
             0 => runtime.allocation_granularity(device, true)?,

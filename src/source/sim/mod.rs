@@ -1080,6 +1080,10 @@ impl BlockSource for SimSource {
         })
     }
 
+    fn device_count(&self) -> Option<u32> {
+        Some(self.config.devices)
+    }
+
     fn create_event(&self, device: DeviceId) -> Result<EventHandle> {
         self.call(AclFunc::CreateEvent, || {
             if !self.valid_device(device) {
