@@ -157,6 +157,9 @@ ap_status ap_pool_validate(ap_pool pool);
 ap_status ap_pool_trim(ap_pool pool, uint64_t *released);
 /* Waits until every free waiting on a stream has completed. */
 ap_status ap_pool_synchronize(ap_pool pool);
+/* Lowers every kind's peaks to its current figures: the peaks ap_pool_stats reads afterwards
+ * are those of what ran since. */
+ap_status ap_pool_reset_peak_stats(ap_pool pool);
 /* The next three answer in the caller's buffer, all or nothing: *count or *needed gets the
  * size of the answer (entries; bytes with the NUL), and a smaller or NULL buffer gets nothing
  * and AP_ERR_BUFFER_TOO_SMALL, so a first call with cap 0 asks for the size. */
@@ -207,6 +210,10 @@ ap_status ap_stream_create(ap_pool pool, ap_stream *out);
 ap_status ap_stream_synchronize(ap_pool pool, ap_stream stream);
 /* Waits for the stream's work, then destroys it. */
 ap_status ap_stream_destroy(ap_pool pool, ap_stream stream);
+/* Work queued on `stream` after this call runs after the work queued on `other` before it;
+ * returns at once (with 8 such waits of `stream` still queued, it first waits for `stream`
+ * to pass them). Waiting on itself does nothing. */
+ap_status ap_stream_wait(ap_pool pool, ap_stream stream, ap_stream other);
 /* Queued on `stream`; both ends 64-byte aligned, and not both host memory (the runtime does no
  * async copy within the host: AP_ERR_WRONG_KIND; use ap_copy). Both regions are recorded on the
  * stream. */

@@ -889,6 +889,16 @@ pub extern "C" fn ap_pool_synchronize(pool: u64) -> Status {
     run(|| Ok(entry(pool)?.pool.synchronize()?))
 }
 
+/// Lowers every kind's peaks to its current figures ([`Pool::reset_peak_stats`]): the peaks
+/// [`ap_pool_stats`] reads afterwards are those of what ran since.
+#[no_mangle]
+pub extern "C" fn ap_pool_reset_peak_stats(pool: u64) -> Status {
+    run(|| {
+        entry(pool)?.pool.reset_peak_stats();
+        Ok(())
+    })
+}
+
 /// Hands `items` to a caller's buffer of `cap` at `buf`, all or nothing: `*needed` gets their
 /// number either way, and a buffer too small (or NULL, unless there are no items) gets
 /// [`Status::BufferTooSmall`].
@@ -1361,6 +1371,17 @@ pub unsafe extern "C" fn ap_stream_create(pool: u64, out: *mut u64) -> Status {
 #[no_mangle]
 pub extern "C" fn ap_stream_synchronize(pool: u64, stream: u64) -> Status {
     run(|| Ok(entry(pool)?.stream(stream)?.synchronize()?))
+}
+
+/// Orders the work queued on `stream` after this call after the work queued on `other` before
+/// it, and returns at once ([`Stream::wait_for`]); both are streams of the pool.
+#[no_mangle]
+pub extern "C" fn ap_stream_wait(pool: u64, stream: u64, other: u64) -> Status {
+    run(|| {
+        let e = entry(pool)?;
+        let (s, o) = (e.stream(stream)?, e.stream(other)?);
+        Ok(s.wait_for(&o)?)
+    })
 }
 
 /// Waits for the stream's work, then destroys it (at once, or when a call using it in

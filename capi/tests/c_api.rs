@@ -161,6 +161,7 @@ fn the_header_declares_what_the_library_exports() {
         "ap_pool_validate",
         "ap_pool_trim",
         "ap_pool_synchronize",
+        "ap_pool_reset_peak_stats",
         "ap_pool_leak_report",
         "ap_pool_snapshot_json",
         "ap_pool_picture_svg",
@@ -180,6 +181,7 @@ fn the_header_declares_what_the_library_exports() {
         "ap_stream_create",
         "ap_stream_synchronize",
         "ap_stream_destroy",
+        "ap_stream_wait",
         "ap_copy_async",
         "ap_memset_async",
         "ap_share_publish",
@@ -1639,6 +1641,97 @@ fn pools_on_several_devices_of_the_simulator_work_side_by_side() {
     assert_eq!(ap_mapping_close(m), Status::Ok);
     assert_eq!(ap_free(pool, r), Status::Ok);
     assert_eq!(destroy(pool), 0);
+}
+
+/// `ap_stream_wait`: the model's stream takes the decoder's frame after the decoder's copy;
+/// a stream that is not a live one of the pool is refused, and waiting on itself is taken.
+#[test]
+fn a_stream_waits_for_another() {
+    let pool = pool_with("");
+    let (mut decode, mut model, mut gone) = (0, 0, 0);
+    // SAFETY: writable handles.
+    unsafe {
+        assert_eq!(ap_stream_create(pool, &mut decode), Status::Ok);
+        assert_eq!(ap_stream_create(pool, &mut model), Status::Ok);
+        assert_eq!(ap_stream_create(pool, &mut gone), Status::Ok);
+    }
+    assert_eq!(ap_stream_destroy(pool, gone), Status::Ok);
+    let (packet, frame, out) = (
+        alloc(pool, KIND_HOST, 1 << 20).unwrap(),
+        alloc(pool, KIND_DVPP, 1 << 20).unwrap(),
+        alloc(pool, KIND_HOST, 1 << 20).unwrap(),
+    );
+    let data = vec![0x5Au8; 1 << 20];
+    // SAFETY: a host buffer of the length given.
+    let put = unsafe { ap_copy_from_host(pool, packet, 0, data.as_ptr().cast(), 1 << 20) };
+    assert_eq!(put, Status::Ok);
+    assert_eq!(
+        ap_copy_async(pool, frame, 0, packet, 0, 1 << 20, decode),
+        Status::Ok
+    );
+    assert_eq!(ap_stream_wait(pool, model, decode), Status::Ok);
+    assert_eq!(
+        ap_copy_async(pool, out, 0, frame, 0, 1 << 20, model),
+        Status::Ok
+    );
+    assert_eq!(ap_stream_synchronize(pool, model), Status::Ok);
+    let mut back = vec![0u8; 1 << 20];
+    // SAFETY: a host buffer of the length given.
+    let got = unsafe { ap_copy_to_host(pool, out, 0, back.as_mut_ptr().cast(), 1 << 20) };
+    assert_eq!(got, Status::Ok);
+    assert_eq!(back, data);
+    assert_eq!(ap_stream_wait(pool, model, model), Status::Ok);
+    expect(
+        "gone",
+        ap_stream_wait(pool, model, gone),
+        Status::BadStream,
+        "",
+    );
+    expect(
+        "gone waits",
+        ap_stream_wait(pool, gone, model),
+        Status::BadStream,
+        "",
+    );
+    expect(
+        "no pool",
+        ap_stream_wait(0, model, decode),
+        Status::BadPool,
+        "",
+    );
+    let other = pool_with("");
+    let mut foreign = 0;
+    // SAFETY: a writable handle.
+    assert_eq!(unsafe { ap_stream_create(other, &mut foreign) }, Status::Ok);
+    expect(
+        "another pool's",
+        ap_stream_wait(pool, model, foreign),
+        Status::BadStream,
+        "",
+    );
+    destroy(other);
+    destroy(pool);
+}
+
+/// `ap_pool_reset_peak_stats` lowers the peaks to the current figures.
+#[test]
+fn peak_stats_reset_to_the_current_figures() {
+    // No thread cache: the freed region's bytes leave the figures at once.
+    let pool = pool_with("thread_cache:off");
+    let big = alloc(pool, KIND_DEVICE, 8 << 20).unwrap();
+    let small = alloc(pool, KIND_DEVICE, 4096).unwrap();
+    assert_eq!(ap_free(pool, big), Status::Ok);
+    let before = stats(pool)[KIND_DEVICE as usize];
+    assert!(before.peak_requested_bytes > before.requested_bytes);
+    assert_eq!(ap_pool_reset_peak_stats(pool), Status::Ok);
+    for s in stats(pool) {
+        assert_eq!(s.peak_allocated_bytes, s.allocated_bytes);
+        assert_eq!(s.peak_requested_bytes, s.requested_bytes);
+        assert_eq!(s.peak_reserved_bytes, s.reserved_bytes);
+    }
+    expect("no pool", ap_pool_reset_peak_stats(0), Status::BadPool, "");
+    assert_eq!(ap_free(pool, small), Status::Ok);
+    destroy(pool);
 }
 
 /// A pool of a device the simulator does not have (it has 8) is refused at creation.
