@@ -145,6 +145,11 @@ pub enum Error {
         limit: u64,
         /// Bytes reserved at the time.
         reserved: u64,
+        /// Bytes live in regions (footprints); `reserved - in_use` is free in the chunks.
+        in_use: u64,
+        /// Largest free range in any chunk: below the request while `reserved - in_use`
+        /// covers it, the free bytes are too fragmented to hold it.
+        largest_free: u64,
     },
     /// A handle or pointer that this pool (or source) did not hand out.
     ForeignHandle,
@@ -269,10 +274,25 @@ impl std::fmt::Display for Error {
                 requested,
                 limit,
                 reserved,
-            } => write!(
-                f,
-                "{kind} pool limit {limit} bytes would be passed: requested {requested}, reserved {reserved}"
-            ),
+                in_use,
+                largest_free,
+            } => {
+                write!(
+                    f,
+                    "{kind} pool limit {limit} bytes would be passed: requested {requested}, \
+                     reserved {reserved}, in use {in_use}, largest free range {largest_free}"
+                )?;
+                // Enough is free, in pieces: growing is not the only way out.
+                let free = reserved.saturating_sub(*in_use);
+                if free >= *requested && largest_free < requested {
+                    write!(
+                        f,
+                        "; {free} bytes are free but too fragmented to hold the request \
+                         (raise the limit, or free the regions that split the free ranges)"
+                    )?;
+                }
+                Ok(())
+            }
             Self::ForeignHandle => write!(f, "handle or pointer was not issued by this pool"),
             Self::AlreadyFreed => write!(f, "handle was already freed"),
             // Nothing passes the end of an empty range: say what is refused instead.
@@ -449,9 +469,18 @@ mod tests {
                     kind,
                     requested: 5,
                     limit: 6,
-                    reserved: 7,
+                    reserved: 17,
+                    in_use: 8,
+                    largest_free: 4,
                 },
-                &["limit 6", "requested 5", "reserved 7"],
+                &[
+                    "limit 6",
+                    "requested 5",
+                    "reserved 17",
+                    "in use 8",
+                    "range 4",
+                    "9 bytes are free but too fragmented",
+                ],
             ),
             (Error::ForeignHandle, &["not issued by this pool"]),
             (Error::AlreadyFreed, &["already freed"]),

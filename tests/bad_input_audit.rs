@@ -764,4 +764,57 @@ fn a_pool_of_a_device_the_source_lacks_is_refused_when_made() {
     let pool = Pool::new(two(), PoolConfig::default().with_device(1)).unwrap();
     drop(pool.alloc_device(64).unwrap());
     drop(pool.create_stream().unwrap());
+
+// Used to read "device pool limit 4194304 bytes would be passed: requested 1048576,
+// reserved 4194304": nothing said that half the reserved bytes were free, in ranges too
+// small for the request, so raising the limit looked like the only way out.
+#[test]
+fn a_limit_refusal_says_what_is_free_but_too_fragmented() {
+    let config = PoolConfig::default()
+        .with_chunk_size(4 * MIB)
+        .with_limit(4 * MIB);
+    let pool = Pool::new(sim(256 * MIB), config).unwrap();
+    let mut held = Vec::new();
+    while let Ok(r) = pool.alloc_device(256 << 10) {
+        held.push(r);
+        assert!(held.len() < 64);
+    }
+    // Every other region goes back: half the bytes are free, none next to another.
+    let kept: Vec<_> = held
+        .into_iter()
+        .enumerate()
+        .filter_map(|(i, r)| (i % 2 == 0).then_some(r))
+        .collect();
+    let err = pool.alloc_device(MIB).unwrap_err();
+    let s = pool.stats(MemKind::DEVICE);
+    match &err {
+        Error::LimitExceeded {
+            requested,
+            limit,
+            reserved,
+            in_use,
+            largest_free,
+            ..
+        } => {
+            assert_eq!(
+                (*requested, *limit, *reserved),
+                (MIB, 4 * MIB, s.reserved_bytes)
+            );
+            assert_eq!(*in_use, s.allocated_bytes);
+            assert!(*largest_free < MIB && *largest_free >= 256 << 10, "{err:?}");
+            assert!(reserved - in_use >= MIB, "{err:?}");
+        }
+        other => panic!("expected LimitExceeded, got {other:?}"),
+    }
+    let m = err.to_string();
+    let free = s.reserved_bytes - s.allocated_bytes;
+    assert!(
+        m.contains(&format!("in use {}", s.allocated_bytes))
+            && m.contains(&format!("{free} bytes are free"))
+            && m.contains("fragmented"),
+        "{m}"
+    );
+    drop(kept);
+    pool.validate().unwrap();
+    assert_empty(&pool);
 }

@@ -1480,6 +1480,8 @@ mod tests {
                     requested: 1,
                     limit: 0,
                     reserved: 0,
+                    in_use: 0,
+                    largest_free: 0,
                 },
                 Status::LimitExceeded,
             ),

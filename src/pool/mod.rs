@@ -1738,11 +1738,12 @@ impl PoolInner {
             // refused as any request that fits no chunk is, and the source is not asked for
             // what it cannot have.
             k.stats.ooms += 1;
-            return Err(if self.config.limit != 0 {
+            let refused = if self.config.limit != 0 {
                 self.limit_exceeded(k, len)
             } else {
                 Self::out_of_memory(k, len, None)
-            });
+            };
+            return Err(Self::refusal(k, refused));
         };
         // Make room and retry, then grow. First the chunks' own free space is made whole
         // (cached slab pages back, parked blocks merged) and empty chunks go back: they
@@ -1830,38 +1831,65 @@ impl PoolInner {
         }
         k.stats.ooms += 1;
         Err(match last_err {
-            Some(Error::OutOfMemory { source, .. }) => Self::out_of_memory(k, len, source),
-            Some(e) => e,
+            Some(e) => Self::refusal(k, e),
             None => Error::Invalid("growth failed without an error".into()),
         })
     }
 
-    /// `LimitExceeded` for `len` bytes of `k`, with its reserved bytes at the time.
+    /// `LimitExceeded` for `len` bytes of `k`, as growth meets it: it may still succeed
+    /// (with a smaller chunk, or after reclaiming), so the largest free range, a walk over
+    /// the chunks, waits for [`refusal`](Self::refusal).
     fn limit_exceeded(&self, k: &KindPool, len: u64) -> Error {
         Error::LimitExceeded {
             kind: k.kind,
             requested: len,
             limit: self.config.limit,
             reserved: k.stats.reserved_bytes,
+            in_use: k.stats.allocated_bytes,
+            largest_free: 0,
         }
     }
 
-    /// `OutOfMemory` for `len` bytes of `k`, with the kind's figures at the time.
+    /// `OutOfMemory` for `len` bytes of `k`, as growth meets it (see
+    /// [`limit_exceeded`](Self::limit_exceeded)).
     fn out_of_memory(k: &KindPool, len: u64, source: Option<crate::error::AclError>) -> Error {
-        let largest_free = k
-            .chunks
-            .iter()
-            .map(|(_, c)| c.engine.largest_free())
-            .max()
-            .unwrap_or(0);
         Error::OutOfMemory {
             kind: k.kind,
             requested: len,
             reserved: k.stats.reserved_bytes,
             in_use: k.stats.allocated_bytes,
-            largest_free,
+            largest_free: 0,
             source,
         }
+    }
+
+    /// A refusal that stands, with `k`'s figures now: reserved, in use, and the largest
+    /// free range, a walk over the chunks made only here, once the request has failed.
+    #[cold]
+    fn refusal(k: &KindPool, mut e: Error) -> Error {
+        if let Error::OutOfMemory {
+            reserved,
+            in_use,
+            largest_free,
+            ..
+        }
+        | Error::LimitExceeded {
+            reserved,
+            in_use,
+            largest_free,
+            ..
+        } = &mut e
+        {
+            *reserved = k.stats.reserved_bytes;
+            *in_use = k.stats.allocated_bytes;
+            *largest_free = k
+                .chunks
+                .iter()
+                .map(|(_, c)| c.engine.largest_free())
+                .max()
+                .unwrap_or(0);
+        }
+        e
     }
 
     /// Takes a block of `size` bytes for a chunk whose start suits `rule`, for a request of
