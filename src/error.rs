@@ -134,6 +134,10 @@ pub enum Error {
         largest_free: u64,
         /// The source's answer, when it was the source that refused.
         source: Option<AclError>,
+        /// When the source refused device memory: the bytes each other kind of the pool
+        /// holds reserved from the same device (every device kind, DVPP's included, draws on
+        /// the device's memory), in [`MemKind::ALL`]'s order; empty otherwise.
+        elsewhere: Vec<(MemKind, u64)>,
     },
     /// Growing would pass the configured memory limit.
     LimitExceeded {
@@ -258,6 +262,7 @@ impl std::fmt::Display for Error {
                 in_use,
                 largest_free,
                 source,
+                elsewhere,
             } => {
                 write!(
                     f,
@@ -267,7 +272,28 @@ impl std::fmt::Display for Error {
                 if let Some(code) = source {
                     write!(f, " (source: {code})")?;
                 }
-                Ok(())
+                if elsewhere.is_empty() {
+                    return Ok(());
+                }
+                // The kind's own figures cannot explain a device that is full.
+                let mut held = elsewhere.iter().filter(|&&(_, bytes)| bytes > 0);
+                match held.next() {
+                    None => write!(
+                        f,
+                        "; no other kind of this pool holds any of the device's memory \
+                         (another pool or process holds it, or the source caps this kind)"
+                    ),
+                    Some((k, bytes)) => {
+                        write!(
+                            f,
+                            "; the device's other kinds hold {k} {bytes} bytes reserved"
+                        )?;
+                        for (k, bytes) in held {
+                            write!(f, ", {k} {bytes}")?;
+                        }
+                        Ok(())
+                    }
+                }
             }
             Self::LimitExceeded {
                 kind,
@@ -455,6 +481,11 @@ mod tests {
                     in_use: 33,
                     largest_free: 44,
                     source: Some(AclError::RT_MEMORY_ALLOCATION),
+                    elsewhere: vec![
+                        (MemKind::Cached(crate::kind::MallocPolicy::HugeFirst), 0),
+                        (MemKind::Dvpp, 55),
+                        (MemKind::DEVICE, 66),
+                    ],
                 },
                 &[
                     "requested 11",
@@ -462,7 +493,20 @@ mod tests {
                     "in use 33",
                     "range 44",
                     "207001",
+                    "other kinds hold dvpp 55 bytes reserved, device 66",
                 ],
+            ),
+            (
+                Error::OutOfMemory {
+                    kind,
+                    requested: 11,
+                    reserved: 0,
+                    in_use: 0,
+                    largest_free: 0,
+                    source: Some(AclError::RT_MEMORY_ALLOCATION),
+                    elsewhere: vec![(MemKind::Dvpp, 0)],
+                },
+                &["no other kind of this pool holds any of the device's memory"],
             ),
             (
                 Error::LimitExceeded {

@@ -818,3 +818,58 @@ fn a_limit_refusal_says_what_is_free_but_too_fragmented() {
     pool.validate().unwrap();
     assert_empty(&pool);
 }
+
+// Used to read "out of dvpp memory: requested 33554432 bytes, reserved 0, in use 0, largest
+// free range 0": DVPP memory is the device's, and the device kind held it, unsaid.
+#[test]
+fn an_out_of_memory_says_what_the_device_s_other_kinds_hold() {
+    let pool = Pool::new(sim(64 * MIB), PoolConfig::default()).unwrap();
+    let hbm = pool.alloc_device(40 * MIB).unwrap();
+    let held = pool.stats(MemKind::DEVICE).reserved_bytes;
+    let err = pool.alloc_dvpp(32 * MIB).unwrap_err();
+    match &err {
+        Error::OutOfMemory {
+            kind: MemKind::Dvpp,
+            reserved: 0,
+            source: Some(_),
+            elsewhere,
+            ..
+        } => {
+            // Every other kind over the device's memory, the host's not among them.
+            let kinds: Vec<MemKind> = elsewhere.iter().map(|&(k, _)| k).collect();
+            assert_eq!(
+                kinds,
+                [
+                    MemKind::DEVICE,
+                    MemKind::DeviceAlign32(MallocPolicy::HugeFirst),
+                    MemKind::Cached(MallocPolicy::HugeFirst)
+                ]
+            );
+            assert_eq!(elsewhere[0].1, held);
+            assert!(elsewhere[1..].iter().all(|&(_, b)| b == 0), "{err:?}");
+        }
+        other => panic!("expected DVPP OutOfMemory, got {other:?}"),
+    }
+    let m = err.to_string();
+    assert!(m.contains(&format!("device {held} bytes reserved")), "{m}");
+    // With nothing held elsewhere it says that too: the memory is used outside the pool.
+    drop(hbm);
+    pool.trim();
+    let config = SimConfig::default()
+        .with_device_capacity(64 * MIB)
+        .with_host_capacity(64 * MIB);
+    let other = Pool::new(
+        Arc::new(SimSource::new(config).unwrap()),
+        PoolConfig::default(),
+    )
+    .unwrap();
+    let m = other.alloc_dvpp(128 * MIB).unwrap_err().to_string();
+    assert!(m.contains("no other kind of this pool holds any"), "{m}");
+    // Host memory is the host kind's alone: nothing about the device.
+    let e = other.alloc_host(128 * MIB).unwrap_err();
+    assert!(
+        matches!(&e, Error::OutOfMemory { source: Some(_), elsewhere, .. } if elsewhere.is_empty()),
+        "{e:?}"
+    );
+    assert_empty(&pool);
+}

@@ -1471,6 +1471,7 @@ mod tests {
                     in_use: 0,
                     largest_free: 0,
                     source: Some(code),
+                    elsewhere: Vec::new(),
                 },
                 Status::OutOfMemory,
             ),

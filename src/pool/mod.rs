@@ -6,7 +6,8 @@
 //! recorded at free time has completed, gives empty chunks back on [`Pool::trim`], past
 //! the release threshold and before it grows, and honours a memory limit. When the source runs out it reclaims
 //! deferred frees, trims, waits for streams, and retries before failing with an error
-//! that says what was requested, reserved, in use and the largest free range.
+//! that says what was requested, reserved, in use and the largest free range (and, for
+//! device memory, what the device's other kinds hold).
 //!
 //! In front of the kind pools, each thread keeps a small cache of segments it freed
 //! (see the private `cache` module): a thread's next allocation of the same length and alignment takes one
@@ -1497,7 +1498,8 @@ impl PoolInner {
     /// tries once more. It also tries once more when memory went back to the source since
     /// the caller read [`returned`](Self::returned) into `returned`, before `k`'s own
     /// attempts: of two requests refused at once, the second to pass through the other
-    /// kinds finds them emptied by the first. One refusal is counted whatever the outcome.
+    /// kinds finds them emptied by the first. One refusal is counted whatever the outcome;
+    /// one that stands says what the other kinds still hold ([`with_elsewhere`](Self::with_elsewhere)).
     #[cold]
     #[inline(never)]
     fn carve_after_releasing_elsewhere<'a>(
@@ -1530,7 +1532,8 @@ impl PoolInner {
         }
         let mut k = self.kinds[kind.index()].lock();
         if released == 0 && self.returned.0.load(Ordering::Relaxed) == returned {
-            return Err(refused);
+            drop(k);
+            return Err(self.with_elsewhere(refused));
         }
         Self::key_room(&k)?;
         let (mut k, again, counted) = match self.carve_existing(&mut k, len, rule, footprint) {
@@ -1542,7 +1545,39 @@ impl PoolInner {
         if again.is_ok() || counted {
             k.stats.ooms = k.stats.ooms.saturating_sub(1);
         }
-        Ok((k, again?))
+        match again {
+            Ok(x) => Ok((k, x)),
+            Err(e) => {
+                drop(k);
+                Err(self.with_elsewhere(e))
+            }
+        }
+    }
+
+    /// `refused`, when the source refused device memory, with the bytes each other kind
+    /// over the device's memory holds reserved: the refused kind's own figures cannot
+    /// explain a device another kind has filled. Takes each kind's lock in turn, so the
+    /// caller holds none.
+    #[cold]
+    fn with_elsewhere(&self, mut refused: Error) -> Error {
+        if let Error::OutOfMemory {
+            kind,
+            source: Some(_),
+            elsewhere,
+            ..
+        } = &mut refused
+        {
+            *elsewhere = MemKind::ALL
+                .iter()
+                .zip(&self.kinds)
+                .filter(|(other, _)| other.is_device() && other.index() != kind.index())
+                .map(|(_, m)| {
+                    let k = m.lock();
+                    (k.kind, k.stats.reserved_bytes)
+                })
+                .collect();
+        }
+        refused
     }
 
     /// Gives back what `k` holds idle: thread caches and shape slots flushed, deferred frees
@@ -1860,6 +1895,7 @@ impl PoolInner {
             in_use: k.stats.allocated_bytes,
             largest_free: 0,
             source,
+            elsewhere: Vec::new(),
         }
     }
 

@@ -269,7 +269,7 @@ macro_rules! conformance_suite {
                 assert!(held.len() < 1000);
             };
             match err {
-                Error::OutOfMemory { kind, requested, reserved, in_use, largest_free, source } => {
+                Error::OutOfMemory { kind, requested, reserved, in_use, largest_free, source, .. } => {
                     assert_eq!(kind, MemKind::DEVICE);
                     assert_eq!(requested, 8 << 20);
                     assert!(reserved > 0 && in_use > 0 && in_use <= reserved);
