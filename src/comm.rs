@@ -63,7 +63,7 @@
 //! # Ok::<(), ascend_pool::Error>(())
 //! ```
 
-use crate::error::{Error, Result};
+use crate::error::{CopySide, Error, Result};
 use crate::pool::Pool;
 use crate::region::{check_bounds, AsyncCopySafe, Region, Stream};
 use crate::source::sim::SimSource;
@@ -370,8 +370,13 @@ impl Pool {
         // A window given by address (`from_raw`, or an address from C) may run past the end
         // of the address space; the bytes before that end are all it can hold.
         let room = (usize::MAX - dst.addr) as u64;
-        check_bounds(dst_offset, len, dst.len.min(room))?;
-        check_bounds(src_offset, len, src.len())?;
+        check_bounds(
+            Some(CopySide::Destination),
+            dst_offset,
+            len,
+            dst.len.min(room),
+        )?;
+        check_bounds(Some(CopySide::Source), src_offset, len, src.len())?;
         if !src.kind().is_device() {
             return Err(Error::WrongKind {
                 expected: "device",

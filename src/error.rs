@@ -105,6 +105,37 @@ impl std::fmt::Display for AclError {
 
 impl std::error::Error for AclError {}
 
+/// One end of a copy, named by [`Error::OutOfBounds`] and [`Error::Misaligned`] when that
+/// end is at fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CopySide {
+    /// The region copied from.
+    Source,
+    /// The region copied into.
+    Destination,
+}
+
+impl std::fmt::Display for CopySide {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Source => "source",
+            Self::Destination => "destination",
+        })
+    }
+}
+
+/// `"source "`, `"destination "` or nothing: the words before a range or offset.
+struct SideWords(Option<CopySide>);
+
+impl std::fmt::Display for SideWords {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(side) => write!(f, "{side} "),
+            None => Ok(()),
+        }
+    }
+}
+
 /// Everything that can go wrong in the pool, the regions and the block sources.
 ///
 /// Each variant carries what a caller needs to act on it; none of them leaves a pool inconsistent.
@@ -168,13 +199,19 @@ pub enum Error {
         len: u64,
         /// Bytes available.
         capacity: u64,
+        /// The end of a copy the range is in; `None` where there is one region (a fill, a
+        /// view, a read or write of one buffer).
+        side: Option<CopySide>,
     },
     /// An address that does not have the alignment its use requires.
     Misaligned {
-        /// The address (or offset) at fault.
+        /// The address at fault; with `side`, the offset the caller passed for that end of
+        /// the copy (its region starts aligned).
         addr: u64,
         /// The alignment it needs.
         required: u64,
+        /// The end of a copy at fault; `None` where `addr` is an address.
+        side: Option<CopySide>,
     },
     /// A kind of memory that this operation does not accept.
     WrongKind {
@@ -326,22 +363,37 @@ impl std::fmt::Display for Error {
                 offset,
                 len: 0,
                 capacity,
+                side,
             } => write!(
                 f,
-                "empty range at offset {offset} of {capacity} bytes: a copy, fill, read, \
-                 write or view of 0 bytes is refused"
+                "empty range at {}offset {offset} of {capacity} bytes: a copy, fill, read, \
+                 write or view of 0 bytes is refused",
+                SideWords(*side)
             ),
             Self::OutOfBounds {
                 offset,
                 len,
                 capacity,
+                side,
             } => write!(
                 f,
-                "range {offset}..{offset}+{len} is out of bounds of {capacity} bytes"
+                "{}range {offset}..{offset}+{len} is out of bounds of {capacity} bytes",
+                SideWords(*side)
             ),
-            Self::Misaligned { addr, required } => {
-                write!(f, "address {addr:#x} is not {required}-byte aligned")
-            }
+            Self::Misaligned {
+                addr,
+                required,
+                side: None,
+            } => write!(f, "address {addr:#x} is not {required}-byte aligned"),
+            Self::Misaligned {
+                addr,
+                required,
+                side: Some(side),
+            } => write!(
+                f,
+                "{side} offset {addr} is not {required}-byte aligned (a copy queued on a \
+                 stream needs both ends {required}-byte aligned)"
+            ),
             Self::WrongKind { expected, got } => write!(f, "expected {expected} memory, got {got}"),
             Self::NotSupported { func } => write!(f, "{func} is not supported by this runtime"),
             Self::LibraryLoad { library, reason } => {
@@ -533,15 +585,43 @@ mod tests {
                     offset: 3,
                     len: 4,
                     capacity: 5,
+                    side: None,
                 },
-                &["3..3+4", "5 bytes"],
+                &["range 3..3+4", "5 bytes"],
+            ),
+            (
+                Error::OutOfBounds {
+                    offset: 3,
+                    len: 4,
+                    capacity: 5,
+                    side: Some(CopySide::Source),
+                },
+                &["source range 3..3+4", "5 bytes"],
+            ),
+            (
+                Error::OutOfBounds {
+                    offset: 3,
+                    len: 0,
+                    capacity: 5,
+                    side: Some(CopySide::Destination),
+                },
+                &["at destination offset 3 of 5 bytes"],
             ),
             (
                 Error::Misaligned {
                     addr: 0x41,
                     required: 64,
+                    side: None,
                 },
-                &["0x41", "64-byte"],
+                &["address 0x41", "64-byte"],
+            ),
+            (
+                Error::Misaligned {
+                    addr: 32,
+                    required: 64,
+                    side: Some(CopySide::Destination),
+                },
+                &["destination offset 32 is not 64-byte aligned"],
             ),
             (
                 Error::WrongKind {

@@ -90,6 +90,7 @@ fn out_of_bounds(offset: u64, len: u64, capacity: u64) -> Error {
         offset,
         len,
         capacity,
+        side: None,
     }
 }
 

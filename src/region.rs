@@ -24,6 +24,7 @@
 //! Device memory is never exposed as a Rust slice; host regions are. A region hands its
 //! memory back when dropped; if a stream still uses it, only once the stream has passed.
 
+use crate::error::CopySide::{self, Destination, Source};
 use crate::error::{Error, Result};
 use crate::kind::MemKind;
 use crate::pool::{Owner, Pool, PoolInner, RawSegment};
@@ -550,14 +551,21 @@ impl Drop for Stream {
     }
 }
 
-/// Checks `offset + len <= capacity` without overflow.
-pub(crate) fn check_bounds(offset: u64, len: u64, capacity: u64) -> Result<()> {
+/// Checks `offset + len <= capacity` without overflow, and `len > 0`; `side` is the end of
+/// a copy the range is in, for the error to name.
+pub(crate) fn check_bounds(
+    side: Option<CopySide>,
+    offset: u64,
+    len: u64,
+    capacity: u64,
+) -> Result<()> {
     match offset.checked_add(len) {
         Some(end) if end <= capacity && len > 0 => Ok(()),
         _ => Err(Error::OutOfBounds {
             offset,
             len,
             capacity,
+            side,
         }),
     }
 }
@@ -755,7 +763,7 @@ impl Pool {
     /// first, and the bytes are not touched under it.
     pub fn copy_from_host(&self, dst: &mut impl Region, offset: u64, src: &[u8]) -> Result<()> {
         self.same_source(dst)?;
-        check_bounds(offset, src.len() as u64, dst.len())?;
+        check_bounds(Some(Destination), offset, src.len() as u64, dst.len())?;
         dst.segment().settle_streams_for_host()?;
         let kind = copy_kind(dst.kind(), MemKind::Host);
         // SAFETY: bounds checked above; `dst` is a live region of this source, exclusively
@@ -775,7 +783,7 @@ impl Pool {
     /// Copies `dst.len()` bytes of `src` from `offset` into `dst` and waits.
     pub fn copy_to_host(&self, src: &impl Region, offset: u64, dst: &mut [u8]) -> Result<()> {
         self.same_source(src)?;
-        check_bounds(offset, dst.len() as u64, src.len())?;
+        check_bounds(Some(Source), offset, dst.len() as u64, src.len())?;
         src.segment().settle_streams_for_host()?;
         let kind = copy_kind(MemKind::Host, src.kind());
         // SAFETY: bounds checked; `src` is a live region of this source that no stream
@@ -813,8 +821,8 @@ impl Pool {
         {
             return Err(Error::ForeignHandle);
         }
-        check_bounds(dst_offset, len, dst.len())?;
-        check_bounds(src_off, len, src.len())?;
+        check_bounds(Some(Destination), dst_offset, len, dst.len())?;
+        check_bounds(Some(Source), src_off, len, src.len())?;
         dst.segment().settle_streams_for_host()?;
         src.segment().settle_streams_for_host()?;
         // SAFETY: both ranges checked against live regions of this source, with no stream
@@ -851,20 +859,24 @@ impl Pool {
         self.own_stream(stream)?;
         dst.segment().takes_stream(stream)?;
         src.segment().takes_stream(stream)?;
-        check_bounds(dst_offset, len, dst.len())?;
-        check_bounds(src_off, len, src.len())?;
+        check_bounds(Some(Destination), dst_offset, len, dst.len())?;
+        check_bounds(Some(Source), src_off, len, src.len())?;
         if !dst.kind().is_device() && !src.kind().is_device() {
             return Err(Error::WrongKind {
                 expected: "device",
                 got: src.kind(),
             });
         }
-        for (addr, off) in [(dst.addr(), dst_offset), (src.addr(), src_off)] {
-            let a = addr as u64 + off;
-            if a % 64 != 0 {
+        for (side, addr, off) in [
+            (Destination, dst.addr(), dst_offset),
+            (Source, src.addr(), src_off),
+        ] {
+            // The region starts 64-aligned (`AsyncCopySafe`): the caller's offset is at fault.
+            if (addr as u64 + off) % 64 != 0 {
                 return Err(Error::Misaligned {
-                    addr: a,
+                    addr: off,
                     required: 64,
+                    side: Some(side),
                 });
             }
         }
@@ -889,7 +901,7 @@ impl Pool {
     /// Fills `len` bytes of `dst` from `offset` with `value` and waits.
     pub fn memset(&self, dst: &mut impl Region, offset: u64, value: u8, len: u64) -> Result<()> {
         self.same_source(dst)?;
-        check_bounds(offset, len, dst.len())?;
+        check_bounds(None, offset, len, dst.len())?;
         dst.segment().settle_streams_for_host()?;
         // SAFETY: range checked against a live, exclusively borrowed region of this source
         // with no stream work left on it (settled above).
@@ -911,7 +923,7 @@ impl Pool {
     ) -> Result<()> {
         self.own_stream(stream)?;
         dst.segment().takes_stream(stream)?;
-        check_bounds(offset, len, dst.len())?;
+        check_bounds(None, offset, len, dst.len())?;
         dst.segment().settle_for_stream(stream.handle)?;
         dst.segment().note_stream(stream);
         // SAFETY: range checked; the region is recorded on the stream so it outlives the fill.
@@ -957,11 +969,12 @@ pub struct SubRegion<'a, R: Region> {
 impl<'a, R: Region> SubRegion<'a, R> {
     /// `len` bytes of `parent` from `offset`; the offset must keep the parent's alignment.
     pub fn new(parent: &'a mut R, offset: u64, len: u64) -> Result<Self> {
-        check_bounds(offset, len, parent.len())?;
+        check_bounds(None, offset, len, parent.len())?;
         if offset % parent.align() != 0 {
             return Err(Error::Misaligned {
                 addr: parent.addr() as u64 + offset,
                 required: parent.align(),
+                side: None,
             });
         }
         Ok(Self {

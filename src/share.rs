@@ -122,6 +122,7 @@ impl<R: VmmRuntime + 'static> VmmSource<R> {
                 offset: 0,
                 len,
                 capacity: 0,
+                side: None,
             });
         }
         // Refused before anything is exported if the pieces do not cover the range.
@@ -137,6 +138,7 @@ impl<R: VmmRuntime + 'static> VmmSource<R> {
                 offset: 0,
                 len: 0,
                 capacity: 0,
+                side: None,
             });
         }
         self.describe(pieces, None, access)
@@ -444,6 +446,7 @@ impl<R: VmmRuntime> SharedMapping<R> {
             offset,
             len,
             capacity: self.desc.len,
+            side: None,
         };
         match offset.checked_add(len) {
             Some(end) if end <= self.desc.len && len > 0 => {

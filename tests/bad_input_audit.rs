@@ -873,3 +873,88 @@ fn an_out_of_memory_says_what_the_device_s_other_kinds_hold() {
     );
     assert_empty(&pool);
 }
+
+// Used to read "address 0x10000000020 is not 64-byte aligned" for a copy given offset 32:
+// an address the caller never passed, and no word of which end it belonged to. A range past
+// either end did not say which either.
+#[test]
+fn a_refused_copy_says_which_end_is_at_fault() {
+    use ascend_pool::error::CopySide::{Destination, Source};
+    let pool = Pool::new(sim(256 * MIB), PoolConfig::default()).unwrap();
+    let stream = pool.create_stream().unwrap();
+    let (mut a, b) = (
+        pool.alloc_device(4096).unwrap(),
+        pool.alloc_device(4096).unwrap(),
+    );
+    for (r, side, text) in [
+        (
+            pool.copy_async(&mut a, 32, &b, 0, 64, &stream),
+            Destination,
+            "destination offset 32",
+        ),
+        (
+            pool.copy_async(&mut a, 0, &b, 96, 64, &stream),
+            Source,
+            "source offset 96",
+        ),
+    ] {
+        let e = r.unwrap_err();
+        assert_eq!(
+            e,
+            Error::Misaligned {
+                addr: text.rsplit(' ').next().unwrap().parse().unwrap(),
+                required: 64,
+                side: Some(side),
+            }
+        );
+        let m = e.to_string();
+        assert!(m.contains(text) && m.contains("64-byte"), "{m}");
+    }
+    let mut host = [0u8; 128];
+    for (r, side, text) in [
+        (
+            pool.copy(&mut a, 4000, &b, 0, 128),
+            Destination,
+            "destination range 4000..4000+128",
+        ),
+        (
+            pool.copy(&mut a, 0, &b, 4000, 128),
+            Source,
+            "source range 4000..4000+128",
+        ),
+        (
+            pool.copy_async(&mut a, 4032, &b, 0, 128, &stream),
+            Destination,
+            "destination range 4032..4032+128",
+        ),
+        (
+            pool.copy_async(&mut a, 0, &b, 4032, 128, &stream),
+            Source,
+            "source range 4032..4032+128",
+        ),
+        (
+            pool.copy_from_host(&mut a, 4000, &host),
+            Destination,
+            "destination range 4000..4000+128",
+        ),
+        (
+            pool.copy_to_host(&b, 4000, &mut host),
+            Source,
+            "source range 4000..4000+128",
+        ),
+    ] {
+        let e = r.unwrap_err();
+        assert!(
+            matches!(e, Error::OutOfBounds { side: Some(s), capacity: 4096, .. } if s == side),
+            "{e:?}"
+        );
+        let m = e.to_string();
+        assert!(m.contains(text) && m.contains("out of bounds"), "{m}");
+    }
+    // A fill has one end: nothing to tell apart.
+    let e = pool.memset(&mut a, 4000, 1, 128).unwrap_err();
+    assert!(matches!(e, Error::OutOfBounds { side: None, .. }), "{e:?}");
+    drop((a, b));
+    drop(stream);
+    assert_empty(&pool);
+}

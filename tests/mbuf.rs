@@ -60,6 +60,7 @@ fn buffers_carry_data_length_and_user_data_and_share_them_between_references() {
                 offset,
                 len,
                 capacity,
+                side: None,
             })
         };
         assert_eq!(copy.set_data_len(size + 1), past(0, size + 1, size));

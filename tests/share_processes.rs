@@ -488,6 +488,7 @@ fn an_opened_buffer_reads_only_what_its_header_describes() {
             offset,
             len,
             capacity,
+            side: None,
         })
     };
     assert_eq!(opened.read(996, &mut eight), past(996, 8, 1000));

@@ -1493,6 +1493,7 @@ mod tests {
                     offset: 1,
                     len: 1,
                     capacity: 1,
+                    side: None,
                 },
                 Status::OutOfBounds,
             ),
@@ -1500,6 +1501,7 @@ mod tests {
                 Error::Misaligned {
                     addr: 32,
                     required: 64,
+                    side: None,
                 },
                 Status::Misaligned,
             ),

@@ -359,7 +359,7 @@ fn refused_calls_leave_the_pool_as_it_was() {
             "past end",
             ap_copy_from_host(pool, dev, 4090, buf.as_ptr().cast(), 64),
             Status::OutOfBounds,
-            "4090",
+            "destination range 4090..4090+64",
         );
         expect(
             "offset overflow",
@@ -395,7 +395,13 @@ fn refused_calls_leave_the_pool_as_it_was() {
             "misaligned",
             ap_copy_async(pool, dev, 0, host, 32, 64, stream),
             Status::Misaligned,
-            "",
+            "source offset 32 is not 64-byte aligned",
+        );
+        expect(
+            "misaligned destination",
+            ap_copy_async(pool, dev, 96, host, 0, 64, stream),
+            Status::Misaligned,
+            "destination offset 96 is not 64-byte aligned",
         );
         expect(
             "gone stream",

@@ -184,6 +184,7 @@ impl SimSource {
                 return Err(Error::Misaligned {
                     addr: value,
                     required: WINDOW_GRANULE,
+                    side: None,
                 });
             }
         }
