@@ -125,3 +125,24 @@ fn reset_peak_stats_lowers_the_peaks_to_the_current_figures() {
     drop((kept, more));
     pool.validate().unwrap();
 }
+
+/// A region dropped before its stream has run stays in `live_regions` and `pending_frees`
+/// after the stream is gone (its drop waited for the work), as `KindStats` documents: the
+/// pool completes the free when it next looks at its deferred frees, here on `synchronize`.
+#[test]
+fn a_free_pending_on_a_dropped_stream_is_counted_until_the_pool_looks() {
+    use ascend_pool::MemKind;
+    let pool = Pool::new(Arc::new(SimSource::default()), PoolConfig::default()).unwrap();
+    let stream = pool.create_stream().unwrap();
+    let mut r = pool.alloc_device(4096).unwrap();
+    pool.memset_async(&mut r, 0, 1, 4096, &stream).unwrap();
+    drop(r);
+    drop(stream);
+    let figures = |s: ascend_pool::pool::KindStats| (s.live_regions, s.pending_frees, s.frees);
+    assert_eq!(figures(pool.stats(MemKind::DEVICE)), (1, 1, 0));
+    let listed = pool.leak_report();
+    assert!(listed.len() == 1 && listed[0].pending, "{listed:?}");
+    pool.synchronize().unwrap();
+    assert_eq!(figures(pool.stats(MemKind::DEVICE)), (0, 0, 1));
+    assert!(pool.leak_report().is_empty());
+}

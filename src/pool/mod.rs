@@ -96,9 +96,10 @@ pub const CORRUPTION_REPORTS_MAX: usize = 1024;
 pub struct KindStats {
     /// The memory kind.
     pub kind: MemKind,
-    /// Footprint bytes of live regions.
+    /// Footprint bytes of live regions (those whose free is pending included, see
+    /// `pending_frees`).
     pub allocated_bytes: u64,
-    /// Requested bytes of live regions.
+    /// Requested bytes of live regions (as `allocated_bytes`).
     pub requested_bytes: u64,
     /// Bytes held from the block source.
     pub reserved_bytes: u64,
@@ -108,13 +109,25 @@ pub struct KindStats {
     pub peak_requested_bytes: u64,
     /// Peak of `reserved_bytes`.
     pub peak_reserved_bytes: u64,
-    /// Live regions.
+    /// Live regions: those held, and those dropped whose free is still pending (see
+    /// `pending_frees`).
     pub live_regions: u64,
     /// Allocations served so far.
     pub allocations: u64,
     /// Frees completed so far.
     pub frees: u64,
-    /// Frees waiting for a stream to pass the region.
+    /// Regions dropped while a stream still had work queued on them, whose free the pool
+    /// has not completed yet; each stays in `live_regions` and `allocated_bytes` until then.
+    ///
+    /// The pool completes such frees when it looks at them, not when their stream runs or
+    /// is dropped: when an allocation of the kind finds no room, every 64th deferred free,
+    /// on [`Pool::trim`] (those their streams have passed) and on [`Pool::synchronize`]
+    /// (waiting for the streams). A region dropped before its stream ran is still counted
+    /// here after the stream is gone, until one of those: call `synchronize` before reading
+    /// figures that must be settled ([`Pool::leak_report`] lists them with `pending` set).
+    ///
+    /// Not at the stream's drop: a [`Stream`](crate::region::Stream) does not know the
+    /// pools whose frees wait for it, and telling it would cost every deferred free.
     pub pending_frees: u64,
     /// Chunks held.
     pub chunks: u64,
