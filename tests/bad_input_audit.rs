@@ -764,6 +764,7 @@ fn a_pool_of_a_device_the_source_lacks_is_refused_when_made() {
     let pool = Pool::new(two(), PoolConfig::default().with_device(1)).unwrap();
     drop(pool.alloc_device(64).unwrap());
     drop(pool.create_stream().unwrap());
+}
 
 // Used to read "device pool limit 4194304 bytes would be passed: requested 1048576,
 // reserved 4194304": nothing said that half the reserved bytes were free, in ranges too
