@@ -1051,13 +1051,18 @@ fn register_window_refuses_what_cannot_be_a_window_and_gives_the_region_back() {
     u.intact();
 }
 
+/// Windows whose drop never runs, as `std::mem::forget` leaves one, but kept reachable so
+/// a leak checker (CI's AddressSanitizer step) does not report them.
+static FORGOTTEN: std::sync::Mutex<Vec<RegisteredWindow<DeviceRegion>>> =
+    std::sync::Mutex::new(Vec::new());
+
 #[test]
 fn a_forgotten_window_keeps_its_memory_for_ever() {
     // Leaked, the window stays registered: its region must never go back to the pool.
     let t = ranks();
     let (window, far) = t.window(WINDOW_GRANULE);
     let at = window.region().addr();
-    std::mem::forget(window);
+    FORGOTTEN.lock().unwrap().push(window);
     for _ in 0..4 {
         let r = t
             .rank1
