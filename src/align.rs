@@ -225,6 +225,7 @@ impl CarveRule {
     }
 
     /// Start alignment of each segment.
+    #[inline]
     pub const fn align(&self) -> u64 {
         self.align
     }
@@ -242,6 +243,7 @@ impl CarveRule {
 
     /// `ALIGN_UP(ALIGN_UP(len, 32) + padding, align)`: the bytes one segment takes out of
     /// a block, so that the next segment's start is aligned too. Never below `align`.
+    #[inline]
     pub const fn footprint(&self, len: u64) -> Result<u64, CarveRuleError> {
         if len == 0 {
             return Err(CarveRuleError::ZeroLength);

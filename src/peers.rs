@@ -64,6 +64,7 @@ impl OffsetAllocatorRange {
 impl RangeReplayer for OffsetAllocatorRange {
     type Token = offset_allocator::Allocation;
 
+    #[inline]
     fn alloc(&mut self, len: u64, rule: CarveRule) -> Option<(u64, Self::Token)> {
         let footprint = rule.footprint(len).ok()?;
         let align = rule.align();
@@ -76,6 +77,7 @@ impl RangeReplayer for OffsetAllocatorRange {
         Some((offset, a))
     }
 
+    #[inline]
     fn free(&mut self, token: Self::Token) {
         self.inner.free(token);
     }
@@ -209,6 +211,7 @@ impl RlsfRange {
 impl RangeReplayer for RlsfRange {
     type Token = RlsfToken;
 
+    #[inline]
     fn alloc(&mut self, len: u64, rule: CarveRule) -> Option<(u64, Self::Token)> {
         let footprint = usize::try_from(rule.footprint(len).ok()?).ok()?;
         let align = usize::try_from(rule.align()).ok()?;
@@ -226,6 +229,7 @@ impl RangeReplayer for RlsfRange {
         ))
     }
 
+    #[inline]
     fn free(&mut self, token: RlsfToken) {
         if token.range != self.id {
             self.refused_frees += 1;
@@ -321,6 +325,7 @@ impl RangeReplayer for BuddyRange {
     /// First frame and the layout (in frames) used.
     type Token = (usize, Layout);
 
+    #[inline]
     fn alloc(&mut self, len: u64, rule: CarveRule) -> Option<(u64, Self::Token)> {
         let footprint = rule.footprint(len).ok()?;
         let frames = usize::try_from(footprint.div_ceil(BUDDY_FRAME)).ok()?;
@@ -332,6 +337,7 @@ impl RangeReplayer for BuddyRange {
         Some((offset, (first, layout)))
     }
 
+    #[inline]
     fn free(&mut self, (first, layout): Self::Token) {
         self.inner.dealloc_aligned(first, layout);
     }
