@@ -22,6 +22,7 @@ const FUNCTIONS: &[&str] = &[
     "aclrtSetDevice",
     "aclrtResetDevice",
     "aclrtGetDevice",
+    "aclrtGetDeviceCount",
     "aclrtMalloc",
     "aclrtMallocAlign32",
     "aclrtMallocCached",

@@ -170,6 +170,8 @@ aclError aclrtSetDevice(int32_t deviceId);
 aclError aclrtResetDevice(int32_t deviceId);
 /* The calling thread's current device (the last aclrtSetDevice on it). */
 aclError aclrtGetDevice(int32_t *deviceId);
+/* How many devices the runtime has (ids 0..count); absent from older CANN. */
+aclError aclrtGetDeviceCount(uint32_t *count);
 
 /* ---- memory ------------------------------------------------------------- */
 

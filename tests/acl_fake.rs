@@ -780,3 +780,26 @@ fn copies_and_fills_of_mapped_memory_run_on_the_device_of_its_range() {
     acl.free_physical(h).unwrap();
     VmmRuntime::release_address(&acl, va).unwrap();
 }
+
+#[test]
+fn devices_are_counted_where_the_runtime_can_count_them() {
+    use ascend_pool::{Pool, PoolConfig};
+    use std::sync::Arc;
+
+    // An older runtime without aclrtGetDeviceCount: the source cannot tell, and a pool of
+    // any device is made (the runtime refuses its calls instead).
+    let old = Arc::new(AclSource::open(fake_lib("no_count", &[])).unwrap());
+    assert!(!old.supports("aclrtGetDeviceCount"));
+    assert_eq!(old.device_count(), None);
+    Pool::new(old, PoolConfig::default().with_device(7)).unwrap();
+    // A runtime that counts two devices: device 2 is refused at creation.
+    let two = Arc::new(AclSource::open(fake_lib("count_two", &["-DDEVICE_COUNT=2"])).unwrap());
+    assert!(two.supports("aclrtGetDeviceCount"));
+    assert_eq!(two.device_count(), Some(2));
+    let r = Pool::new(two.clone(), PoolConfig::default().with_device(2));
+    assert!(matches!(r, Err(Error::Config(_))), "{r:?}");
+    Pool::new(two, PoolConfig::default().with_device(1)).unwrap();
+    // A count the runtime fails to give is no count.
+    let failing = fake_lib("count_fails", &["-DDEVICE_COUNT=2", "-DFAIL_CODE=507033"]);
+    assert_eq!(AclSource::open(failing).unwrap().device_count(), None);
+}

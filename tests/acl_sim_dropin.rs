@@ -700,3 +700,34 @@ fn a_configuration_it_cannot_read_fails_the_start() {
     }
     assert_eq!(run("ASCEND_POOL_SIM_DEVICES", " 2 ").0, 0);
 }
+
+#[test]
+fn a_pool_of_a_device_the_runtime_lacks_is_refused_up_front() {
+    // AclSource could not count devices: a pool of device 8 on the drop-in's 8 was made, and
+    // every call of it then failed with ACL_ERROR_RT_PARAM_INVALID (the simulator refused it
+    // at creation with Error::Config).
+    use ascend_pool::source::vmm::{VmmConfig, VmmSource};
+    use ascend_pool::{Pool, PoolConfig};
+    use std::sync::Arc;
+
+    let acl = Arc::new(open());
+    let api = raw_api();
+    let count = api
+        .aclrtGetDeviceCount
+        .as_ref()
+        .expect("the drop-in exports aclrtGetDeviceCount");
+    let mut n = 0u32;
+    // SAFETY: `n` is a live u32 the call writes; null is refused before any write.
+    unsafe {
+        assert_eq!(count(&mut n), 0);
+        assert_eq!(count(std::ptr::null_mut()), sys::ACL_ERROR_INVALID_PARAM);
+    }
+    assert!(n > 0);
+    assert_eq!(acl.device_count(), Some(n));
+    let past = i32::try_from(n).unwrap();
+    let r = Pool::new(acl.clone(), PoolConfig::default().with_device(past));
+    assert!(matches!(r, Err(Error::Config(_))), "{r:?}");
+    let r = VmmSource::new(acl.clone(), past, VmmConfig::default());
+    assert!(matches!(r, Err(Error::Config(_))), "{r:?}");
+    Pool::new(acl, PoolConfig::default().with_device(past - 1)).unwrap();
+}

@@ -4,7 +4,7 @@
 //! Every exported function has the prototype of `include/ascend_pool_acl.h`, checks its
 //! pointers (a null out-pointer is `ACL_ERROR_INVALID_PARAM`), fills every out-parameter on
 //! success and returns the `aclError` code the simulator gives. It exports the core runtime
-//! (init, devices, memory, copies, fills, memory info, streams, events), the DVPP
+//! (init, devices and their count, memory, copies, fills, memory info, streams, events), the DVPP
 //! allocators, virtual memory management (`aclrtReserveMemAddress` ... `aclrtUnmapMem`),
 //! the sharing of physical memory between processes (`aclrtMemExportToShareableHandle`,
 //! `aclrtMemImportFromShareableHandle`, `aclrtMemSetPidToShareableHandle`,
@@ -329,6 +329,13 @@ pub unsafe extern "C" fn aclrtSetDevice(device: i32) -> c_int {
 pub unsafe extern "C" fn aclrtGetDevice(out: *mut i32) -> c_int {
     // SAFETY: `put` refuses a null `out`; the caller's contract makes any other writable.
     run(|_| unsafe { put(out, current_device()) })
+}
+
+/// `aclrtGetDeviceCount`: the simulated devices (`ASCEND_POOL_SIM_DEVICES`).
+#[no_mangle]
+pub unsafe extern "C" fn aclrtGetDeviceCount(out: *mut u32) -> c_int {
+    // SAFETY: `put` refuses a null `out`; the caller's contract makes any other writable.
+    run(|s| unsafe { put(out, s.devices) })
 }
 
 /// `aclrtResetDevice`.

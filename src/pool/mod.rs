@@ -685,8 +685,9 @@ impl Pool {
     /// and a `config.device` of another are refused with [`Error::Config`]: the pool's
     /// streams and events would be of its device, and the source would refuse every
     /// device request. So is a device the source says it does not have
-    /// ([`BlockSource::device_count`]; the simulator's `SimConfig::devices`), which it would
-    /// refuse every call of with `ACL_ERROR_RT_PARAM_INVALID`.
+    /// ([`BlockSource::device_count`]: the simulator's `SimConfig::devices`, the runtime's
+    /// `aclrtGetDeviceCount` where it has one), which it would refuse every call of with
+    /// `ACL_ERROR_RT_PARAM_INVALID`.
     ///
     /// ```
     /// use ascend_pool::source::sim::{SimConfig, SimSource};

@@ -213,8 +213,8 @@ pub trait BlockSource: Send + Sync + std::fmt::Debug {
 
     /// How many devices the source has (ids `0..n`), when it can tell; `None` (the default)
     /// when it cannot. A pool of a device outside them is refused
-    /// ([`Pool::new`](crate::Pool::new)). [`AclSource`] answers `None`: the reference lists no
-    /// call that counts devices.
+    /// ([`Pool::new`](crate::Pool::new)). [`AclSource`] asks `aclrtGetDeviceCount`, and
+    /// answers `None` from a runtime without it.
     fn device_count(&self) -> Option<u32> {
         None
     }

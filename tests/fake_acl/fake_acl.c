@@ -9,6 +9,8 @@
  *   -DOMIT_MALLOC           aclrtMalloc and aclrtFree are not exported;
  *   -DOMIT_DVPP             acldvppMalloc and acldvppFree are not exported;
  *   -DOLD_QUERY             aclrtQueryEvent is exported instead of aclrtQueryEventStatus;
+ *   -DDEVICE_COUNT=<n>      aclrtGetDeviceCount is exported and counts <n> devices
+ *                           (older runtimes lack it);
  *   -DWITH_VMM              the virtual-memory functions are exported, and accept any
  *                           argument: what reaches them was not refused by the caller.
  * Sharing and mbuf functions are never exported.
@@ -72,6 +74,12 @@ int aclrtSetDevice(int32_t dev) {
     return SETDEV_CODE;
 }
 int aclrtResetDevice(int32_t dev) { (void)dev; fake_reset_device_calls++; return 0; }
+#ifdef DEVICE_COUNT
+int aclrtGetDeviceCount(uint32_t *count) {
+    if (count == NULL) return 100000;
+    RET(*count = DEVICE_COUNT);
+}
+#endif
 
 #ifndef OMIT_MALLOC
 int aclrtMalloc(void **p, size_t size, unsigned policy) {

@@ -66,6 +66,10 @@ pub struct AclApi {
         unsafe extern "C" fn(deviceId: *mut i32) -> aclError,
         ::libloading::Error,
     >,
+    pub aclrtGetDeviceCount: Result<
+        unsafe extern "C" fn(count: *mut u32) -> aclError,
+        ::libloading::Error,
+    >,
     pub aclrtMalloc: Result<
         unsafe extern "C" fn(
             devPtr: *mut *mut ::std::os::raw::c_void,
@@ -497,6 +501,9 @@ impl AclApi {
         let aclrtSetDevice = __library.get(b"aclrtSetDevice\0").map(|sym| *sym);
         let aclrtResetDevice = __library.get(b"aclrtResetDevice\0").map(|sym| *sym);
         let aclrtGetDevice = __library.get(b"aclrtGetDevice\0").map(|sym| *sym);
+        let aclrtGetDeviceCount = __library
+            .get(b"aclrtGetDeviceCount\0")
+            .map(|sym| *sym);
         let aclrtMalloc = __library.get(b"aclrtMalloc\0").map(|sym| *sym);
         let aclrtMallocAlign32 = __library.get(b"aclrtMallocAlign32\0").map(|sym| *sym);
         let aclrtMallocCached = __library.get(b"aclrtMallocCached\0").map(|sym| *sym);
@@ -581,6 +588,7 @@ impl AclApi {
             aclrtSetDevice,
             aclrtResetDevice,
             aclrtGetDevice,
+            aclrtGetDeviceCount,
             aclrtMalloc,
             aclrtMallocAlign32,
             aclrtMallocCached,
@@ -645,6 +653,12 @@ impl AclApi {
     }
     pub unsafe fn aclrtGetDevice(&self, deviceId: *mut i32) -> aclError {
         (self.aclrtGetDevice.as_ref().expect("Expected function, got error."))(deviceId)
+    }
+    pub unsafe fn aclrtGetDeviceCount(&self, count: *mut u32) -> aclError {
+        (self
+            .aclrtGetDeviceCount
+            .as_ref()
+            .expect("Expected function, got error."))(count)
     }
     pub unsafe fn aclrtMalloc(
         &self,

@@ -16,7 +16,9 @@
 //! [`Error::LibraryLoad`] naming the library and the missing symbols. Everything else
 //! (`aclrtMallocAlign32`, `aclrtMallocCached`, DVPP, event queries, virtual memory, shareable
 //! handles, mbuf, one-sided writes) is optional: a missing symbol answers
-//! [`Error::NotSupported`] when used.
+//! [`Error::NotSupported`] when used. Without `aclrtGetDevice` the source trusts the device it
+//! set to be current, and without `aclrtGetDeviceCount` (older CANN) it cannot count devices
+//! ([`BlockSource::device_count`] is `None`).
 //!
 //! Every non-zero `aclError` becomes [`Error::Runtime`] with the function name and the raw code.
 //! Blocks, streams, events, reserved ranges, mappings, physical handles and mbufs are tracked,
@@ -608,7 +610,7 @@ fn core_presence(api: &sys::AclApi) -> [(&'static str, bool); 21] {
 fn all_presence(api: &sys::AclApi) -> Vec<(&'static str, bool)> {
     let mut v = core_presence(api).to_vec();
     v.extend(presence!(api;
-        aclrtMallocAlign32, aclrtMallocCached, acldvppMalloc, acldvppFree, hi_mpi_dvpp_malloc,
+        aclrtGetDevice, aclrtGetDeviceCount, aclrtMallocAlign32, aclrtMallocCached, acldvppMalloc, acldvppFree, hi_mpi_dvpp_malloc,
         hi_mpi_dvpp_free, aclrtQueryEvent, aclrtQueryEventStatus,
         aclrtMemGetAllocationGranularity, aclrtReserveMemAddress, aclrtReleaseMemAddress,
         aclrtMallocPhysical, aclrtFreePhysical, aclrtMapMem, aclrtUnmapMem,
@@ -719,6 +721,17 @@ impl BlockSource for AclSource {
             return host_mem_info();
         }
         self.mem_info_attr(device, mem_attr(kind))
+    }
+
+    /// `aclrtGetDeviceCount`'s answer; `None` from a runtime without it (older CANN) or
+    /// when it fails, so that such a runtime still serves pools (it refuses a device it
+    /// lacks call by call instead).
+    fn device_count(&self) -> Option<u32> {
+        let api = self.api().ok()?;
+        let f = api.aclrtGetDeviceCount.as_ref().ok()?;
+        let mut n = 0u32;
+        // SAFETY: `n` is a live `u32` the call may write.
+        (unsafe { f(&mut n) } == 0).then_some(n)
     }
 
     fn create_stream(&self, device: DeviceId) -> Result<StreamHandle> {
