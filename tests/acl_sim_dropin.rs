@@ -731,3 +731,59 @@ fn a_pool_of_a_device_the_runtime_lacks_is_refused_up_front() {
     assert!(matches!(r, Err(Error::Config(_))), "{r:?}");
     Pool::new(acl, PoolConfig::default().with_device(past - 1)).unwrap();
 }
+
+#[test]
+fn a_device_to_device_copy_between_two_devices_needs_peer_access() {
+    // ACL_MEMCPY_DEVICE_TO_DEVICE (3) and ACL_MEMCPY_DEFAULT (4) between memory of two
+    // devices were copied, though the runtime copies across devices only once
+    // aclrtDeviceEnablePeerAccess has been called, which the drop-in does not simulate: the
+    // pool refuses such a pair (ForeignHandle), the drop-in took it.
+    let api = raw_api();
+    let (set, malloc, free, memcpy, memcpy_async) = (
+        api.aclrtSetDevice.as_ref().unwrap(),
+        api.aclrtMalloc.as_ref().unwrap(),
+        api.aclrtFree.as_ref().unwrap(),
+        api.aclrtMemcpy.as_ref().unwrap(),
+        api.aclrtMemcpyAsync.as_ref().unwrap(),
+    );
+    let (create, sync, destroy) = (
+        api.aclrtCreateStream.as_ref().unwrap(),
+        api.aclrtSynchronizeStream.as_ref().unwrap(),
+        api.aclrtDestroyStream.as_ref().unwrap(),
+    );
+    let bad = sys::ACL_ERROR_INVALID_PARAM;
+    let n = 4096;
+    // SAFETY: every range passed lies in a live block of `n` bytes of the drop-in; the stream
+    // is synchronized after each queued copy, so before the next copy and the frees.
+    unsafe {
+        let (mut a, mut b, mut on1) = (
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        );
+        assert_eq!(set(0), 0);
+        assert_eq!(malloc(&mut a, n, 0), 0);
+        assert_eq!(malloc(&mut b, n, 0), 0);
+        assert_eq!(set(1), 0);
+        assert_eq!(malloc(&mut on1, n, 0), 0);
+        let mut stream = std::ptr::null_mut();
+        assert_eq!(create(&mut stream), 0);
+        for kind in [sys::ACL_MEMCPY_DEVICE_TO_DEVICE, sys::ACL_MEMCPY_DEFAULT] {
+            for (dst, src, want) in [(a, b, 0), (on1, a, bad), (a, on1, bad)] {
+                let src = src.cast_const();
+                assert_eq!(
+                    memcpy(dst, n, src, n, kind),
+                    want,
+                    "aclrtMemcpy kind {kind}"
+                );
+                let queued = memcpy_async(dst, n, src, n, kind, stream);
+                assert_eq!(queued, want, "aclrtMemcpyAsync kind {kind}");
+                assert_eq!(sync(stream), 0);
+            }
+        }
+        assert_eq!(destroy(stream), 0);
+        for p in [a, b, on1] {
+            assert_eq!(free(p), 0);
+        }
+    }
+}

@@ -26,8 +26,10 @@
 //!   is `ACL_ERROR_RT_MEMORY_FREE`.
 //! - `ACL_MEMCPY_INNER_DEVICE_TO_DEVICE` (6) and `ACL_MEMCPY_INTER_DEVICE_TO_DEVICE` (7) are
 //!   device-to-device copies whose two sides must be on one device (6) or on two (7), else
-//!   `ACL_ERROR_INVALID_PARAM`; `ACL_MEMCPY_DEVICE_TO_DEVICE` (3) takes either (peer access
-//!   is not simulated).
+//!   `ACL_ERROR_INVALID_PARAM`. `ACL_MEMCPY_DEVICE_TO_DEVICE` (3), and `ACL_MEMCPY_DEFAULT`
+//!   (4) between device memory, take one device only: the runtime copies across devices with
+//!   them only once peer access is enabled (`aclrtDeviceEnablePeerAccess`), which is not
+//!   simulated, so a pair on two devices is `ACL_ERROR_INVALID_PARAM` as well.
 //! - A panic inside the simulator is caught and answered `ACL_ERROR_INTERNAL_ERROR`.
 //! - In a child made by `fork` of a process that used the library, every call is
 //!   `ACL_ERROR_RT_FAILURE`, as the simulator answers it.
@@ -216,13 +218,15 @@ fn copy_kind(raw: u32) -> Result<MemcpyKind, i32> {
 
 impl DropIn {
     /// The devices the two sides of a copy of raw kind `raw` are on, as the kinds that name
-    /// them require: INNER_DEVICE_TO_DEVICE (6) one device, INTER_DEVICE_TO_DEVICE (7) two.
-    /// A pair on the wrong devices is `ACL_ERROR_INVALID_PARAM`, like a side of the wrong
-    /// kind; a side that is no device memory of the runtime is left to the simulator's checks
-    /// of a device-to-device copy, which refuse it.
+    /// them require: INNER_DEVICE_TO_DEVICE (6) one device, INTER_DEVICE_TO_DEVICE (7) two,
+    /// and DEVICE_TO_DEVICE (3) or DEFAULT (4) between two device sides one device too: the
+    /// runtime copies across devices with those only once `aclrtDeviceEnablePeerAccess` has
+    /// been called, and peer access is not simulated. A pair on the wrong devices is
+    /// `ACL_ERROR_INVALID_PARAM`, like a side of the wrong kind; a side that is no device
+    /// memory of the runtime is left to the simulator's checks of the copy.
     fn check_devices(&self, raw: u32, dst: usize, src: usize) -> AclResult {
         let same = match raw {
-            6 => true,
+            3 | 4 | 6 => true,
             7 => false,
             _ => return Ok(()),
         };
