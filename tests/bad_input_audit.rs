@@ -959,3 +959,27 @@ fn a_refused_copy_says_which_end_is_at_fault() {
     drop(stream);
     assert_empty(&pool);
 }
+
+// `Error::Misaligned` without a side names an address, with a side the offset the caller
+// passed for that end of a copy: a misaligned sub-range names the address it would start at.
+#[test]
+fn a_misaligned_sub_region_names_its_address() {
+    use ascend_pool::region::{Region, SubRegion};
+    let pool = Pool::new(sim(256 * MIB), PoolConfig::default()).unwrap();
+    let mut d = pool.alloc_device(4096).unwrap();
+    let at = d.addr() as u64 + 32;
+    let e = SubRegion::new(&mut d, 32, 64).unwrap_err();
+    assert_eq!(
+        e,
+        Error::Misaligned {
+            addr: at,
+            required: 64,
+            side: None,
+        }
+    );
+    assert!(e.to_string().contains(&format!("{at:#x}")), "{e}");
+    assert_eq!(
+        SubRegion::new(&mut d, 64, 64).unwrap().addr() as u64,
+        at + 32
+    );
+}

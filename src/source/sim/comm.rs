@@ -171,7 +171,8 @@ impl SimSource {
     /// window outlives the region but not the block.
     ///
     /// # Errors
-    /// [`Error::Misaligned`] when `addr` or `len` is not a multiple of 2 MiB (HCCL's rule);
+    /// [`Error::Misaligned`] when `addr` or `len` is not a multiple of 2 MiB (HCCL's rule),
+    /// naming `addr`, or for a bad `len` the window's end;
     /// [`Error::Invalid`] when `len` is 0, the range is not live device memory of `device`,
     /// or it overlaps a window already registered.
     ///
@@ -179,10 +180,13 @@ impl SimSource {
     pub unsafe fn register_window(&self, device: DeviceId, addr: usize, len: u64) -> Result<()> {
         // In a child made by `fork`, before any lock: a parent's thread may have held one.
         self.ours()?;
-        for value in [addr as u64, len] {
+        // `Misaligned` names an address: the start, else the end a length off the granule
+        // puts off it (the start being on it).
+        let start = addr as u64;
+        for (value, at) in [(start, start), (len, start.saturating_add(len))] {
             if value % WINDOW_GRANULE != 0 {
                 return Err(Error::Misaligned {
-                    addr: value,
+                    addr: at,
                     required: WINDOW_GRANULE,
                     side: None,
                 });
