@@ -10,7 +10,6 @@ conformance_suite!(|capacity| {
     let config = SimConfig::default()
         .with_device_capacity(capacity)
         .with_host_capacity(capacity)
-        .with_dvpp_limit(capacity)
         // Copies take real time (2 GB/s), so a reuse-before-the-stream-passes bug corrupts data.
         .with_copy_bandwidth(2_000_000_000);
     let sim = Arc::new(SimSource::new(config).unwrap());

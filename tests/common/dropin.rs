@@ -28,9 +28,9 @@ pub fn dropin() -> &'static Path {
 }
 
 /// An `AclSource` over a private copy of the drop-in, so that each caller gets a simulator of
-/// its own, configured with `capacity` bytes of device, host and DVPP memory through the
-/// drop-in's environment variables. Calls are serialized: the variables are read while the
-/// library initializes.
+/// its own, configured with `capacity` bytes of device and host memory (and the runtime's
+/// 16 GiB of DVPP address space) through the drop-in's environment variables. Calls are
+/// serialized: the variables are read while the library initializes.
 #[allow(dead_code)] // only the conformance binaries open private copies
 pub fn private_acl_source(capacity: u64) -> ascend_pool::source::acl::AclSource {
     static ENV_LOCK: std::sync::Mutex<u32> = std::sync::Mutex::new(0);
@@ -44,7 +44,6 @@ pub fn private_acl_source(capacity: u64) -> ascend_pool::source::acl::AclSource 
     for (key, value) in [
         ("ASCEND_POOL_SIM_DEVICE_CAPACITY", capacity),
         ("ASCEND_POOL_SIM_HOST_CAPACITY", capacity),
-        ("ASCEND_POOL_SIM_DVPP_LIMIT", capacity),
         ("ASCEND_POOL_SIM_COPY_BANDWIDTH", 2_000_000_000),
     ] {
         // SAFETY (of the environment): a test binary sets these only here, under ENV_LOCK,

@@ -539,6 +539,30 @@ macro_rules! conformance_suite {
             assert_eq!(src.mem_info(0, MemKind::DEVICE).unwrap(), (free0, total));
         }
 
+        /// DVPP memory is device memory, within the DVPP address space the runtime gives one
+        /// process (16 GiB on Atlas A2/A3): its free and total bytes are the device's, capped
+        /// by what is left of that space, and a DVPP block takes from both. `AclSource`
+        /// answered the device's figures (64 GiB of 64 GiB over the drop-in's defaults) where
+        /// the simulator answered 16 GiB.
+        #[test]
+        fn dvpp_memory_info_is_device_memory_within_the_process_address_space() {
+            use ascend_pool::source::sim::DVPP_ADDRESS_LIMIT;
+            let src = source(2 * DVPP_ADDRESS_LIMIT);
+            let device = || src.mem_info(0, MemKind::DEVICE).unwrap();
+            let dvpp = || src.mem_info(0, MemKind::Dvpp).unwrap();
+            let ((dev_free, dev_total), (free, total)) = (device(), dvpp());
+            assert_eq!(total, dev_total.min(DVPP_ADDRESS_LIMIT), "{dev_total}");
+            assert_eq!(free, dev_free.min(DVPP_ADDRESS_LIMIT), "{dev_free}");
+            let len = 4u64 << 20;
+            let b = src.alloc_block(0, MemKind::Dvpp, len).unwrap();
+            let (free1, total1) = dvpp();
+            assert_eq!(total1, total);
+            assert!(free1 + len <= free, "{free1} DVPP bytes free after taking {len} of {free}");
+            assert!(device().0 + len <= dev_free, "a DVPP block takes device memory");
+            src.free_block(b).unwrap();
+            assert_eq!(dvpp(), (free, total));
+        }
+
         /// A one-sided write's ranges, kinds and handles are checked by the pool, before any
         /// runtime call, whatever the source; a source without a communicator of its own
         /// says so with `NotSupported`.

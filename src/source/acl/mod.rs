@@ -38,8 +38,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
+use crate::align::CarveRule;
 use crate::error::{AclError, Error, Result};
 use crate::kind::{MallocPolicy, MemKind};
+use crate::source::sim::DVPP_ADDRESS_LIMIT;
 use crate::source::{
     Block, BlockSource, ChannelHandle, CommThreadHandle, DeviceId, EventHandle, MemcpyKind,
     StreamHandle,
@@ -716,11 +718,30 @@ impl BlockSource for AclSource {
         result
     }
 
+    /// DVPP memory is device memory within the DVPP address space one process gets
+    /// ([`DVPP_ADDRESS_LIMIT`]), which `aclrtGetMemInfo` has no class for: the device's
+    /// figures, capped by that space less what this source's DVPP blocks take of it (as the
+    /// runtime rounds them; other users of the process's space are not seen).
     fn mem_info(&self, device: DeviceId, kind: MemKind) -> Result<(u64, u64)> {
         if kind == MemKind::Host {
             return host_mem_info();
         }
-        self.mem_info_attr(device, mem_attr(kind))
+        let (free, total) = self.mem_info_attr(device, mem_attr(kind))?;
+        if kind != MemKind::Dvpp {
+            return Ok((free, total));
+        }
+        let rule = CarveRule::default();
+        let held: u64 = self
+            .lock()
+            .blocks
+            .values()
+            .filter(|(b, _)| b.kind == MemKind::Dvpp)
+            .map(|(b, _)| rule.runtime_rounded(b.size).unwrap_or(b.size))
+            .sum();
+        Ok((
+            free.min(DVPP_ADDRESS_LIMIT.saturating_sub(held)),
+            total.min(DVPP_ADDRESS_LIMIT),
+        ))
     }
 
     /// `aclrtGetDeviceCount`'s answer; `None` from a runtime without it (older CANN) or
