@@ -1370,7 +1370,7 @@ impl RangeReplayer for PoolRange {
 
     /// The pool's count ([`validate`](RangeReplayer::validate) checks it against the simulator's).
     fn source_alloc_calls(&self) -> u64 {
-        self.session.pool.stats(self.kind).source_alloc_calls
+        self.session.pool.source_alloc_calls(self.kind)
     }
 
     /// The pool's count (the simulator shares `aclrtFree` between three kinds).

@@ -788,6 +788,20 @@ impl Pool {
         self.inner.kind_stats(&k, |_| {})
     }
 
+    /// `stats(kind).source_alloc_calls` alone, without the walk over the thread caches and
+    /// shape slots that `stats` makes: the replay reads it after every operation, and the
+    /// walk ran between the timed calls, leaving the caches cold for the next one.
+    #[doc(hidden)]
+    pub fn source_alloc_calls(&self, kind: MemKind) -> u64 {
+        if self.inner.forked() {
+            return 0;
+        }
+        self.inner.kinds[kind.index()]
+            .lock()
+            .stats
+            .source_alloc_calls
+    }
+
     /// Counters of every kind, one [`KindStats`] each, in [`MemKind::ALL`]'s order (nothing
     /// is summed: add up what you need, and note that a sum of peaks is not a peak of sums).
     pub fn all_stats(&self) -> Vec<KindStats> {
