@@ -152,6 +152,10 @@ fn a_request_with_room_only_under_a_proven_frame_gets_it_and_the_pool_does_not_g
         fillers.push(f);
     }
     assert!(!fillers.is_empty());
+    // The replay's cheap read agrees with the full figures.
+    let grown = pool.stats(kind).source_alloc_calls;
+    assert!(grown > 0);
+    assert_eq!(pool.source_alloc_calls(kind), grown);
     free(a);
     let a = alloc(&pool, kind, FRAME);
     free(a);
