@@ -185,6 +185,10 @@ ap_status ap_alloc_model_input(ap_pool pool, uint64_t len, ap_region *out);
  * for work ordered on `stream`: memory freed while work on this stream still used it is
  * reused at once, the work running in stream order. */
 ap_status ap_alloc_on(ap_pool pool, ap_kind kind, uint64_t len, ap_stream stream, ap_region *out);
+/* Model input (device memory, 128-byte starts, as ap_alloc_model_input) for work ordered on
+ * `stream`, reused as ap_alloc_on's memory is: memory freed while work on this stream still
+ * used it is taken over at once when it has this length and a 128-byte start. */
+ap_status ap_alloc_model_input_on(ap_pool pool, uint64_t len, ap_stream stream, ap_region *out);
 /* Frees a region; if streams have work queued on it, its memory is reused once they pass it.
  * AP_ERR_CORRUPTION (debug mode) reports an overwritten padding: the region is freed all the
  * same, and the handle is gone. */

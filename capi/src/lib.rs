@@ -1147,6 +1147,27 @@ pub unsafe extern "C" fn ap_alloc_on(
     })
 }
 
+/// Model input (device memory, 128-byte starts) for work ordered on `stream`
+/// ([`Pool::alloc_model_input_on`]): as [`ap_alloc_model_input`], with reuse ordered on the
+/// stream as [`ap_alloc_on`]'s.
+///
+/// # Safety
+/// `out` is NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn ap_alloc_model_input_on(
+    pool: u64,
+    len: u64,
+    stream: u64,
+    out: *mut u64,
+) -> Status {
+    run(|| {
+        alloc_with(pool, out, |e| {
+            let s = e.stream(stream)?;
+            Ok(AnyRegion::Model(e.pool.alloc_model_input_on(len, &s)?))
+        })
+    })
+}
+
 /// Frees a region. Streams with work queued on it delay the reuse of its memory, not the
 /// call. In debug mode, an overwritten padding is reported as [`Status::Corruption`] (the
 /// region is freed all the same).

@@ -170,6 +170,7 @@ fn the_header_declares_what_the_library_exports() {
         "ap_alloc_aligned",
         "ap_alloc_model_input",
         "ap_alloc_on",
+        "ap_alloc_model_input_on",
         "ap_free",
         "ap_region_get_info",
         "ap_host_ptr",
@@ -715,6 +716,113 @@ fn stream_ordered_frees_reuse_memory_at_once() {
     assert_eq!(stats(pool)[KIND_DVPP as usize].source_alloc_calls, 1);
     assert_eq!(ap_stream_destroy(pool, stream), Status::Ok);
     assert_eq!(ap_pool_synchronize(pool), Status::Ok);
+    assert_eq!(destroy(pool), 1);
+}
+
+#[test]
+fn stream_ordered_model_input_is_reused_at_once_and_checks_its_handles() {
+    let (pool, other) = (pool_with(""), pool_with(""));
+    let (mut stream, mut foreign, mut gone) = (0, 0, 0);
+    // SAFETY: writable handles.
+    unsafe {
+        assert_eq!(ap_stream_create(pool, &mut stream), Status::Ok);
+        assert_eq!(ap_stream_create(other, &mut foreign), Status::Ok);
+        assert_eq!(ap_stream_create(pool, &mut gone), Status::Ok);
+    }
+    assert_eq!(ap_stream_destroy(pool, gone), Status::Ok);
+    let src = alloc(pool, KIND_DEVICE, 1 << 20).unwrap();
+    let mut first = None;
+    for _ in 0..8 {
+        let mut r = 0;
+        // SAFETY: a writable handle.
+        assert_eq!(
+            unsafe { ap_alloc_model_input_on(pool, 1 << 20, stream, &mut r) },
+            Status::Ok,
+            "{}",
+            last_error()
+        );
+        let i = info(pool, r);
+        assert_eq!(
+            (i.align, i.kind, i.addr % 128),
+            (128, KIND_DEVICE as u32, 0)
+        );
+        assert_eq!(
+            ap_copy_async(pool, r, 0, src, 0, 1 << 20, stream),
+            Status::Ok
+        );
+        // Freed behind the stream's copy, taken over at once by the next round.
+        assert_eq!(*first.get_or_insert(i.addr), i.addr);
+        assert_eq!(ap_free(pool, r), Status::Ok);
+    }
+    let before = counters(pool);
+    let mut r = 0;
+    // Each call is checked at once, its message being this thread's last.
+    let call = |what, pool, len, stream, out: *mut u64, want, says| {
+        // SAFETY: `out` is NULL or the writable `r`.
+        let got = unsafe { ap_alloc_model_input_on(pool, len, stream, out) };
+        expect(what, got, want, says);
+    };
+    let out: *mut u64 = &mut r;
+    call("size 0", pool, 0, stream, out, Status::InvalidSize, "0");
+    call(
+        "overflow",
+        pool,
+        u64::MAX,
+        stream,
+        out,
+        Status::InvalidSize,
+        "",
+    );
+    call(
+        "another pool's stream",
+        pool,
+        64,
+        foreign,
+        out,
+        Status::BadStream,
+        "stream",
+    );
+    call(
+        "destroyed stream",
+        pool,
+        64,
+        gone,
+        out,
+        Status::BadStream,
+        "stream",
+    );
+    call(
+        "no pool",
+        u64::MAX,
+        64,
+        stream,
+        out,
+        Status::BadPool,
+        "pool",
+    );
+    call(
+        "null out",
+        pool,
+        64,
+        stream,
+        null_mut(),
+        Status::NullArgument,
+        "out",
+    );
+    assert_eq!(r, 0);
+    assert_eq!(counters(pool), before);
+    assert_eq!(ap_stream_destroy(pool, stream), Status::Ok);
+    assert_eq!(ap_stream_destroy(other, foreign), Status::Ok);
+    assert_eq!(destroy(other), 0);
+    call(
+        "destroyed pool",
+        other,
+        64,
+        foreign,
+        out,
+        Status::BadPool,
+        "pool",
+    );
     assert_eq!(destroy(pool), 1);
 }
 

@@ -50,7 +50,11 @@ int main(int argc, char **argv) {
 
         ap_region input, tensor;
         EXPECT(ap_alloc_on(pool, AP_KIND_DVPP, FRAME, stream, &input), AP_OK);
-        EXPECT(ap_alloc_model_input(pool, FRAME, &tensor), AP_OK);
+        /* Every other frame's tensor is ordered on the stream its copy runs on. */
+        if (f % 2)
+            EXPECT(ap_alloc_model_input_on(pool, FRAME, stream, &tensor), AP_OK);
+        else
+            EXPECT(ap_alloc_model_input(pool, FRAME, &tensor), AP_OK);
         ap_region_info ii, ti;
         EXPECT(ap_region_get_info(pool, input, &ii), AP_OK);
         EXPECT(ap_region_get_info(pool, tensor, &ti), AP_OK);
@@ -86,6 +90,8 @@ int main(int argc, char **argv) {
     EXPECT(ap_alloc(pool, AP_KIND_DEVICE, 64, NULL), AP_ERR_NULL_ARGUMENT);
     EXPECT(ap_alloc_aligned(pool, 4096, 96, &r), AP_ERR_INVALID_SIZE);
     EXPECT(ap_alloc_on(pool, AP_KIND_HOST, 64, stream, &r), AP_ERR_WRONG_KIND);
+    EXPECT(ap_alloc_model_input_on(pool, 0, stream, &r), AP_ERR_INVALID_SIZE);
+    EXPECT(ap_alloc_model_input_on(pool, 64, 0, &r), AP_ERR_BAD_STREAM);
     EXPECT(ap_alloc(pool, AP_KIND_DEVICE, 256, &dead), AP_OK);
     EXPECT(ap_free(pool, dead), AP_OK);
     EXPECT(ap_free(pool, dead), AP_ERR_BAD_REGION);
