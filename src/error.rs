@@ -186,6 +186,26 @@ pub enum Error {
         /// covers it, the free bytes are too fragmented to hold it.
         largest_free: u64,
     },
+    /// Growing would pass the configured total limit over the pool's device kinds
+    /// ([`PoolConfig::total_limit`](crate::pool::PoolConfig::total_limit)); the kind's own
+    /// limit, if any, was not reached.
+    TotalLimitExceeded {
+        /// The memory kind that asked.
+        kind: MemKind,
+        /// Bytes asked for.
+        requested: u64,
+        /// The total limit.
+        limit: u64,
+        /// Bytes the pool's device kinds held reserved together at the time.
+        reserved: u64,
+        /// Bytes live in regions of `kind` (footprints).
+        in_use: u64,
+        /// Largest free range in any chunk of `kind`.
+        largest_free: u64,
+        /// The bytes each other device kind of the pool holds reserved, in
+        /// [`MemKind::ALL`]'s order: what trimming or freeing them would make room from.
+        elsewhere: Vec<(MemKind, u64)>,
+    },
     /// A handle or pointer that this pool (or source) did not hand out.
     ForeignHandle,
     /// A handle that was already freed.
@@ -353,6 +373,30 @@ impl std::fmt::Display for Error {
                         "; {free} bytes are free but too fragmented to hold the request \
                          (raise the limit, or free the regions that split the free ranges)"
                     )?;
+                }
+                Ok(())
+            }
+            Self::TotalLimitExceeded {
+                kind,
+                requested,
+                limit,
+                reserved,
+                in_use,
+                largest_free,
+                elsewhere,
+            } => {
+                write!(
+                    f,
+                    "total limit {limit} bytes over the device kinds would be passed by {kind}: \
+                     requested {requested}, reserved by the device kinds {reserved}, {kind} in \
+                     use {in_use}, largest free range {largest_free}"
+                )?;
+                let mut held = elsewhere.iter().filter(|&&(_, bytes)| bytes > 0);
+                if let Some((k, bytes)) = held.next() {
+                    write!(f, "; the other device kinds hold {k} {bytes} bytes")?;
+                    for (k, bytes) in held {
+                        write!(f, ", {k} {bytes}")?;
+                    }
                 }
                 Ok(())
             }
@@ -576,6 +620,25 @@ mod tests {
                     "in use 8",
                     "range 4",
                     "9 bytes are free but too fragmented",
+                ],
+            ),
+            (
+                Error::TotalLimitExceeded {
+                    kind,
+                    requested: 5,
+                    limit: 6,
+                    reserved: 17,
+                    in_use: 8,
+                    largest_free: 4,
+                    elsewhere: vec![(MemKind::Dvpp, 9), (MemKind::Host, 0)],
+                },
+                &[
+                    "total limit 6",
+                    "requested 5",
+                    "device kinds 17",
+                    "in use 8",
+                    "range 4",
+                    "hold dvpp 9 bytes",
                 ],
             ),
             (Error::ForeignHandle, &["not issued by this pool"]),

@@ -531,3 +531,124 @@ fn a_device_kind_short_of_memory_takes_back_what_other_kinds_hold_idle() {
     drop(d);
     pool.validate().unwrap();
 }
+
+/// A pool of `total` bytes over its device kinds, 8 MiB for each kind, no thread caches.
+fn pool_with_total(total: u64) -> Pool {
+    let config = PoolConfig::default()
+        .with_limit(8 * MIB)
+        .with_total_limit(total)
+        .with_thread_cache(0);
+    Pool::new(Arc::new(SimSource::default()), config).unwrap()
+}
+
+/// Device memory and DVPP share the device's memory: a total limit caps their sum though
+/// each kind is under its own limit, says which limit it is and what the other kinds hold,
+/// and leaves the pool as it was.
+#[test]
+fn a_total_limit_caps_two_device_kinds_together() {
+    let pool = pool_with_total(4 * MIB);
+    let dev = pool.alloc_device(MIB).unwrap();
+    let dvpp = pool.alloc_dvpp(MIB).unwrap();
+    let (d, v) = (pool.stats(MemKind::DEVICE), pool.stats(MemKind::Dvpp));
+    assert_eq!((d.reserved_bytes, v.reserved_bytes), (2 * MIB, 2 * MIB));
+    let before = (d, v);
+    // A third granule for either kind passes the total, not the kind's own 8 MiB.
+    let err = pool.alloc_device(3 * MIB / 2).unwrap_err();
+    match &err {
+        ascend_pool::Error::TotalLimitExceeded {
+            kind,
+            requested,
+            limit,
+            reserved,
+            in_use,
+            largest_free,
+            elsewhere,
+        } => {
+            assert_eq!(*kind, MemKind::DEVICE);
+            assert_eq!(
+                (*requested, *limit, *reserved),
+                (3 * MIB / 2, 4 * MIB, 4 * MIB)
+            );
+            assert_eq!(*in_use, d.allocated_bytes);
+            assert!(
+                *largest_free >= MIB - 64 && *largest_free < 3 * MIB / 2,
+                "{err:?}"
+            );
+            assert!(elsewhere.contains(&(MemKind::Dvpp, 2 * MIB)), "{err:?}");
+            assert!(!elsewhere.iter().any(|(k, _)| !k.is_device()), "{err:?}");
+        }
+        other => panic!("expected TotalLimitExceeded, got {other:?}"),
+    }
+    let m = err.to_string();
+    assert!(m.contains("total limit 4194304"), "{m}");
+    assert!(m.contains("DVPP") || m.contains("dvpp"), "{m}");
+    // Nothing lost, nothing counted but the refusal.
+    let (d2, v2) = (pool.stats(MemKind::DEVICE), pool.stats(MemKind::Dvpp));
+    assert_eq!(
+        (d2.reserved_bytes, d2.allocated_bytes, d2.live_regions),
+        (
+            before.0.reserved_bytes,
+            before.0.allocated_bytes,
+            before.0.live_regions
+        )
+    );
+    assert_eq!(v2, before.1);
+    pool.validate().unwrap();
+    assert!(matches!(
+        pool.alloc_dvpp(3 * MIB / 2),
+        Err(ascend_pool::Error::TotalLimitExceeded {
+            kind: MemKind::Dvpp,
+            ..
+        })
+    ));
+    // Pinned host memory is not the device's: the total does not count it.
+    let host = pool.alloc_host(6 * MIB).unwrap();
+    // Freeing DVPP and trimming gives its chunk back: the device kind has room again.
+    drop(dvpp);
+    pool.trim();
+    assert_eq!(pool.stats(MemKind::Dvpp).reserved_bytes, 0);
+    let more = pool.alloc_device(3 * MIB / 2).unwrap();
+    assert_eq!(pool.stats(MemKind::DEVICE).reserved_bytes, 4 * MIB);
+    drop((dev, more, host));
+    pool.validate().unwrap();
+}
+
+/// `total_limit` in the configuration string, its builder, and the same floor as `limit`.
+#[test]
+fn the_total_limit_is_configured_as_the_kind_limit_is() {
+    let c = PoolConfig::parse("total_limit:6g,limit:4g").unwrap();
+    assert_eq!((c.total_limit, c.limit), (6 << 30, 4 << 30));
+    assert_eq!(PoolConfig::parse("total_limit:0").unwrap().total_limit, 0);
+    assert_eq!(PoolConfig::default().total_limit, 0);
+    assert_eq!(
+        PoolConfig::default().with_total_limit(2 * MIB).total_limit,
+        2 * MIB
+    );
+    for bad in ["total_limit:1m", "total_limit:lots", "total_limit:2097151"] {
+        assert!(
+            matches!(PoolConfig::parse(bad), Err(ascend_pool::Error::Config(m)) if m.contains("total_limit")),
+            "{bad} was accepted"
+        );
+    }
+    assert!(PoolConfig::default()
+        .with_total_limit(MIB)
+        .validate()
+        .is_err());
+}
+
+/// With no total limit, two kinds take what they need side by side.
+#[test]
+fn without_a_total_limit_the_kinds_grow_apart() {
+    let pool = pool_with_total(0);
+    let held: Vec<_> = (0..3)
+        .map(|_| pool.alloc_device(3 * MIB / 2).unwrap())
+        .collect();
+    let dvpp: Vec<_> = (0..3)
+        .map(|_| pool.alloc_dvpp(3 * MIB / 2).unwrap())
+        .collect();
+    assert!(
+        pool.stats(MemKind::DEVICE).reserved_bytes + pool.stats(MemKind::Dvpp).reserved_bytes
+            > 8 * MIB
+    );
+    drop((held, dvpp));
+}

@@ -147,7 +147,9 @@ fn code_of(e: &Error) -> i32 {
         Error::OutOfMemory {
             source: Some(code), ..
         } => code.0,
-        Error::OutOfMemory { .. } | Error::LimitExceeded { .. } => AclError::RT_MEMORY_ALLOCATION.0,
+        Error::OutOfMemory { .. }
+        | Error::LimitExceeded { .. }
+        | Error::TotalLimitExceeded { .. } => AclError::RT_MEMORY_ALLOCATION.0,
         Error::ForeignHandle | Error::AlreadyFreed => AclError::RT_INVALID_HANDLE.0,
         // A child made by `fork` calling into its parent's runtime (the simulator's choice:
         // the runtime documents no code for it).

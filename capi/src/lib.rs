@@ -184,7 +184,8 @@ impl Status {
             Error::Carve(_) => Status::InvalidSize,
             Error::Runtime { .. } => Status::Runtime,
             Error::OutOfMemory { .. } => Status::OutOfMemory,
-            Error::LimitExceeded { .. } => Status::LimitExceeded,
+            // Which limit it was, the detail of the error tells (`ap_last_error_detail`).
+            Error::LimitExceeded { .. } | Error::TotalLimitExceeded { .. } => Status::LimitExceeded,
             // The table lookups refuse other pools' handles before the pool sees them.
             Error::ForeignHandle | Error::AlreadyFreed => Status::BadRegion,
             Error::OutOfBounds { .. } => Status::OutOfBounds,
@@ -1504,6 +1505,18 @@ mod tests {
                     reserved: 0,
                     in_use: 0,
                     largest_free: 0,
+                },
+                Status::LimitExceeded,
+            ),
+            (
+                Error::TotalLimitExceeded {
+                    kind,
+                    requested: 1,
+                    limit: 0,
+                    reserved: 0,
+                    in_use: 0,
+                    largest_free: 0,
+                    elsewhere: Vec::new(),
                 },
                 Status::LimitExceeded,
             ),

@@ -1859,3 +1859,43 @@ fn a_pool_of_a_device_the_source_lacks_is_refused() {
     assert_eq!(pool, 0);
     destroy(pool_with("device:7"));
 }
+
+#[test]
+fn a_total_limit_over_the_device_kinds_comes_through_the_config_string() {
+    const MIB: u64 = 1 << 20;
+    let pool = pool_with("limit:8m,total_limit:4m,thread_cache:off");
+    let dev = alloc(pool, KIND_DEVICE, MIB).unwrap();
+    let dvpp = alloc(pool, KIND_DVPP, MIB).unwrap();
+    let before = counters(pool);
+    let mut r = 0;
+    // SAFETY: a writable handle.
+    let got = unsafe { ap_alloc(pool, KIND_DEVICE, 3 * MIB / 2, &mut r) };
+    expect(
+        "past the total",
+        got,
+        Status::LimitExceeded,
+        "total limit 4194304",
+    );
+    assert!(last_error().contains("dvpp 2097152"), "{}", last_error());
+    assert_eq!(counters(pool), before);
+    // Pinned host memory does not count; freed DVPP memory, trimmed, makes room.
+    let host = alloc(pool, KIND_HOST, 6 * MIB).unwrap();
+    assert_eq!(ap_free(pool, dvpp), Status::Ok);
+    // SAFETY: NULL is allowed.
+    assert_eq!(unsafe { ap_pool_trim(pool, null_mut()) }, Status::Ok);
+    let more = alloc(pool, KIND_DEVICE, 3 * MIB / 2).unwrap();
+    for r in [dev, host, more] {
+        assert_eq!(ap_free(pool, r), Status::Ok);
+    }
+    assert_eq!(destroy(pool), 0);
+    let conf = c"total_limit:1m";
+    let mut refused = 0;
+    // SAFETY: a NUL-terminated string and a writable handle.
+    let got = unsafe { ap_pool_create(SOURCE_SIM, conf.as_ptr(), &mut refused) };
+    expect(
+        "a total under a granule",
+        got,
+        Status::Config,
+        "total_limit",
+    );
+}

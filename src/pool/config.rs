@@ -17,6 +17,7 @@ pub const CONF_ENV: &str = "ASCEND_POOL_CONF";
 /// | `large_threshold` | [`large_threshold`](Self::large_threshold): requests at least this big get a chunk of their own size | `chunk_size / 2` |
 /// | `padding` | [`padding`](Self::padding): carve-rule padding after each segment | `32` |
 /// | `limit` | [`limit`](Self::limit): most bytes one memory kind may reserve (`0` = none, else at least `2m`) | `0` |
+/// | `total_limit` | [`total_limit`](Self::total_limit): most bytes the device kinds together may reserve (`0` = none, else at least `2m`) | `0` |
 /// | `release_threshold` | [`release_threshold`](Self::release_threshold): empty chunks beyond this many bytes go back at once (all of them before the kind grows) | `128m` |
 /// | `debug` | [`debug`](Self::debug): canaries in the padding, checked on free | `0` |
 /// | `thread_cache` | [`thread_cache`](Self::thread_cache): bytes of free segments each thread may keep (`off` or `0` = no caches) | `2m` |
@@ -56,6 +57,12 @@ pub struct PoolConfig {
     /// refused by [`validate`](Self::validate)), and bytes past its last whole granule are
     /// never reserved.
     pub limit: u64,
+    /// Most bytes the device kinds of the pool (device memory, 32-aligned, cached, DVPP)
+    /// may reserve together; 0 means no limit. They all draw on the device's HBM, so this
+    /// is the cap a process that must leave room for others sets (as `torch_npu`'s memory
+    /// fraction). Pinned host memory (`aclrtMallocHost`, page-locked host RAM) is not the
+    /// device's and is not counted. At least one granule, as [`limit`](Self::limit).
+    pub total_limit: u64,
     /// Bytes of empty chunks a kind keeps cached; beyond this they go back on free. Below
     /// `chunk_size`, a chunk that empties may go straight back and be asked for again.
     /// Whatever this says, a kind that must grow gives its empty chunks back first: they
@@ -89,6 +96,7 @@ impl Default for PoolConfig {
             large_threshold: 64 << 20,
             padding: crate::align::DEFAULT_PADDING,
             limit: 0,
+            total_limit: 0,
             release_threshold: 128 << 20,
             debug: false,
             thread_cache: 2 << 20,
@@ -161,6 +169,7 @@ impl PoolConfig {
                 }
                 "padding" => c.padding = size()?,
                 "limit" => c.limit = size()?,
+                "total_limit" => c.total_limit = size()?,
                 "release_threshold" => c.release_threshold = size()?,
                 "slab_max" => c.engine.slab_max = size()?,
                 "thread_cache" => {
@@ -246,11 +255,12 @@ impl PoolConfig {
         // The rule's own refusal, as the configuration's: the caller fixes a key, not a size.
         crate::align::CarveRule::new(self.padding, 64).map_err(|e| Error::Config(e.to_string()))?;
         // Chunks come in whole granules: under one, every allocation would pass the limit.
-        if self.limit != 0 && self.limit < CHUNK_GRANULE {
-            return Err(Error::Config(format!(
-                "limit {} is below one chunk granule (2 MiB): no chunk could be taken",
-                self.limit
-            )));
+        for (key, limit) in [("limit", self.limit), ("total_limit", self.total_limit)] {
+            if limit != 0 && limit < CHUNK_GRANULE {
+                return Err(Error::Config(format!(
+                    "{key} {limit} is below one chunk granule (2 MiB): no chunk could be taken"
+                )));
+            }
         }
         // AscendCL device ids count from 0: a negative one names no device, and would only
         // be refused at the pool's first allocation.
@@ -291,6 +301,12 @@ impl PoolConfig {
     /// Builder: memory limit per kind.
     pub fn with_limit(mut self, bytes: u64) -> Self {
         self.limit = bytes;
+        self
+    }
+    /// Builder: memory limit over the device kinds together (see
+    /// [`total_limit`](Self::total_limit)).
+    pub fn with_total_limit(mut self, bytes: u64) -> Self {
+        self.total_limit = bytes;
         self
     }
     /// Builder: carve-rule padding.

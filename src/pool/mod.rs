@@ -395,6 +395,15 @@ pub(crate) struct PoolInner {
     /// thread's pass across kinds may have given back the memory its own pass then found
     /// gone (see [`carve_after_releasing_elsewhere`](Self::carve_after_releasing_elsewhere)).
     returned: PaddedU64,
+    /// Bytes the device kinds hold reserved together: the sum of their `reserved_bytes`,
+    /// changed with them (see [`note_reserved`](Self::note_reserved)). What
+    /// [`PoolConfig::total_limit`] is checked against.
+    device_reserved: PaddedU64,
+    /// Held from a device kind's check against [`PoolConfig::total_limit`] to the
+    /// reservation it allowed, while a total limit is set: two kinds growing at once under
+    /// their own locks would otherwise both pass it. Taken under one kind lock, with no
+    /// other lock taken under it (the source's own aside).
+    total_gate: Mutex<()>,
 }
 
 /// An atomic on 128 bytes of its own (two cache lines: the adjacent-line prefetcher fetches
@@ -747,6 +756,8 @@ impl Pool {
             slots_on: config.thread_cache > 0 && !config.debug && recorder.is_none(),
             free_hint: std::array::from_fn(|_| PaddedU64(AtomicU64::new(0))),
             returned: PaddedU64(AtomicU64::new(0)),
+            device_reserved: PaddedU64(AtomicU64::new(0)),
+            total_gate: Mutex::new(()),
             recorder,
             config,
         });
@@ -1538,6 +1549,11 @@ impl PoolInner {
         (len, rule, footprint): (u64, CarveRule, u64),
     ) -> Result<(BiasedGuard<'a, KindPool>, (usize, Allocation))> {
         let kind = k.kind;
+        if let Error::TotalLimitExceeded { .. } = refused {
+            // What the other device kinds hold is what trimming them would make room from.
+            drop(k);
+            return Err(self.with_elsewhere(refused));
+        }
         if !kind.is_device()
             || !matches!(
                 refused,
@@ -1593,6 +1609,9 @@ impl PoolInner {
             source: Some(_),
             elsewhere,
             ..
+        }
+        | Error::TotalLimitExceeded {
+            kind, elsewhere, ..
         } = &mut refused
         {
             *elsewhere = MemKind::ALL
@@ -1803,6 +1822,8 @@ impl PoolInner {
             k.stats.ooms += 1;
             let refused = if self.config.limit != 0 {
                 self.limit_exceeded(k, len)
+            } else if self.counts_in_total(k.kind) {
+                self.total_limit_exceeded(k, len)
             } else {
                 Self::out_of_memory(k, len, None)
             };
@@ -1840,9 +1861,11 @@ impl PoolInner {
             match self.grow_in_place(k, len, rule, footprint) {
                 Ok(Some(x)) => return Ok(Some(x)),
                 Ok(None) => {}
-                // Extending the chunk would pass the limit (or the source has no room to
+                // Extending the chunk would pass a limit (or the source has no room to
                 // extend it): a new chunk of just the request may still fit.
-                Err(e @ Error::LimitExceeded { .. }) => last_err = Some(e),
+                Err(e @ (Error::LimitExceeded { .. } | Error::TotalLimitExceeded { .. })) => {
+                    last_err = Some(e)
+                }
                 Err(Error::Runtime { code, .. }) if code.is_out_of_memory() => {
                     last_err = Some(Self::out_of_memory(k, len, Some(code)));
                     continue;
@@ -1859,13 +1882,14 @@ impl PoolInner {
                 if i > 0 && size == sizes[0] {
                     break;
                 }
-                if self.config.limit != 0
-                    && Self::past_limit(k.stats.reserved_bytes, size, self.config.limit)
-                {
-                    last_err = Some(self.limit_exceeded(k, len));
+                let gate = self.total_gate(k.kind);
+                if let Some(e) = self.past_limits(k, size, len) {
+                    last_err = Some(e);
                     continue;
                 }
-                match self.new_chunk(k, size, dedicated, rule, (len, need)) {
+                let got = self.new_chunk(k, size, dedicated, rule, (len, need));
+                drop(gate);
+                match got {
                     Ok(id) => {
                         let a = k.chunks[id]
                             .engine
@@ -1876,7 +1900,9 @@ impl PoolInner {
                     Err(Error::Runtime { code, .. }) if code.is_out_of_memory() => {
                         last_err = Some(Self::out_of_memory(k, len, Some(code)));
                     }
-                    Err(e @ Error::LimitExceeded { .. }) => last_err = Some(e),
+                    Err(e @ (Error::LimitExceeded { .. } | Error::TotalLimitExceeded { .. })) => {
+                        last_err = Some(e)
+                    }
                     Err(e) => return Err(e),
                 }
             }
@@ -1913,6 +1939,66 @@ impl PoolInner {
         }
     }
 
+    /// `TotalLimitExceeded` for `len` bytes of `k`, as growth meets it (see
+    /// [`limit_exceeded`](Self::limit_exceeded)); the other kinds' figures wait for
+    /// [`with_elsewhere`](Self::with_elsewhere), which takes their locks.
+    fn total_limit_exceeded(&self, k: &KindPool, len: u64) -> Error {
+        Error::TotalLimitExceeded {
+            kind: k.kind,
+            requested: len,
+            limit: self.config.total_limit,
+            reserved: self.device_reserved.0.load(Ordering::Relaxed),
+            in_use: k.stats.allocated_bytes,
+            largest_free: 0,
+            elsewhere: Vec::new(),
+        }
+    }
+
+    /// Whether `kind`'s reservations are checked against [`PoolConfig::total_limit`]: a
+    /// device kind, when one is set (pinned host memory is not the device's).
+    fn counts_in_total(&self, kind: MemKind) -> bool {
+        self.config.total_limit != 0 && kind.is_device()
+    }
+
+    /// The gate [`past_limits`](Self::past_limits) is called under for `kind`, when its
+    /// reservations count in the total (see [`total_gate`](Self::total_gate)).
+    fn total_gate(&self, kind: MemKind) -> Option<MutexGuard<'_, ()>> {
+        self.counts_in_total(kind)
+            .then(|| self.total_gate.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// The limit reserving `more` bytes for `k` would pass, for a request of `len` bytes:
+    /// the kind's own first, then the total over the device kinds (checked under the gate
+    /// [`total_gate`](Self::total_gate) gives, held until the reservation is counted).
+    fn past_limits(&self, k: &KindPool, more: u64, len: u64) -> Option<Error> {
+        if self.config.limit != 0
+            && Self::past_limit(k.stats.reserved_bytes, more, self.config.limit)
+        {
+            return Some(self.limit_exceeded(k, len));
+        }
+        let total = self.device_reserved.0.load(Ordering::Relaxed);
+        (self.counts_in_total(k.kind) && Self::past_limit(total, more, self.config.total_limit))
+            .then(|| self.total_limit_exceeded(k, len))
+    }
+
+    /// Counts `bytes` more reserved from the source by `k`: its figures and peak, and the
+    /// device kinds' total.
+    fn note_reserved(&self, k: &mut KindPool, bytes: u64) {
+        k.stats.reserved_bytes += bytes;
+        k.stats.peak_reserved_bytes = k.stats.peak_reserved_bytes.max(k.stats.reserved_bytes);
+        if k.kind.is_device() {
+            self.device_reserved.0.fetch_add(bytes, Ordering::Relaxed);
+        }
+    }
+
+    /// Counts `bytes` given back to the source by `k` (see [`note_reserved`](Self::note_reserved)).
+    fn note_released(&self, k: &mut KindPool, bytes: u64) {
+        k.stats.reserved_bytes -= bytes;
+        if k.kind.is_device() {
+            self.device_reserved.0.fetch_sub(bytes, Ordering::Relaxed);
+        }
+    }
+
     /// `OutOfMemory` for `len` bytes of `k`, as growth meets it (see
     /// [`limit_exceeded`](Self::limit_exceeded)).
     fn out_of_memory(k: &KindPool, len: u64, source: Option<crate::error::AclError>) -> Error {
@@ -1946,14 +2032,27 @@ impl PoolInner {
         {
             *reserved = k.stats.reserved_bytes;
             *in_use = k.stats.allocated_bytes;
-            *largest_free = k
-                .chunks
-                .iter()
-                .map(|(_, c)| c.engine.largest_free())
-                .max()
-                .unwrap_or(0);
+            *largest_free = Self::largest_free(k);
+        }
+        if let Error::TotalLimitExceeded {
+            in_use,
+            largest_free,
+            ..
+        } = &mut e
+        {
+            *in_use = k.stats.allocated_bytes;
+            *largest_free = Self::largest_free(k);
         }
         e
+    }
+
+    /// The largest free range in any chunk of `k`.
+    fn largest_free(k: &KindPool) -> u64 {
+        k.chunks
+            .iter()
+            .map(|(_, c)| c.engine.largest_free())
+            .max()
+            .unwrap_or(0)
     }
 
     /// Takes a block of `size` bytes for a chunk whose start suits `rule`, for a request of
@@ -1991,12 +2090,10 @@ impl PoolInner {
                 self.add_chunk(k, block, base, false)?;
                 return Err(e);
             }
-            // The bigger block must keep within the limit too.
+            // The bigger block must keep within the limits too (the caller holds the gate).
             let bigger = size.saturating_add(align);
-            if self.config.limit != 0
-                && Self::past_limit(k.stats.reserved_bytes, bigger, self.config.limit)
-            {
-                return Err(self.limit_exceeded(k, len));
+            if let Some(e) = self.past_limits(k, bigger, len) {
+                return Err(e);
             }
             k.stats.source_alloc_calls += 1;
             block = self
@@ -2033,8 +2130,7 @@ impl PoolInner {
             refused: NOTHING_REFUSED,
         });
         k.stats.chunks += 1;
-        k.stats.reserved_bytes += block.size;
-        k.stats.peak_reserved_bytes = k.stats.peak_reserved_bytes.max(k.stats.reserved_bytes);
+        self.note_reserved(k, block.size);
         Ok(id)
     }
 
@@ -2065,10 +2161,9 @@ impl PoolInner {
             let Some(additional) = crate::align::align_up(need.max(1), granule) else {
                 continue;
             };
-            if self.config.limit != 0
-                && Self::past_limit(k.stats.reserved_bytes, additional, self.config.limit)
-            {
-                return Err(self.limit_exceeded(k, len));
+            let _gate = self.total_gate(k.kind);
+            if let Some(e) = self.past_limits(k, additional, len) {
+                return Err(e);
             }
             let old = k.chunks[id].block;
             let Some(block) = self.source.extend_block(old, additional)? else {
@@ -2086,16 +2181,13 @@ impl PoolInner {
                     _ => block,
                 };
                 c.block = kept;
-                k.stats.reserved_bytes += kept.size.saturating_sub(old.size);
-                k.stats.peak_reserved_bytes =
-                    k.stats.peak_reserved_bytes.max(k.stats.reserved_bytes);
+                self.note_reserved(k, kept.size.saturating_sub(old.size));
                 continue;
             }
             c.block = block;
             // More room: what the chunk refused before may fit now.
             c.refused = NOTHING_REFUSED;
-            k.stats.reserved_bytes += block.size - old.size;
-            k.stats.peak_reserved_bytes = k.stats.peak_reserved_bytes.max(k.stats.reserved_bytes);
+            self.note_reserved(k, block.size - old.size);
             if let Ok(a) = k.chunks[id].engine.alloc_in_pages(len, rule) {
                 return Ok(Some((id, a)));
             }
@@ -2123,12 +2215,12 @@ impl PoolInner {
                 eprintln!("ascend-pool: a chunk could not take back {keep} bytes");
             }
             c.block = kept;
-            k.stats.reserved_bytes -= old.size - kept.size;
             released += old.size - kept.size;
             if kept.size < old.size {
                 self.returned.0.fetch_add(1, Ordering::Relaxed);
             }
         }
+        self.note_released(k, released);
         released
     }
 
@@ -2155,7 +2247,7 @@ impl PoolInner {
             match self.source.free_block(c.block) {
                 Ok(()) => {
                     k.stats.chunks -= 1;
-                    k.stats.reserved_bytes -= c.block.size;
+                    self.note_released(k, c.block.size);
                     released += c.block.size;
                     self.returned.0.fetch_add(1, Ordering::Relaxed);
                 }
