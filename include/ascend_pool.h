@@ -138,6 +138,44 @@ const char *ap_status_name(int status);
  * destructor, when the message has gone with the thread). buf may be NULL if cap is 0. */
 size_t ap_last_error(char *buf, size_t cap);
 
+/* Which figures an ap_error_detail carries. */
+typedef enum ap_error_figures {
+    AP_FIGURES_NONE = 0,          /* none: the error carries no figures, or the call succeeded */
+    AP_FIGURES_OUT_OF_MEMORY = 1, /* the pool and its source could not serve the request */
+    AP_FIGURES_LIMIT = 2,         /* the kind's own limit ("limit:") would be passed */
+    AP_FIGURES_TOTAL_LIMIT = 3    /* the total over the device kinds ("total_limit:") would be
+                                     passed */
+} ap_error_figures;
+
+/* The figures of this thread's last failure, to decide what would help: trimming (reserved
+ * well above in_use), freeing fragmented regions (reserved - in_use >= requested but
+ * largest_free < requested), another kind or other kinds' memory (elsewhere), a larger limit.
+ * Fields an error does not carry are 0. Set `size` to sizeof(ap_error_detail) before the
+ * call: fields the library adds later go at the end, and a library older than the header
+ * writes only the ones it has (its answer in `size`). */
+typedef struct ap_error_detail {
+    uint32_t size;         /* in: bytes of the caller's struct; out: bytes written */
+    uint32_t status;       /* the last call's ap_status; AP_OK after a success */
+    uint32_t figures;      /* an ap_error_figures: which of the fields below are set */
+    uint32_t kind;         /* the ap_kind the figures are of */
+    uint64_t requested;    /* bytes asked for */
+    uint64_t reserved;     /* bytes the kind held from its source; for AP_FIGURES_TOTAL_LIMIT,
+                              the bytes the pool's device kinds held together */
+    uint64_t in_use;       /* bytes of the kind live in regions */
+    uint64_t largest_free; /* the largest free range in any chunk of the kind */
+    uint64_t limit;        /* the limit that would be passed (AP_FIGURES_*LIMIT) */
+    int32_t source_code;   /* the runtime's aclError when the source refused, else 0 */
+    uint32_t reserved_pad;
+    uint64_t elsewhere[5]; /* by ap_kind: bytes each other device kind holds reserved, when
+                              the source refused device memory or the total was hit; 0 for
+                              the kind itself and for host memory */
+} ap_error_detail;
+
+/* Copies the figures of this thread's last failure into *out (out->size bytes at most, as
+ * ap_last_error copies its message). It does not change the last failure: its own status is
+ * AP_ERR_NULL_ARGUMENT for a NULL out and AP_ERR_INVALID_ARGUMENT for an out->size under 8. */
+ap_status ap_last_error_detail(ap_error_detail *out);
+
 /* A pool over `source`. `conf` is in ASCEND_POOL_CONF syntax ("chunk_size:64m,limit:2g");
  * NULL reads $ASCEND_POOL_CONF (defaults when unset). */
 ap_status ap_pool_create(ap_source source, const char *conf, ap_pool *out);

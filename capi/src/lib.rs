@@ -239,6 +239,141 @@ pub const SOURCE_VMM_SIM: c_int = 2;
 /// `ap_source`: as [`SOURCE_VMM_SIM`], over `libascendcl.so`'s virtual-memory functions.
 pub const SOURCE_VMM_ACL: c_int = 3;
 
+/// `ap_error_figures`: [`ErrorDetail::figures`] of an error that carries none.
+pub const FIGURES_NONE: u32 = 0;
+/// `ap_error_figures`: the pool and its source could not serve the request
+/// ([`Error::OutOfMemory`]).
+pub const FIGURES_OUT_OF_MEMORY: u32 = 1;
+/// `ap_error_figures`: the kind's own limit ([`Error::LimitExceeded`], `limit:`).
+pub const FIGURES_LIMIT: u32 = 2;
+/// `ap_error_figures`: the total over the device kinds ([`Error::TotalLimitExceeded`],
+/// `total_limit:`).
+pub const FIGURES_TOTAL_LIMIT: u32 = 3;
+
+/// `ap_error_detail`: the figures of this thread's last error, for a caller to decide
+/// between trimming, waiting for streams, another kind and giving up. Fields an error does
+/// not carry are 0.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ErrorDetail {
+    /// Bytes of the struct: set by the caller to what it has room for, answered with what
+    /// was written (the smaller of that and the library's own size).
+    pub size: u32,
+    /// The last call's `ap_status`; `AP_OK` after a success.
+    pub status: u32,
+    /// Which figures follow: one of the `FIGURES_*` values.
+    pub figures: u32,
+    /// The `ap_kind` the figures are of.
+    pub kind: u32,
+    /// Bytes asked for.
+    pub requested: u64,
+    /// Bytes the kind held reserved from the source; for the total limit, the bytes the
+    /// device kinds held together.
+    pub reserved: u64,
+    /// Bytes of the kind live in regions (footprints).
+    pub in_use: u64,
+    /// The largest free range in any chunk of the kind.
+    pub largest_free: u64,
+    /// The limit that would be passed (the kind's, or the total).
+    pub limit: u64,
+    /// The runtime's `aclError` when the source refused; 0 otherwise.
+    pub source_code: i32,
+    /// Zero.
+    pub reserved_pad: u32,
+    /// By `ap_kind`: the bytes each other device kind holds reserved, when the source
+    /// refused device memory or the total limit was hit; 0 for the kind itself, for host
+    /// memory and otherwise.
+    pub elsewhere: [u64; 5],
+}
+
+/// The leading fields every caller's struct holds: `size` and `status`.
+const DETAIL_MIN: u32 = 8;
+
+impl ErrorDetail {
+    /// The detail of a call that answered `status` with `error` (the library's error, if any).
+    fn of(status: Status, error: Option<&Error>) -> Self {
+        let mut d = ErrorDetail {
+            status: status as u32,
+            ..Default::default()
+        };
+        let (figures, kind, requested, reserved, in_use, largest_free, limit, elsewhere) =
+            match error {
+                Some(Error::OutOfMemory {
+                    kind,
+                    requested,
+                    reserved,
+                    in_use,
+                    largest_free,
+                    source,
+                    elsewhere,
+                }) => {
+                    d.source_code = source.map_or(0, |c| c.0);
+                    let f = FIGURES_OUT_OF_MEMORY;
+                    (
+                        f,
+                        kind,
+                        requested,
+                        reserved,
+                        in_use,
+                        largest_free,
+                        &0,
+                        &elsewhere[..],
+                    )
+                }
+                Some(Error::LimitExceeded {
+                    kind,
+                    requested,
+                    limit,
+                    reserved,
+                    in_use,
+                    largest_free,
+                }) => {
+                    let f = FIGURES_LIMIT;
+                    (
+                        f,
+                        kind,
+                        requested,
+                        reserved,
+                        in_use,
+                        largest_free,
+                        limit,
+                        &[][..],
+                    )
+                }
+                Some(Error::TotalLimitExceeded {
+                    kind,
+                    requested,
+                    limit,
+                    reserved,
+                    in_use,
+                    largest_free,
+                    elsewhere,
+                }) => {
+                    let f = FIGURES_TOTAL_LIMIT;
+                    (
+                        f,
+                        kind,
+                        requested,
+                        reserved,
+                        in_use,
+                        largest_free,
+                        limit,
+                        &elsewhere[..],
+                    )
+                }
+                _ => return d,
+            };
+        d.figures = figures;
+        d.kind = kind.index() as u32;
+        (d.requested, d.reserved, d.in_use) = (*requested, *reserved, *in_use);
+        (d.largest_free, d.limit) = (*largest_free, *limit);
+        for (k, bytes) in elsewhere {
+            d.elsewhere[k.index()] = *bytes;
+        }
+        d
+    }
+}
+
 /// `ap_region_info`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -298,6 +433,7 @@ pub struct SegmentInfo {
 
 // The header's layouts (`include/ascend_pool.h` at the repository root) must follow any change.
 const_assert_eq!(std::mem::size_of::<RegionInfo>(), 32);
+const_assert_eq!(std::mem::size_of::<ErrorDetail>(), 104);
 const_assert_eq!(std::mem::size_of::<Stats>(), 16 * 8);
 const_assert_eq!(std::mem::size_of::<SegmentInfo>(), 40);
 const_assert_eq!(std::mem::size_of::<Status>(), std::mem::size_of::<c_int>());
@@ -529,6 +665,15 @@ impl Failure {
         }
     }
 
+    /// The figures of the library's error, when it carries some (see [`ErrorDetail::of`]).
+    fn detail(&self) -> ErrorDetail {
+        let error = match self {
+            Failure::Lib(e) => Some(e),
+            _ => None,
+        };
+        ErrorDetail::of(self.status(), error)
+    }
+
     fn message(&self) -> String {
         match self {
             Failure::Null(what) => format!("`{what}` is NULL"),
@@ -558,23 +703,33 @@ impl Failure {
     }
 }
 
+/// This thread's last failed call, as [`ap_last_error`] and [`ap_last_error_detail`] tell it.
+#[derive(Default)]
+struct LastError {
+    /// Its message; empty after a success.
+    message: String,
+    /// Its figures; all 0 after a success (`size` is set when they are handed over).
+    detail: ErrorDetail,
+}
+
 thread_local! {
-    /// The message of this thread's last failed call; empty after a success.
-    static LAST_ERROR: RefCell<String> = const { RefCell::new(String::new()) };
+    /// This thread's last failed call; empty after a success.
+    static LAST_ERROR: RefCell<LastError> = RefCell::new(LastError::default());
 }
 
 /// Runs one call at the boundary: its failure or panic becomes a status and a message.
 fn run(f: impl FnOnce() -> Result<(), Failure>) -> Status {
-    let (status, message) = match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(Ok(())) => (Status::Ok, String::new()),
-        Ok(Err(fail)) => (fail.status(), fail.message()),
+    let (status, message, detail) = match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(())) => (Status::Ok, String::new(), ErrorDetail::default()),
+        Ok(Err(fail)) => (fail.status(), fail.message(), fail.detail()),
         Err(payload) => {
             let what = payload
                 .downcast_ref::<&str>()
                 .map(|s| s.to_string())
                 .or_else(|| payload.downcast_ref::<String>().cloned())
                 .unwrap_or_else(|| "a panic".into());
-            (Status::Panic, format!("internal error: {what}"))
+            let message = format!("internal error: {what}");
+            (Status::Panic, message, ErrorDetail::of(Status::Panic, None))
         }
     };
     // Gone only for a call from a thread-local destructor, after this one's: the status
@@ -582,8 +737,8 @@ fn run(f: impl FnOnce() -> Result<(), Failure>) -> Status {
     let _ = LAST_ERROR.try_with(|m| {
         let mut m = m.borrow_mut();
         // A success after a success writes nothing.
-        if !(message.is_empty() && m.is_empty()) {
-            *m = message;
+        if !(message.is_empty() && m.message.is_empty()) {
+            *m = LastError { message, detail };
         }
     });
     status
@@ -694,7 +849,7 @@ pub extern "C" fn ap_status_name(status: c_int) -> *const c_char {
 pub unsafe extern "C" fn ap_last_error(buf: *mut c_char, cap: usize) -> usize {
     LAST_ERROR
         .try_with(|m| {
-            let m = m.borrow();
+            let m = &m.borrow().message;
             if !buf.is_null() && cap > 0 {
                 let n = m.len().min(cap - 1);
                 // SAFETY: the caller gives `cap` writable bytes at `buf`; n + 1 <= cap, and the
@@ -713,6 +868,45 @@ pub unsafe extern "C" fn ap_last_error(buf: *mut c_char, cap: usize) -> usize {
             }
             0
         })
+}
+
+/// Copies the figures of this thread's last failure into `out`: as many bytes as
+/// `out->size` says the caller's struct has, at most the library's [`ErrorDetail`], with
+/// `size` set to the bytes written (an older caller gets the fields it knows). After a
+/// success, or an error without figures, all fields but `size` and `status` are 0. Like
+/// [`ap_last_error`], it leaves the thread's last failure as it was: its own status is
+/// [`Status::NullArgument`] for a NULL `out`, [`Status::InvalidArgument`] when `out->size`
+/// leaves no room for `size` and `status`. In a thread-local destructor, after the thread's
+/// state has gone, the answer is a success's.
+///
+/// # Safety
+/// `out` is NULL, or valid for reads of 4 bytes and for writes of `out->size` bytes, and
+/// aligned as `ap_error_detail`.
+#[no_mangle]
+pub unsafe extern "C" fn ap_last_error_detail(out: *mut ErrorDetail) -> Status {
+    let Some(out) = NonNull::new(out) else {
+        return Status::NullArgument;
+    };
+    // SAFETY: the caller gives a readable `size` at an aligned `out`.
+    let room = unsafe { (&raw const (*out.as_ptr()).size).read() };
+    if room < DETAIL_MIN {
+        return Status::InvalidArgument;
+    }
+    let mut d = LAST_ERROR
+        .try_with(|m| m.borrow().detail)
+        .unwrap_or_default();
+    let n = room.min(std::mem::size_of::<ErrorDetail>() as u32);
+    d.size = n;
+    // SAFETY: the caller gives `room >= n` writable bytes at `out`, and `d` is a separate
+    // local.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            (&raw const d).cast::<u8>(),
+            out.as_ptr().cast::<u8>(),
+            n as usize,
+        )
+    };
+    Status::Ok
 }
 
 /// Creates a pool over `source` ([`SOURCE_SIM`], [`SOURCE_ACL`], or their virtual memory:
@@ -1706,11 +1900,11 @@ mod tests {
     fn a_panic_is_a_status_with_its_message() {
         let s = run(|| panic!("no such thing"));
         assert_eq!(s, Status::Panic);
-        LAST_ERROR.with(|m| assert_eq!(*m.borrow(), "internal error: no such thing"));
+        LAST_ERROR.with(|m| assert_eq!(m.borrow().message, "internal error: no such thing"));
         let s = run(|| std::panic::panic_any(format!("code {}", 7)));
         assert_eq!(s, Status::Panic);
-        LAST_ERROR.with(|m| assert_eq!(*m.borrow(), "internal error: code 7"));
+        LAST_ERROR.with(|m| assert_eq!(m.borrow().message, "internal error: code 7"));
         assert_eq!(run(|| Ok(())), Status::Ok);
-        LAST_ERROR.with(|m| assert!(m.borrow().is_empty()));
+        LAST_ERROR.with(|m| assert!(m.borrow().message.is_empty()));
     }
 }

@@ -143,6 +143,10 @@ fn the_header_declares_what_the_library_exports() {
         ("AP_SOURCE_VMM_ACL", SOURCE_VMM_ACL),
         ("AP_MBUF_NORMAL", MBUF_NORMAL),
         ("AP_MBUF_DVPP", MBUF_DVPP),
+        ("AP_FIGURES_NONE", FIGURES_NONE as i32),
+        ("AP_FIGURES_OUT_OF_MEMORY", FIGURES_OUT_OF_MEMORY as i32),
+        ("AP_FIGURES_LIMIT", FIGURES_LIMIT as i32),
+        ("AP_FIGURES_TOTAL_LIMIT", FIGURES_TOTAL_LIMIT as i32),
     ];
     for (name, value) in constants {
         assert!(declared.contains(&(name.to_owned(), value)), "{name}");
@@ -155,6 +159,7 @@ fn the_header_declares_what_the_library_exports() {
     let functions = [
         "ap_status_name",
         "ap_last_error",
+        "ap_last_error_detail",
         "ap_pool_create",
         "ap_pool_destroy",
         "ap_pool_stats",
@@ -1898,4 +1903,116 @@ fn a_total_limit_over_the_device_kinds_comes_through_the_config_string() {
         Status::Config,
         "total_limit",
     );
+}
+
+/// This thread's last error's figures, as a C caller asks for them.
+fn detail() -> ErrorDetail {
+    let mut d = ErrorDetail {
+        size: std::mem::size_of::<ErrorDetail>() as u32,
+        ..ErrorDetail::default()
+    };
+    // SAFETY: a writable ErrorDetail whose size says so.
+    assert_eq!(unsafe { ap_last_error_detail(&mut d) }, Status::Ok);
+    d
+}
+
+#[test]
+fn the_last_errors_figures_say_which_limit_and_what_the_kinds_hold() {
+    const MIB: u64 = 1 << 20;
+    let pool = pool_with("chunk_size:2m,limit:4m,total_limit:6m,thread_cache:off");
+    let dev = alloc(pool, KIND_DEVICE, MIB).unwrap();
+    let dvpp = alloc(pool, KIND_DVPP, MIB).unwrap();
+    let s = stats(pool);
+    // The kind's own limit: device holds 2 MiB of its 4, and asks for 4 more.
+    assert_eq!(
+        alloc(pool, KIND_DEVICE, 3 * MIB),
+        Err(Status::LimitExceeded)
+    );
+    let d = detail();
+    assert_eq!(d.size as usize, std::mem::size_of::<ErrorDetail>());
+    assert_eq!(
+        (d.status, d.figures, d.kind),
+        (
+            Status::LimitExceeded as u32,
+            FIGURES_LIMIT,
+            KIND_DEVICE as u32
+        )
+    );
+    assert_eq!(
+        (d.requested, d.limit, d.reserved),
+        (3 * MIB, 4 * MIB, 2 * MIB)
+    );
+    assert_eq!(d.in_use, s[KIND_DEVICE as usize].allocated_bytes);
+    assert!(d.largest_free > 0 && d.largest_free < 3 * MIB, "{d:?}");
+    assert_eq!((d.source_code, d.elsewhere), (0, [0; 5]));
+    // The total: DVPP and device hold 4 MiB of 6, and 4 more are asked for.
+    let cached = alloc(pool, KIND_CACHED, MIB).unwrap();
+    assert_eq!(
+        alloc(pool, KIND_DVPP, 3 * MIB / 2),
+        Err(Status::LimitExceeded)
+    );
+    let d = detail();
+    assert_eq!(
+        (d.figures, d.kind, d.limit, d.reserved),
+        (FIGURES_TOTAL_LIMIT, KIND_DVPP as u32, 6 * MIB, 6 * MIB)
+    );
+    assert_eq!(d.elsewhere, [2 * MIB, 0, 2 * MIB, 0, 0], "{d:?}");
+    // An error without figures zeroes them; a success zeroes all but the size.
+    assert_eq!(alloc(pool, KIND_DEVICE, 0), Err(Status::InvalidSize));
+    assert_eq!(
+        detail(),
+        ErrorDetail {
+            size: std::mem::size_of::<ErrorDetail>() as u32,
+            status: Status::InvalidSize as u32,
+            ..ErrorDetail::default()
+        }
+    );
+    assert_eq!(ap_free(pool, cached), Status::Ok);
+    assert_eq!(
+        detail(),
+        ErrorDetail {
+            size: std::mem::size_of::<ErrorDetail>() as u32,
+            ..ErrorDetail::default()
+        }
+    );
+    // Per thread: another thread's failure is its own.
+    std::thread::spawn(move || assert_eq!(alloc(pool, KIND_DEVICE, 0), Err(Status::InvalidSize)))
+        .join()
+        .unwrap();
+    assert_eq!(detail().status, Status::Ok as u32);
+    // An older caller's smaller struct gets the fields it knows and nothing past them.
+    assert_eq!(
+        alloc(pool, KIND_DEVICE, 3 * MIB),
+        Err(Status::LimitExceeded)
+    );
+    #[repr(C, align(8))]
+    struct Older([u8; 40]);
+    let mut older = Older([0xAA; 40]);
+    older.0[..4].copy_from_slice(&24u32.to_ne_bytes());
+    // SAFETY: 40 writable bytes, aligned as the struct, whose size field says 24.
+    let got = unsafe { ap_last_error_detail((&raw mut older).cast()) };
+    assert_eq!(got, Status::Ok);
+    let bytes = older.0;
+    assert_eq!(u32::from_ne_bytes(bytes[..4].try_into().unwrap()), 24);
+    assert_eq!(
+        u32::from_ne_bytes(bytes[8..12].try_into().unwrap()),
+        FIGURES_LIMIT
+    );
+    assert!(bytes[24..].iter().all(|&b| b == 0xAA));
+    // Too small for the status, or NULL: refused, and the last error stays.
+    let mut tiny = ErrorDetail {
+        size: 4,
+        ..ErrorDetail::default()
+    };
+    // SAFETY: a writable ErrorDetail; NULL is refused.
+    unsafe {
+        assert_eq!(ap_last_error_detail(&mut tiny), Status::InvalidArgument);
+        assert_eq!(ap_last_error_detail(null_mut()), Status::NullArgument);
+    }
+    assert_eq!(detail().figures, FIGURES_LIMIT);
+    assert!(last_error().contains("limit"), "{}", last_error());
+    for r in [dev, dvpp] {
+        assert_eq!(ap_free(pool, r), Status::Ok);
+    }
+    assert_eq!(destroy(pool), 0);
 }

@@ -123,6 +123,30 @@ int main(int argc, char **argv) {
     EXPECT(ap_pool_destroy(other, NULL), AP_OK);
     EXPECT(ap_pool_validate(other), AP_ERR_BAD_POOL);
 
+    /* What a refusal's figures tell: the kind's own limit, or the total over the device
+     * kinds and what the other kinds hold. */
+    ap_pool capped;
+    ap_region c_dev, c_dvpp;
+    ap_error_detail d = {.size = sizeof d};
+    EXPECT(ap_pool_create(source, "limit:2m,total_limit:4m,thread_cache:off", &capped), AP_OK);
+    EXPECT(ap_alloc(capped, AP_KIND_DEVICE, 1 << 20, &c_dev), AP_OK);
+    EXPECT(ap_alloc(capped, AP_KIND_DVPP, 1 << 20, &c_dvpp), AP_OK);
+    EXPECT(ap_alloc(capped, AP_KIND_CACHED, 1 << 20, &r), AP_ERR_LIMIT_EXCEEDED);
+    EXPECT(ap_last_error_detail(&d), AP_OK);
+    CHECK(d.size == sizeof d && d.status == AP_ERR_LIMIT_EXCEEDED);
+    CHECK(d.figures == AP_FIGURES_TOTAL_LIMIT && d.kind == AP_KIND_CACHED);
+    CHECK(d.limit == 4 << 20 && d.reserved == 4 << 20 && d.requested == 1 << 20);
+    CHECK(d.elsewhere[AP_KIND_DEVICE] == 2 << 20 && d.elsewhere[AP_KIND_DVPP] == 2 << 20);
+    EXPECT(ap_alloc(capped, AP_KIND_DEVICE, 3 << 20, &r), AP_ERR_LIMIT_EXCEEDED);
+    EXPECT(ap_last_error_detail(&d), AP_OK);
+    CHECK(d.figures == AP_FIGURES_LIMIT && d.kind == AP_KIND_DEVICE && d.limit == 2 << 20);
+    CHECK(d.reserved == 2 << 20 && d.in_use >= 1 << 20 && d.largest_free < 3 << 20);
+    EXPECT(ap_alloc(capped, AP_KIND_DEVICE, 0, &r), AP_ERR_INVALID_SIZE);
+    EXPECT(ap_last_error_detail(&d), AP_OK);
+    CHECK(d.status == AP_ERR_INVALID_SIZE && d.figures == AP_FIGURES_NONE && d.requested == 0);
+    EXPECT(ap_last_error_detail(NULL), AP_ERR_NULL_ARGUMENT);
+    EXPECT(ap_pool_destroy(capped, NULL), AP_OK);
+
     CHECK(live_regions(pool) == before + 1);
     EXPECT(ap_pool_validate(pool), AP_OK);
     char msg[8];
