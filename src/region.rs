@@ -522,11 +522,14 @@ impl Stream {
 /// Tokens of streams the runtime would not destroy: such a stream lives on, its work maybe
 /// still queued, so the segments that noted it keep waiting for it (its token never dies).
 /// Held here rather than leaked, so a leak checker finds them reachable; it grows only by a
-/// failed `aclrtDestroyStream`.
+/// failed `aclrtDestroyStream`, or a stream not destroyed since it could not be waited for.
 static UNDESTROYED: Mutex<Vec<Arc<()>>> = Mutex::new(Vec::new());
 
 impl Drop for Stream {
     fn drop(&mut self) {
+        // A stream that could not be waited for is kept, as one the runtime would not
+        // destroy: its work may still run, and the pool takes a destroyed handle for a
+        // stream whose work has run (`pool::wait_for_stream`).
         let synced = self.source.synchronize_stream(self.handle).is_ok();
         let w = self.waits.get_mut().unwrap_or_else(|p| p.into_inner());
         // Once the stream has run its work, no wait of it names an event of `queued`; if it
@@ -540,7 +543,7 @@ impl Drop for Stream {
         {
             let _ = self.source.destroy_event(ev);
         }
-        if self.source.destroy_stream(self.handle).is_err() {
+        if !synced || self.source.destroy_stream(self.handle).is_err() {
             match UNDESTROYED.try_lock() {
                 Ok(mut kept) => kept.push(Arc::clone(&self.alive)),
                 // Contended (or, in a child made by `fork`, held for good by a thread of the

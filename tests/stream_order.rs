@@ -1376,3 +1376,57 @@ fn model_input_on_a_stream_is_reused_at_once_and_stays_128_aligned() {
     drop((b, taken));
     every_free_completes(&pool);
 }
+
+/// A `Stream` whose synchronize the runtime refuses on drop may still have work queued:
+/// it is not destroyed under that work. It used to be (the simulator drains a destroyed
+/// stream, but takes its handle out first), so a region freed meanwhile, whose free could
+/// not fence the stream with an event (the handle was gone), took the stream for one whose
+/// work had run and was handed out while the held fill could still write it.
+///
+/// The 60 s bound only turns a drop that waits for the hold into a failure.
+#[test]
+fn a_stream_whose_synchronize_fails_on_drop_is_not_destroyed_under_its_work() {
+    let sim = sim(0);
+    let pool = pool_over(&sim);
+    let s = pool.create_stream().unwrap();
+    let handle = s.handle();
+    let hold = sim.hold_stream(handle).unwrap();
+    let target = filled_on(&pool, &s);
+    let target_addr = target.addr();
+    let streams = sim.stats().live_streams;
+    // The drop's wait is refused.
+    sim.inject_fault(Fault::next(
+        AclFunc::SynchronizeStream,
+        AclError::RT_FAILURE,
+        1,
+    ));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let dropper = std::thread::spawn(move || {
+        drop(s);
+        tx.send(()).unwrap();
+    });
+    // Until the drop has returned, or has taken the stream out of the runtime's table.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while rx.try_recv().is_err() && sim.stats().live_streams == streams {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the drop neither returned nor destroyed the stream"
+        );
+        std::thread::yield_now();
+    }
+    drop(target);
+    pool.trim(); // looks at the pending free again
+    let next = pool.alloc_device(LEN).unwrap();
+    let reused = overlaps(next.addr(), target_addr, LEN);
+    let pending = pool.stats(MemKind::DEVICE).pending_frees;
+    hold.release();
+    dropper.join().unwrap();
+    assert!(!reused, "got memory the held stream may still write");
+    assert_eq!(
+        pending, 1,
+        "the free completed while the held stream may still write"
+    );
+    drop(next);
+    every_free_completes(&pool);
+    assert!(sim.pending_ops(handle).is_ok(), "the stream was destroyed");
+}
