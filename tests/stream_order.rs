@@ -1430,3 +1430,86 @@ fn a_stream_whose_synchronize_fails_on_drop_is_not_destroyed_under_its_work() {
     every_free_completes(&pool);
     assert!(sim.pending_ops(handle).is_ok(), "the stream was destroyed");
 }
+
+/// An allocation short of memory waits without the kind's lock for frees deferred while it
+/// waited, too: a region freed behind a second held stream during its wait for the first
+/// used to be waited for under the lock once the first stream ran, so a third thread's free
+/// waited behind the second stream (and one that had to run before it, never would have).
+///
+/// The 60 s bounds only turn a thread that waits for as long as a hold into a failure.
+#[test]
+fn a_free_does_not_wait_behind_an_allocation_waiting_for_a_free_deferred_meanwhile() {
+    let sim = sim(0);
+    let source: Arc<dyn BlockSource> = Arc::clone(&sim) as Arc<dyn BlockSource>;
+    // No thread cache: frees and allocations go through the kind's lock.
+    let config = PoolConfig::default()
+        .with_limit(2 << 20)
+        .with_thread_cache(0);
+    let pool = Arc::new(Pool::new(source, config).unwrap());
+    let (s1, s2) = (pool.create_stream().unwrap(), pool.create_stream().unwrap());
+    let hold1 = sim.hold_stream(s1.handle()).unwrap();
+    let hold2 = sim.hold_stream(s2.handle()).unwrap();
+    let kept = pool.alloc_device(LEN / 2).unwrap();
+    let mut later = pool.alloc_device(LEN / 2).unwrap();
+    let mut first = pool.alloc_device(LEN / 2).unwrap();
+    pool.memset_async(&mut first, 0, 0xAB, LEN / 2, &s1)
+        .unwrap();
+    pool.memset_async(&mut later, 0, 0xCD, LEN / 2, &s2)
+        .unwrap();
+    drop(first);
+    let st = pool.stats(MemKind::DEVICE);
+    assert_eq!(
+        (st.pending_frees, st.reserved_bytes),
+        (1, 2 << 20),
+        "{st:?}"
+    );
+
+    let waits = || sim.stats().calls(AclFunc::SynchronizeEvent);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let wait_until = |n: u64, waiter: &std::thread::JoinHandle<_>| {
+        while waits() < n && !waiter.is_finished() {
+            assert!(std::time::Instant::now() < deadline, "no wait came");
+            std::thread::yield_now();
+        }
+    };
+    let before = waits();
+    // Fits only once `first`'s free completes (and maybe `later`'s).
+    let waiter = {
+        let pool = Arc::clone(&pool);
+        std::thread::spawn(move || pool.alloc_device(LEN * 3 / 4))
+    };
+    // Waiting for `first`'s stream, without the lock: `later` is freed meanwhile.
+    wait_until(before + 1, &waiter);
+    drop(later);
+    assert_eq!(pool.stats(MemKind::DEVICE).pending_frees, 2);
+    hold1.release();
+    // The next wait is for `later`'s event (under the lock, it used to be).
+    wait_until(before + 2, &waiter);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let third = {
+        let pool = Arc::clone(&pool);
+        std::thread::spawn(move || {
+            drop(kept);
+            drop(pool.alloc_device(LEN / 8).unwrap());
+            tx.send(()).unwrap();
+        })
+    };
+    let got = rx.recv_timeout(Duration::from_secs(60));
+    hold2.release();
+    third.join().unwrap();
+    let region = waiter.join().unwrap();
+    assert!(
+        got.is_ok(),
+        "a free waited for a stream an allocation was waiting for under the lock"
+    );
+    assert!(region.is_ok(), "{region:?}");
+    drop(region);
+    every_free_completes(&pool);
+    let st = pool.stats(MemKind::DEVICE);
+    assert_eq!(
+        (st.live_regions, st.allocated_bytes, st.ooms),
+        (0, 0, 0),
+        "{st:?}"
+    );
+    assert_eq!(st.allocations, st.frees, "{st:?}");
+}

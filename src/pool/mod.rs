@@ -86,6 +86,11 @@ pub const CANARY: u8 = 0xCD;
 const EVENT_POOL_MAX: usize = 256;
 /// Deferred frees that accumulate before their events are queried outside growth.
 const PENDING_RECLAIM_BATCH: usize = 64;
+
+/// Rounds of unlocked waits an allocation short of memory, or `synchronize`, makes for the
+/// frees other threads deferred while it waited, before the rest is waited for under the
+/// kind's lock (frees deferred faster than streams pass them would keep it waiting).
+const UNLOCKED_WAITS: usize = 4;
 /// Padding overruns a pool keeps for [`Pool::take_corruption_reports`]; later ones, until
 /// the reports are taken, are only printed (a long run in debug mode whose reports nobody
 /// takes would otherwise keep one more per overrun).
@@ -854,7 +859,8 @@ impl Pool {
     /// Waits for every stream a deferred free is waiting on, then completes those frees.
     ///
     /// The waits happen without the kind's lock, so other threads allocate and free
-    /// meanwhile; only frees deferred during the wait may be waited for under it.
+    /// meanwhile; frees they defer during the wait are waited for without it too, up to a
+    /// few rounds (only frees deferred through all of them are waited for under it).
     ///
     /// When the runtime fails to wait for one (`aclrtSynchronizeEvent`), that free stays
     /// pending (its memory is not handed out) and the first such error is returned, after
@@ -863,10 +869,9 @@ impl Pool {
         self.inner.ours()?;
         let mut first = None;
         for m in &self.inner.kinds {
-            self.inner.pass_pending_events(m);
-            let mut k = m.lock();
+            let mut k = self.inner.pass_pending_events(m.lock());
             // Authoritative: the frees' own events, complete by now unless the runtime
-            // refused something above or a free was deferred since.
+            // refused something above or frees were deferred through every round.
             if let (_, Some(e)) = self.inner.reclaim(&mut k, true) {
                 first.get_or_insert(e);
             }
@@ -1496,10 +1501,10 @@ impl PoolInner {
     }
 
     /// [`carve_after_reclaim`](Self::carve_after_reclaim), whose last pass, when deferred
-    /// frees still wait for streams, waits for their events with `k`'s lock released
-    /// ([`pass_pending_events`](Self::pass_pending_events)) and then goes on under the lock
-    /// taken again: the kind's other threads allocate and free meanwhile (one may be what
-    /// the stream waits for). Returns the guard, the outcome, and whether a refusal was
+    /// frees still wait for streams, waits for them with `k`'s lock released (those other
+    /// threads defer meanwhile too, see [`pass_pending_events`](Self::pass_pending_events))
+    /// and then goes on under the lock taken again: the kind's other threads allocate and
+    /// free meanwhile (one may be what the stream waits for). Returns the guard, the outcome, and whether a refusal was
     /// counted in `ooms` (under the guard returned: other threads may count theirs while
     /// the lock is released).
     fn carve_or_grow<'a>(
@@ -1510,10 +1515,7 @@ impl PoolInner {
         let mut ooms = k.stats.ooms;
         let mut got = self.carve_after_reclaim(&mut k, len, rule, footprint);
         if let Ok(None) = got {
-            let m = &self.kinds[k.kind.index()];
-            drop(k);
-            self.pass_pending_events(m);
-            k = m.lock();
+            k = self.pass_pending_events(k);
             if let Err(e) = Self::key_room(&k) {
                 return (k, Err(e), false);
             }
@@ -1571,8 +1573,7 @@ impl PoolInner {
             if other.index() == kind.index() || !other.is_device() {
                 continue;
             }
-            self.pass_pending_events(m);
-            released += self.release_idle(&mut m.lock(), true);
+            released += self.release_idle(&mut self.pass_pending_events(m.lock()), true);
         }
         let mut k = self.kinds[kind.index()].lock();
         if released == 0 && self.returned.0.load(Ordering::Relaxed) == returned {
@@ -1788,8 +1789,8 @@ impl PoolInner {
     /// Makes room in `k` or grows it, in three passes (see below), and carves the request.
     ///
     /// The last pass waits for the streams of deferred frees. Unless `waited`, it asks
-    /// first: `None` when some free still waits on an event, for the caller to wait for the
-    /// events without `k`'s lock (so the kind's other threads are not held up for as long
+    /// first: `None` when some free is still pending, for the caller to wait for it
+    /// without `k`'s lock (so the kind's other threads are not held up for as long
     /// as the streams run; one may be what a stream waits for) and call again with `waited`,
     /// which resumes at that pass (the earlier ones' errors are overwritten by it anyway).
     fn grow_and_carve(
@@ -1839,17 +1840,11 @@ impl PoolInner {
                 self.flush_kind(k);
                 self.reclaim(k, false);
             } else if attempt == 2 {
-                let fenced = || {
-                    k.pending
-                        .iter()
-                        .flat_map(|p| &p.events)
-                        .any(|e| e.0.is_some())
-                };
-                if !waited && fenced() {
+                if !waited && !k.pending.is_empty() {
                     return Ok(None);
                 }
-                // Finds done what the caller waited for: waits only for frees deferred
-                // since, or fenced by no event.
+                // Finds done what the caller waited for: waits only for what its rounds
+                // left (see `pass_pending_events`).
                 self.reclaim(k, true);
             }
             self.trim_kind(k, 0);
@@ -2321,30 +2316,71 @@ impl PoolInner {
     }
 
     /// Completes the deferred frees of `m`'s kind that their streams have passed, then waits,
-    /// holding no lock, for the events of the others: so a pass that waits for them under
-    /// the lock afterwards (`reclaim(.., true)`) finds them done, and keeps the kind's
-    /// allocations waiting only for frees deferred meanwhile (or fenced by no event).
+    /// holding no lock, for the others: for their events, and for the streams of frees no
+    /// event fences. Frees deferred meanwhile by other threads are waited for the same way,
+    /// in up to [`UNLOCKED_WAITS`] rounds; returns `m`'s guard once a pass under it finds
+    /// none left that was not waited for (or the rounds are spent). So a pass that waits for
+    /// them under the lock afterwards (`reclaim(.., true)`) finds them done, and the kind's
+    /// other threads are not held up behind a stream (one may be what the stream waits for).
     ///
     /// The events are the frees' own (a wait for work queued on their streams later could
     /// wait for the caller itself), checked out in [`IdleEvents::waited`]: a free completed
     /// meanwhile by another thread parks its event there rather than destroy it or hand it
     /// to a fence that would record it again. Best effort: a wait the runtime refuses is left
-    /// to the pass under the lock, which reports it.
-    fn pass_pending_events(&self, m: &BiasedLock<KindPool>) {
-        let events = {
-            let mut k = m.lock();
-            // Frees whose streams have passed them need no wait.
+    /// to the pass under the lock, which reports it; so is a free whose event was waited for
+    /// in an earlier round and, given back meanwhile, fences a later free.
+    fn pass_pending_events<'a>(
+        &'a self,
+        mut k: BiasedGuard<'a, KindPool>,
+    ) -> BiasedGuard<'a, KindPool> {
+        let m = &self.kinds[k.kind.index()];
+        let mut waited: SmallVec<[EventHandle; 4]> = SmallVec::new();
+        let mut waited_streams: SmallVec<[StreamHandle; 2]> = SmallVec::new();
+        for _ in 0..UNLOCKED_WAITS {
+            // Frees whose streams have passed them need no wait (and those no event fenced
+            // get one, if the runtime gives it now).
             self.reclaim(&mut k, false);
-            let events = k.pending_events();
+            let events: SmallVec<[EventHandle; 4]> = k
+                .pending_events()
+                .into_iter()
+                .filter(|e| !waited.contains(e))
+                .collect();
+            let mut streams: SmallVec<[StreamHandle; 2]> = SmallVec::new();
+            for (_, s) in k
+                .pending
+                .iter()
+                .flat_map(|p| &p.events)
+                .filter(|e| e.0.is_none())
+            {
+                if !waited_streams.contains(s) && !streams.contains(s) {
+                    streams.push(*s);
+                }
+            }
+            if events.is_empty() && streams.is_empty() {
+                break;
+            }
             lock(&self.idle_events).waited.extend_from_slice(&events);
-            events
-        };
-        for &ev in &events {
-            let _ = self.source.synchronize_event(ev);
+            drop(k);
+            for &ev in &events {
+                let _ = self.source.synchronize_event(ev);
+            }
+            for &s in &streams {
+                let _ = wait_for_stream(&*self.source, s);
+            }
+            self.end_waits(&events);
+            waited.extend(events);
+            waited_streams.extend(streams);
+            k = m.lock();
         }
+        k
+    }
+
+    /// Ends the unlocked waits for `events` ([`pass_pending_events`](Self::pass_pending_events)):
+    /// they leave [`IdleEvents::waited`], and those given back meanwhile go back now.
+    fn end_waits(&self, events: &[EventHandle]) {
         let back: Vec<EventHandle> = {
             let mut e = lock(&self.idle_events);
-            for ev in &events {
+            for ev in events {
                 if let Some(i) = e.waited.iter().position(|w| w == ev) {
                     e.waited.swap_remove(i);
                 }
