@@ -1085,3 +1085,47 @@ fn a_forgotten_window_keeps_its_memory_for_ever() {
     );
     assert_eq!(t.rank1.leak_report().len(), 1);
 }
+
+/// Channels opened and closed for ever leave the simulator holding nothing of them: each
+/// released channel is forgotten, and so are the notifications between its ranks once no
+/// channel between them is left and none has a record waiting (they used to pile up). A
+/// record made before its channel closed still lets the wait queued behind it through.
+#[test]
+fn released_channels_and_their_notifications_are_forgotten() {
+    let t = ranks();
+    let (s0, s1) = (
+        t.rank0.create_stream().unwrap(),
+        t.rank1.create_stream().unwrap(),
+    );
+    let (th0, th1) = (
+        t.rank0.acquire_comm_thread(&s0).unwrap(),
+        t.rank1.acquire_comm_thread(&s1).unwrap(),
+    );
+    let held = t.sim.comm_entries();
+    for i in 0..100 {
+        let fwd = t.sim.acquire_channel(0, 1).unwrap();
+        let back = t.sim.acquire_channel(1, 0).unwrap();
+        t.sim
+            .notify_record_on_thread(th0.handle(), fwd, i % 8)
+            .unwrap();
+        s0.synchronize().unwrap();
+        // The record stays while both channels go; the wait on a new channel takes it.
+        t.sim.release_channel(fwd).unwrap();
+        t.sim.release_channel(back).unwrap();
+        let back = t.sim.acquire_channel(1, 0).unwrap();
+        t.sim
+            .notify_wait_on_thread(th1.handle(), back, i % 8, 0)
+            .unwrap();
+        s1.synchronize().unwrap();
+        t.sim.release_channel(back).unwrap();
+        assert!(matches!(
+            t.sim.release_channel(back),
+            Err(Error::Runtime { code, .. }) if code == AclError::HCCL_E_NOT_FOUND
+        ));
+    }
+    assert_eq!(
+        t.sim.comm_entries(),
+        held,
+        "the simulator kept channels or notifications"
+    );
+}

@@ -283,6 +283,36 @@ impl SimSource {
         })
     }
 
+    /// Closes `channel` (HCCL's channels go with their communicator): its handle is unknown
+    /// from then on. Writes and notifications already queued through it still run; the
+    /// notifications between its two ranks are forgotten once no channel between them is
+    /// left, no queued op uses them and no record waits to be taken (a record is never
+    /// lost), so a process that opens and closes channels holds a bounded number of them.
+    /// Refused (`HCCL_E_NOT_FOUND`) for a channel this simulator did not open, or closed.
+    pub fn release_channel(&self, channel: ChannelHandle) -> Result<()> {
+        self.ours()?;
+        let mut comm = lock(&self.comm);
+        let c = comm.channels.remove(&channel.0).ok_or(Error::Runtime {
+            func: "HcclChannelRelease",
+            code: AclError::HCCL_E_NOT_FOUND,
+        })?;
+        let between = |a: DeviceId, b: DeviceId| {
+            (a == c.local && b == c.remote) || (a == c.remote && b == c.local)
+        };
+        if !comm.channels.values().any(|o| between(o.local, o.remote)) {
+            comm.notifies
+                .retain(|&(receiver, sender, _), n| !between(receiver, sender) || n.in_use());
+        }
+        Ok(())
+    }
+
+    /// What the communicator holds: channels, notifications and threads (for tests).
+    #[doc(hidden)]
+    pub fn comm_entries(&self) -> (usize, usize, usize) {
+        let comm = lock(&self.comm);
+        (comm.channels.len(), comm.notifies.len(), comm.threads.len())
+    }
+
     /// The windows the far end of `channel` has registered, as `(start, length)` in address
     /// order: what `HcclChannelGetHcclBuffer` tells a caller of the real library. Refused
     /// (`HCCL_E_NOT_FOUND`) for a channel this simulator did not open.

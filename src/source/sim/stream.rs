@@ -129,6 +129,12 @@ pub(super) struct Notify {
 }
 
 impl Notify {
+    /// Whether a queued op holds it (a [`Notify`] is shared through an `Arc`, the map's
+    /// one aside) or a record waits to be taken: forgetting it then would lose an order.
+    pub(super) fn in_use(self: &Arc<Self>) -> bool {
+        Arc::strong_count(self) > 1 || *lock(&self.records) > 0
+    }
+
     fn record(&self) {
         *lock(&self.records) += 1;
         self.cv.notify_all();
