@@ -187,8 +187,9 @@ pub enum Error {
         largest_free: u64,
     },
     /// Growing would pass the configured total limit over the pool's device kinds
-    /// ([`PoolConfig::total_limit`](crate::pool::PoolConfig::total_limit)); the kind's own
-    /// limit, if any, was not reached.
+    /// ([`PoolConfig::total_limit`](crate::pool::PoolConfig::total_limit)), even after the
+    /// other device kinds gave back what they held idle; the kind's own limit, if any, was
+    /// not reached.
     TotalLimitExceeded {
         /// The memory kind that asked.
         kind: MemKind,
@@ -203,7 +204,8 @@ pub enum Error {
         /// Largest free range in any chunk of `kind`.
         largest_free: u64,
         /// The bytes each other device kind of the pool holds reserved, in
-        /// [`MemKind::ALL`]'s order: what trimming or freeing them would make room from.
+        /// [`MemKind::ALL`]'s order, once what they held idle was taken back: what freeing
+        /// their regions would make room from.
         elsewhere: Vec<(MemKind, u64)>,
     },
     /// A handle or pointer that this pool (or source) did not hand out.

@@ -652,3 +652,57 @@ fn without_a_total_limit_the_kinds_grow_apart() {
     );
     drop((held, dvpp));
 }
+
+/// A request refused by the total limit first takes back what the other device kinds hold
+/// idle (an emptied DVPP chunk, kept under the release threshold), as one short of memory
+/// from the source does, and only then fails; the figures of a refusal that stands are
+/// those after the retry.
+#[test]
+fn a_total_limit_refusal_takes_back_what_other_device_kinds_hold_idle() {
+    let pool = pool_with_total(4 * MIB);
+    let dev = pool.alloc_device(MIB).unwrap();
+    let dvpp = pool.alloc_dvpp(MIB).unwrap();
+    drop(dvpp);
+    // The emptied chunk stays: 128 MiB may stay cached.
+    assert_eq!(pool.stats(MemKind::Dvpp).reserved_bytes, 2 * MIB);
+    let more = pool.alloc_device(3 * MIB / 2).unwrap();
+    assert_eq!(pool.stats(MemKind::Dvpp).reserved_bytes, 0);
+    assert_eq!(pool.stats(MemKind::DEVICE).reserved_bytes, 4 * MIB);
+    assert_eq!(
+        pool.stats(MemKind::DEVICE).ooms,
+        0,
+        "the refusal did not stand"
+    );
+    drop(more);
+    pool.trim();
+
+    // Live DVPP memory beside an idle chunk: the idle one goes back, the request still
+    // passes the total, and the error says what is held after the retry.
+    let pool = pool_with_total(6 * MIB);
+    let _dev = pool.alloc_device(MIB).unwrap();
+    let live = pool.alloc_dvpp(MIB).unwrap();
+    let idle = pool.alloc_dvpp(3 * MIB / 2).unwrap();
+    drop(idle);
+    let held = pool.stats(MemKind::Dvpp).reserved_bytes;
+    assert!(held > 2 * MIB, "an idle DVPP chunk beside the live one");
+    let err = pool.alloc_device(3 * MIB).unwrap_err();
+    let (d, v) = (pool.stats(MemKind::DEVICE), pool.stats(MemKind::Dvpp));
+    assert!(v.reserved_bytes < held, "the idle DVPP chunk went back");
+    match &err {
+        ascend_pool::Error::TotalLimitExceeded {
+            reserved,
+            elsewhere,
+            ..
+        } => {
+            assert_eq!(*reserved, d.reserved_bytes + v.reserved_bytes, "{err:?}");
+            assert!(
+                elsewhere.contains(&(MemKind::Dvpp, v.reserved_bytes)),
+                "{err:?}"
+            );
+        }
+        other => panic!("expected TotalLimitExceeded, got {other:?}"),
+    }
+    assert_eq!(d.ooms, 1, "one refusal counted");
+    pool.validate().unwrap();
+    drop((dev, live));
+}

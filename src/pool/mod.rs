@@ -1530,8 +1530,9 @@ impl PoolInner {
         (k, got, counted)
     }
 
-    /// The source had no memory to grow `k` (it refused with an out-of-memory code): the
-    /// other kinds over the same memory (every device kind, DVPP's included, draws on the
+    /// The source had no memory to grow `k` (it refused with an out-of-memory code), or
+    /// growing it would pass [`PoolConfig::total_limit`]: the other kinds over the same
+    /// memory (every device kind, DVPP's included, draws on the
     /// device; pinned host memory is the host kind's alone) may hold some of it idle, in
     /// empty chunks, cached segments or frees waiting for streams. Each gives back what it
     /// holds empty, with its own lock only (no kind lock is ever taken under another, so
@@ -1540,7 +1541,8 @@ impl PoolInner {
     /// the caller read [`returned`](Self::returned) into `returned`, before `k`'s own
     /// attempts: of two requests refused at once, the second to pass through the other
     /// kinds finds them emptied by the first. One refusal is counted whatever the outcome;
-    /// one that stands says what the other kinds still hold ([`with_elsewhere`](Self::with_elsewhere)).
+    /// one that stands says what the other kinds still hold ([`with_elsewhere`](Self::with_elsewhere)),
+    /// with the figures of the retry when there was one.
     #[cold]
     #[inline(never)]
     fn carve_after_releasing_elsewhere<'a>(
@@ -1551,21 +1553,24 @@ impl PoolInner {
         (len, rule, footprint): (u64, CarveRule, u64),
     ) -> Result<(BiasedGuard<'a, KindPool>, (usize, Allocation))> {
         let kind = k.kind;
-        if let Error::TotalLimitExceeded { .. } = refused {
-            // What the other device kinds hold is what trimming them would make room from.
+        // The other device kinds' idle memory helps a device kind the source refused, or one
+        // the total limit refused (what they hold counts in the total), unless the request
+        // alone passes the total.
+        let helps = match &refused {
+            Error::OutOfMemory {
+                source: Some(_), ..
+            } => true,
+            &Error::TotalLimitExceeded {
+                requested, limit, ..
+            } => requested <= limit,
+            _ => false,
+        };
+        if !kind.is_device() || !helps {
             drop(k);
-            return Err(self.with_elsewhere(refused));
-        }
-        if !kind.is_device()
-            || !matches!(
-                refused,
-                Error::OutOfMemory {
-                    source: Some(_),
-                    ..
-                }
-            )
-        {
-            return Err(refused);
+            return Err(match refused {
+                e @ Error::TotalLimitExceeded { .. } => self.with_elsewhere(e),
+                e => e,
+            });
         }
         drop(k);
         let mut released = 0;
