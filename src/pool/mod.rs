@@ -943,7 +943,7 @@ impl Pool {
                 return Err(Error::Invalid(format!("{} thread caches: {p}", k.kind)));
             }
         }
-        Ok(())
+        self.inner.validate_device_total()
     }
 
     /// Live segments (including those whose free waits for a stream; not those held free
@@ -1252,6 +1252,27 @@ impl KindPool {
 }
 
 impl PoolInner {
+    /// Checks that [`device_reserved`](Self::device_reserved) is the sum of the device
+    /// kinds' reserved bytes. Their locks are held together, in [`MemKind::ALL`]'s order,
+    /// since each kind moves the total under its own lock; no other path holds two kind
+    /// locks, so none takes them in another order.
+    fn validate_device_total(&self) -> Result<()> {
+        let held: SmallVec<[BiasedGuard<'_, KindPool>; 4]> = MemKind::ALL
+            .iter()
+            .zip(&self.kinds)
+            .filter(|(kind, _)| kind.is_device())
+            .map(|(_, m)| m.lock())
+            .collect();
+        let sum: u64 = held.iter().map(|k| k.stats.reserved_bytes).sum();
+        let total = self.device_reserved.0.load(Ordering::Relaxed);
+        if total != sum {
+            return Err(Error::Invalid(format!(
+                "device total of {total} reserved bytes, the device kinds hold {sum}"
+            )));
+        }
+        Ok(())
+    }
+
     /// Whether the pool is its parent's, in a child made by `fork`.
     #[inline]
     fn forked(&self) -> bool {
@@ -3175,6 +3196,35 @@ mod handle_tests {
             pool.validate().unwrap();
         }
         PoolInner::release(r.owner, &r.raw, &[]).unwrap();
+    }
+
+    /// `validate` reports the device kinds' running total drifting from the sum of their
+    /// reserved bytes (what the total limit is checked against), and passes once it is back.
+    #[test]
+    fn validate_reports_the_device_total_drifting() {
+        let config = PoolConfig::default().with_total_limit(64 << 20);
+        let pool = Pool::new(Arc::new(SimSource::default()), config).unwrap();
+        let d = pool.alloc_raw(MemKind::DEVICE, 4096, 64).unwrap();
+        let v = pool.alloc_raw(MemKind::Dvpp, 4096, 64).unwrap();
+        let h = pool.alloc_raw(MemKind::Host, 4096, 64).unwrap();
+        pool.validate().unwrap();
+        let bump = |by: u64| {
+            pool.inner
+                .device_reserved
+                .0
+                .fetch_add(by, Ordering::Relaxed);
+        };
+        bump(1);
+        let err = pool.validate().unwrap_err();
+        assert!(
+            matches!(&err, Error::Invalid(m) if m.contains("device total")),
+            "{err}"
+        );
+        bump(u64::MAX); // back by one
+        pool.validate().unwrap();
+        for r in [d, v, h] {
+            PoolInner::release(r.owner, &r.raw, &[]).unwrap();
+        }
     }
 
     /// Shape slots are found by a 30-bit hash of length and alignment: a slot's segment
