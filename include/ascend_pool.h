@@ -204,7 +204,8 @@ ap_status ap_pool_reset_peak_stats(ap_pool pool);
 /* The live segments of every kind, by address: regions not freed, and freed ones whose memory
  * waits for a stream. With none, any buffer (NULL included) gets *count 0 and AP_OK. */
 ap_status ap_pool_leak_report(ap_pool pool, ap_segment_info *out, size_t cap, size_t *count);
-/* The pool's chunks and live segments as a JSON object (the Rust PoolSnapshot). */
+/* The pool's chunks and live segments as a JSON object (the Rust PoolSnapshot), with the bytes
+   the device kinds hold together ("device_reserved_bytes") and "total_limit" when one is set. */
 ap_status ap_pool_snapshot_json(ap_pool pool, char *buf, size_t cap, size_t *needed);
 /* A picture of the pool as SVG: each chunk a bar of allocated, padding and free bytes. */
 ap_status ap_pool_picture_svg(ap_pool pool, char *buf, size_t cap, size_t *needed);

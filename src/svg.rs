@@ -424,6 +424,8 @@ mod tests {
         let snap = PoolSnapshot {
             source: "sim".into(),
             device: 0,
+            device_reserved_bytes: 0,
+            total_limit: None,
             kinds: vec![KindSnapshot {
                 stats,
                 chunks: vec![chunk(1000, &[(0, 500, 520)]), chunk(1000, &[])],
@@ -706,6 +708,8 @@ mod tests {
             &PoolSnapshot {
                 source: "sim".into(),
                 device: 0,
+                device_reserved_bytes: 0,
+                total_limit: None,
                 kinds: Vec::new(),
             },
             "run\u{1}\u{1b}[0m\u{ffff}.jsonl\t<&>",

@@ -405,6 +405,8 @@ fn pool_picture_of_a_hand_made_snapshot_does_not_panic() {
     let snap = PoolSnapshot {
         source: "hand-made".into(),
         device: 0,
+        device_reserved_bytes: 0,
+        total_limit: None,
         kinds: vec![KindSnapshot {
             stats,
             chunks: vec![ChunkInfo {

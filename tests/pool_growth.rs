@@ -706,3 +706,44 @@ fn a_total_limit_refusal_takes_back_what_other_device_kinds_hold_idle() {
     pool.validate().unwrap();
     drop((dev, live));
 }
+
+/// The device kinds' total, and the total limit when one is set, are read beside the
+/// kinds' figures: `Pool::device_reserved_bytes` and the snapshot (and its JSON), which
+/// leaves the limit out when there is none.
+#[test]
+fn the_device_total_and_the_total_limit_are_in_the_figures() {
+    let pool = pool_with_total(6 * MIB);
+    assert_eq!(pool.device_reserved_bytes(), 0);
+    let dev = pool.alloc_device(MIB).unwrap();
+    let dvpp = pool.alloc_dvpp(MIB).unwrap();
+    let host = pool.alloc_host(MIB).unwrap();
+    let sum = pool.stats(MemKind::DEVICE).reserved_bytes + pool.stats(MemKind::Dvpp).reserved_bytes;
+    assert_eq!(
+        pool.device_reserved_bytes(),
+        sum,
+        "pinned host memory not counted"
+    );
+    let snap = pool.snapshot();
+    assert_eq!(
+        (snap.device_reserved_bytes, snap.total_limit),
+        (sum, Some(6 * MIB))
+    );
+    let json: serde_json::Value = serde_json::to_value(&snap).unwrap();
+    assert_eq!(json["device_reserved_bytes"], sum);
+    assert_eq!(json["total_limit"], 6 * MIB);
+    drop((dev, dvpp, host));
+    pool.trim();
+    assert_eq!(pool.device_reserved_bytes(), 0);
+
+    let pool = pool_with_total(0);
+    let dev = pool.alloc_device(MIB).unwrap();
+    let snap = pool.snapshot();
+    assert_eq!(snap.total_limit, None);
+    assert_eq!(
+        snap.device_reserved_bytes,
+        pool.stats(MemKind::DEVICE).reserved_bytes
+    );
+    let json: serde_json::Value = serde_json::to_value(&snap).unwrap();
+    assert!(json.get("total_limit").is_none(), "{json}");
+    drop(dev);
+}

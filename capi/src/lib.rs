@@ -1196,7 +1196,8 @@ pub unsafe extern "C" fn ap_pool_leak_report(
 }
 
 /// The pool's chunks and live segments as JSON ([`Pool::snapshot`], the schema of the Rust
-/// `PoolSnapshot`), NUL-terminated: `*needed` gets its bytes with the NUL; a smaller buffer
+/// `PoolSnapshot`: with the device kinds' total, `device_reserved_bytes`, and `total_limit`
+/// when one is set), NUL-terminated: `*needed` gets its bytes with the NUL; a smaller buffer
 /// (or NULL) gets nothing and [`Status::BufferTooSmall`].
 ///
 /// # Safety

@@ -1883,6 +1883,12 @@ fn a_total_limit_over_the_device_kinds_comes_through_the_config_string() {
     );
     assert!(last_error().contains("dvpp 2097152"), "{}", last_error());
     assert_eq!(counters(pool), before);
+    // The snapshot's JSON gives the total and the limit from C.
+    // SAFETY: the buffers come from `text_of`, with their sizes.
+    let json = text_of(|b, c, n| unsafe { ap_pool_snapshot_json(pool, b, c, n) });
+    let snap: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(snap["device_reserved_bytes"], 4 * MIB, "{json}");
+    assert_eq!(snap["total_limit"], 4 * MIB, "{json}");
     // Pinned host memory does not count; freed DVPP memory, trimmed, makes room.
     let host = alloc(pool, KIND_HOST, 6 * MIB).unwrap();
     assert_eq!(ap_free(pool, dvpp), Status::Ok);

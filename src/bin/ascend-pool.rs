@@ -578,6 +578,8 @@ fn run_replay(args: &ReplayArgs) -> ExitCode {
                     let empty = ascend_pool::pool::PoolSnapshot {
                         source: ReplaySource::from(args.source).name().to_owned(),
                         device: pool_config.device,
+                        device_reserved_bytes: 0,
+                        total_limit: Some(pool_config.total_limit).filter(|&l| l != 0),
                         kinds: Vec::new(),
                     };
                     let title = format!("{name}: no allocation in the trace, no pool chunk");

@@ -231,6 +231,13 @@ pub struct PoolSnapshot {
     pub source: String,
     /// Device id.
     pub device: i32,
+    /// Bytes the device kinds (all but pinned host memory) hold reserved together, as
+    /// [`Pool::device_reserved_bytes`] read it (the kinds below are read one at a time, so
+    /// under traffic their sum may differ).
+    pub device_reserved_bytes: u64,
+    /// [`PoolConfig::total_limit`], when one is set (left out of the JSON otherwise).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub total_limit: Option<u64>,
     /// Kinds that have been used (asked for memory, whether or not they got it).
     pub kinds: Vec<KindSnapshot>,
 }
@@ -824,6 +831,17 @@ impl Pool {
         MemKind::ALL.iter().map(|&k| self.stats(k)).collect()
     }
 
+    /// Bytes the device kinds (device, 32-aligned, cached, DVPP: all but pinned host
+    /// memory) hold reserved together: the figure [`PoolConfig::total_limit`] is checked
+    /// against, the sum of their [`KindStats::reserved_bytes`] once no thread is growing or
+    /// trimming one.
+    pub fn device_reserved_bytes(&self) -> u64 {
+        if self.inner.forked() {
+            return 0;
+        }
+        self.inner.device_reserved.0.load(Ordering::Relaxed)
+    }
+
     /// Lowers every kind's peaks (`peak_allocated_bytes`, `peak_requested_bytes`,
     /// `peak_reserved_bytes`) to its current figures, as `torch.npu.reset_peak_memory_stats`
     /// does: the peaks [`stats`](Self::stats) reads afterwards are those of what ran since.
@@ -1028,6 +1046,8 @@ impl Pool {
         PoolSnapshot {
             source: self.inner.source.name().to_string(),
             device: self.inner.config.device,
+            device_reserved_bytes: self.device_reserved_bytes(),
+            total_limit: Some(self.inner.config.total_limit).filter(|&l| l != 0),
             kinds,
         }
     }
