@@ -747,3 +747,68 @@ fn the_device_total_and_the_total_limit_are_in_the_figures() {
     assert!(json.get("total_limit").is_none(), "{json}");
     drop(dev);
 }
+
+/// Two threads on two device kinds allocate and free near the total limit at once, each
+/// trimming and validating now and then (so growth, refusals, the release of the other
+/// kind's idle memory, the release threshold and trim all race): the total never passes
+/// the limit, no thread waits for ever, and afterwards nothing leaked and the total is the
+/// sum of the kinds' reserved bytes.
+#[test]
+fn two_device_kinds_racing_near_the_total_keep_it_exact() {
+    use std::sync::mpsc;
+    use std::time::Duration;
+    const TOTAL: u64 = 8 * MIB;
+    let config = PoolConfig::default()
+        .with_total_limit(TOTAL)
+        .with_release_threshold(2 * MIB);
+    let pool = Arc::new(Pool::new(Arc::new(SimSource::default()), config).unwrap());
+    let (done, finished) = mpsc::channel();
+    for dvpp in [false, true] {
+        let (pool, done) = (Arc::clone(&pool), done.clone());
+        std::thread::spawn(move || {
+            let mut held = std::collections::VecDeque::new();
+            for i in 0..400u64 {
+                let len = (i * 7 + u64::from(dvpp) * 3) % 5 * (MIB / 2) + 4096;
+                let got = if dvpp {
+                    pool.alloc_dvpp(len)
+                        .map(|r| Box::new(r) as Box<dyn std::any::Any + Send>)
+                } else {
+                    pool.alloc_device(len)
+                        .map(|r| Box::new(r) as Box<dyn std::any::Any + Send>)
+                };
+                match got {
+                    Ok(r) => held.push_back(r),
+                    Err(ascend_pool::Error::TotalLimitExceeded { .. }) => {
+                        held.pop_front();
+                    }
+                    Err(e) => panic!("unexpected refusal: {e}"),
+                }
+                assert!(pool.device_reserved_bytes() <= TOTAL);
+                if held.len() > 3 {
+                    held.pop_front();
+                }
+                if i % 64 == 63 {
+                    if dvpp {
+                        pool.trim();
+                    } else {
+                        pool.validate().unwrap();
+                    }
+                }
+            }
+            drop(held);
+            done.send(()).unwrap();
+        });
+    }
+    for _ in 0..2 {
+        finished
+            .recv_timeout(Duration::from_secs(120))
+            .expect("a thread finished (or panicked, dropping its sender)");
+    }
+    pool.validate().unwrap();
+    assert!(pool.leak_report().is_empty());
+    let sum = pool.stats(MemKind::DEVICE).reserved_bytes + pool.stats(MemKind::Dvpp).reserved_bytes;
+    assert_eq!(pool.device_reserved_bytes(), sum);
+    pool.trim();
+    assert_eq!(pool.device_reserved_bytes(), 0);
+    pool.validate().unwrap();
+}

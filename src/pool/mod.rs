@@ -414,7 +414,8 @@ pub(crate) struct PoolInner {
     /// Held from a device kind's check against [`PoolConfig::total_limit`] to the
     /// reservation it allowed, while a total limit is set: two kinds growing at once under
     /// their own locks would otherwise both pass it. Taken under one kind lock, with no
-    /// other lock taken under it (the source's own aside).
+    /// other lock taken under it (the source's own aside); releases lower the total under
+    /// their kind lock alone, never the gate, so no two paths take the two in reverse.
     total_gate: Mutex<()>,
 }
 
