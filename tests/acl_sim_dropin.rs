@@ -787,3 +787,24 @@ fn a_device_to_device_copy_between_two_devices_needs_peer_access() {
         }
     }
 }
+
+/// C users of the drop-in close the channels they open (`ascendSimReleaseChannel`), as
+/// `SimSource::release_channel` does: it had no export, so they could not.
+#[test]
+fn the_drop_in_releases_channels() {
+    // SAFETY: the drop-in; loading it again only takes another reference.
+    let lib = unsafe { libloading::Library::new(dropin()) }.unwrap();
+    type Acquire = unsafe extern "C" fn(i32, i32, *mut u64) -> i32;
+    type Release = unsafe extern "C" fn(u64) -> i32;
+    let not_found = AclError::HCCL_E_NOT_FOUND.0;
+    // SAFETY: symbols of the drop-in with these prototypes; a live out-pointer.
+    unsafe {
+        let acquire = lib.get::<Acquire>(b"ascendSimAcquireChannel\0").unwrap();
+        let release = lib.get::<Release>(b"ascendSimReleaseChannel\0").unwrap();
+        let mut channel = 0u64;
+        assert_eq!(acquire(0, 1, &mut channel), 0);
+        assert_eq!(release(channel), 0);
+        assert_eq!(release(channel), not_found, "released twice");
+        assert_eq!(release(0), not_found, "never opened");
+    }
+}

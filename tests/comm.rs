@@ -1129,3 +1129,58 @@ fn released_channels_and_their_notifications_are_forgotten() {
         "the simulator kept channels or notifications"
     );
 }
+
+/// A channel released while a write and notifications queued through it wait behind a held
+/// stream: the write still lands, the record still lets the wait through, and once they have
+/// run the notification goes with the next channel between the two ranks released (kept at
+/// the first release, as a queued op held it).
+#[test]
+fn a_channel_released_under_queued_work_lets_it_run() {
+    let t = ranks();
+    let held = t.sim.comm_entries();
+    let (window, far) = t.window(WINDOW_GRANULE);
+    let (s0, s1) = (
+        t.rank0.create_stream().unwrap(),
+        t.rank1.create_stream().unwrap(),
+    );
+    let (th0, th1) = (
+        t.rank0.acquire_comm_thread(&s0).unwrap(),
+        t.rank1.acquire_comm_thread(&s1).unwrap(),
+    );
+    let back = t.sim.acquire_channel(1, 0).unwrap();
+    let src = t.filled(64 * KIB, 0x6B);
+    let hold = t.sim.hold_stream(s0.handle()).unwrap();
+    t.rank0
+        .write_remote(&th0, &far, 0, &src, 0, 64 * KIB)
+        .unwrap();
+    t.sim
+        .notify_record_on_thread(th0.handle(), far.channel(), 3)
+        .unwrap();
+    t.sim
+        .notify_wait_on_thread(th1.handle(), back, 3, 0)
+        .unwrap();
+    // Both channels go while all three ops wait behind the hold.
+    t.sim.release_channel(far.channel()).unwrap();
+    t.sim.release_channel(back).unwrap();
+    assert!(matches!(
+        t.rank0.write_remote(&th0, &far, 0, &src, 0, 64),
+        Err(Error::Runtime { code, .. }) if code == AclError::HCCL_E_NOT_FOUND
+    ));
+    hold.release();
+    s0.synchronize().unwrap();
+    s1.synchronize().unwrap();
+    assert!(read(&t.rank1, window.region(), 0, 64 * KIB)
+        .iter()
+        .all(|&x| x == 0x6B));
+    // The next channel between the ranks released finds it idle and forgets it.
+    let other = t.sim.acquire_channel(0, 1).unwrap();
+    t.sim.release_channel(other).unwrap();
+    let (channels, notifies, _) = t.sim.comm_entries();
+    assert_eq!(
+        (channels, notifies),
+        (held.0, held.1),
+        "the notification was kept"
+    );
+    drop((src, window));
+    t.intact();
+}

@@ -11,10 +11,10 @@
 //! `aclrtDeviceGetBareTgid`: real processes, see the simulator's `share` module) and
 //! shared buffers (`acltdt*Buf*`, on the current device). It also exports HCOMM's
 //! `HcommWriteOnThread` and the channels' notifications (`HcommChannelNotifyRecordOnThread`,
-//! `HcommChannelNotifyWaitOnThread`), over the simulator's communicator of one rank per device, and three
-//! functions of its own to set that communicator up (`ascendSimAcquireThread`,
-//! `ascendSimAcquireChannel`, `ascendSimRegisterWindow`, `ascendSimDeregisterWindow`), which no
-//! real library has.
+//! `HcommChannelNotifyWaitOnThread`), over the simulator's communicator of one rank per device, and
+//! functions of its own to set that communicator up and take it down (`ascendSimAcquireThread`,
+//! `ascendSimAcquireChannel`, `ascendSimReleaseChannel`, `ascendSimRegisterWindow`,
+//! `ascendSimDeregisterWindow`), which no real library has.
 //!
 //! Behaviour beyond the simulator's own:
 //! - `aclInit` answers `ACL_ERROR_REPEAT_INITIALIZE` (100002) when already initialised;
@@ -1071,6 +1071,15 @@ pub unsafe extern "C" fn ascendSimAcquireChannel(
         // SAFETY: checked non-null; valid per the caller's contract.
         unsafe { put(channel, c.0) }
     }))
+}
+
+/// Simulator only: closes `channel`, as HCCL's channels go with their communicator (see
+/// `SimSource::release_channel`): writes and notifications already queued through it still
+/// run, and its handle is unknown from then on. Returns an `HcclResult` (`HCCL_E_NOT_FOUND`
+/// for a channel not open).
+#[no_mangle]
+pub extern "C" fn ascendSimReleaseChannel(channel: u64) -> i32 {
+    hccl_code(run(|s| acl(s.sim.release_channel(ChannelHandle(channel)))))
 }
 
 /// Simulator only: registers `len` bytes at `addr`, device memory of `device`, as a window
