@@ -434,6 +434,21 @@ pub struct SegmentInfo {
 // The header's layouts (`include/ascend_pool.h` at the repository root) must follow any change.
 const_assert_eq!(std::mem::size_of::<RegionInfo>(), 32);
 const_assert_eq!(std::mem::size_of::<ErrorDetail>(), 104);
+// Field by field as the header's `ap_error_detail` (and `tests/c/pipeline.c` checks the
+// same offsets from C): a caller's older, smaller struct relies on every offset staying put.
+const_assert_eq!(std::mem::align_of::<ErrorDetail>(), 8);
+const_assert_eq!(std::mem::offset_of!(ErrorDetail, size), 0);
+const_assert_eq!(std::mem::offset_of!(ErrorDetail, status), 4);
+const_assert_eq!(std::mem::offset_of!(ErrorDetail, figures), 8);
+const_assert_eq!(std::mem::offset_of!(ErrorDetail, kind), 12);
+const_assert_eq!(std::mem::offset_of!(ErrorDetail, requested), 16);
+const_assert_eq!(std::mem::offset_of!(ErrorDetail, reserved), 24);
+const_assert_eq!(std::mem::offset_of!(ErrorDetail, in_use), 32);
+const_assert_eq!(std::mem::offset_of!(ErrorDetail, largest_free), 40);
+const_assert_eq!(std::mem::offset_of!(ErrorDetail, limit), 48);
+const_assert_eq!(std::mem::offset_of!(ErrorDetail, source_code), 56);
+const_assert_eq!(std::mem::offset_of!(ErrorDetail, reserved_pad), 60);
+const_assert_eq!(std::mem::offset_of!(ErrorDetail, elsewhere), 64);
 const_assert_eq!(std::mem::size_of::<Stats>(), 16 * 8);
 const_assert_eq!(std::mem::size_of::<SegmentInfo>(), 40);
 const_assert_eq!(std::mem::size_of::<Status>(), std::mem::size_of::<c_int>());

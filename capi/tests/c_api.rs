@@ -2005,6 +2005,25 @@ fn the_last_errors_figures_say_which_limit_and_what_the_kinds_hold() {
         FIGURES_LIMIT
     );
     assert!(bytes[24..].iter().all(|&b| b == 0xAA));
+    // A newer caller's larger struct gets the library's fields, `size` says how many bytes,
+    // and the caller's later fields are left as they were.
+    #[repr(C, align(8))]
+    struct Newer([u8; 136]);
+    let mut newer = Newer([0xAA; 136]);
+    newer.0[..4].copy_from_slice(&136u32.to_ne_bytes());
+    // SAFETY: 136 writable bytes, aligned as the struct, whose size field says 136.
+    let got = unsafe { ap_last_error_detail((&raw mut newer).cast()) };
+    assert_eq!(got, Status::Ok);
+    let size = std::mem::size_of::<ErrorDetail>();
+    assert_eq!(
+        u32::from_ne_bytes(newer.0[..4].try_into().unwrap()),
+        size as u32
+    );
+    assert_eq!(
+        u32::from_ne_bytes(newer.0[8..12].try_into().unwrap()),
+        FIGURES_LIMIT
+    );
+    assert!(newer.0[size..].iter().all(|&b| b == 0xAA));
     // Too small for the status, or NULL: refused, and the last error stays.
     let mut tiny = ErrorDetail {
         size: 4,

@@ -16,6 +16,24 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* ap_error_detail as the library's #[repr(C)] ErrorDetail lays it out (capi/src/lib.rs
+ * checks the same offsets): a caller's older, smaller struct relies on every offset. */
+_Static_assert(sizeof(ap_error_detail) == 104, "ap_error_detail size");
+_Static_assert(_Alignof(ap_error_detail) == 8, "ap_error_detail alignment");
+_Static_assert(offsetof(ap_error_detail, size) == 0, "size");
+_Static_assert(offsetof(ap_error_detail, status) == 4, "status");
+_Static_assert(offsetof(ap_error_detail, figures) == 8, "figures");
+_Static_assert(offsetof(ap_error_detail, kind) == 12, "kind");
+_Static_assert(offsetof(ap_error_detail, requested) == 16, "requested");
+_Static_assert(offsetof(ap_error_detail, reserved) == 24, "reserved");
+_Static_assert(offsetof(ap_error_detail, in_use) == 32, "in_use");
+_Static_assert(offsetof(ap_error_detail, largest_free) == 40, "largest_free");
+_Static_assert(offsetof(ap_error_detail, limit) == 48, "limit");
+_Static_assert(offsetof(ap_error_detail, source_code) == 56, "source_code");
+_Static_assert(offsetof(ap_error_detail, reserved_pad) == 60, "reserved_pad");
+_Static_assert(offsetof(ap_error_detail, elsewhere) == 64, "elsewhere");
+_Static_assert(sizeof(((ap_error_detail *)0)->elsewhere) == 5 * 8, "elsewhere's length");
+
 int failures;
 
 enum { FRAME = 1920 * 1080 * 3 / 2 };
