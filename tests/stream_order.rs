@@ -1513,3 +1513,54 @@ fn a_free_does_not_wait_behind_an_allocation_waiting_for_a_free_deferred_meanwhi
     );
     assert_eq!(st.allocations, st.frees, "{st:?}");
 }
+
+/// A free whose stream could not be fenced waits for that stream without the kind's lock:
+/// it used to wait under it, so another thread's allocation of the kind waited behind a held
+/// stream. The memory still waits for the stream's work.
+///
+/// The 60 s bound only turns an allocation that waits for as long as the hold into a failure.
+#[test]
+fn a_free_without_an_event_waits_for_its_stream_without_the_kind_lock() {
+    let sim = sim(0);
+    let source: Arc<dyn BlockSource> = Arc::clone(&sim) as Arc<dyn BlockSource>;
+    // No thread cache: frees and allocations go through the kind's lock.
+    let config = PoolConfig::default().with_thread_cache(0);
+    let pool = Arc::new(Pool::new(source, config).unwrap());
+    let s = pool.create_stream().unwrap();
+    let mut r = pool.alloc_device(LEN).unwrap();
+    let addr = r.addr();
+    let hold = sim.hold_stream(s.handle()).unwrap();
+    pool.memset_async(&mut r, 0, 0xAB, LEN, &s).unwrap();
+    let syncs = || sim.stats().calls(AclFunc::SynchronizeStream);
+    let before = syncs();
+    // The free's fence fails: it waits for the held stream itself.
+    sim.inject_fault(Fault::next(AclFunc::RecordEvent, AclError::RT_FAILURE, 1));
+    let freeing = std::thread::spawn(move || drop(r));
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while syncs() == before && !freeing.is_finished() {
+        assert!(std::time::Instant::now() < deadline, "no wait came");
+        std::thread::yield_now();
+    }
+    assert_eq!(sim.stats().failures(AclFunc::RecordEvent), 1);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let other = {
+        let pool = Arc::clone(&pool);
+        std::thread::spawn(move || {
+            let got = pool.alloc_device(LEN).unwrap();
+            tx.send(got.addr()).unwrap();
+            drop(got);
+        })
+    };
+    let got = rx.recv_timeout(Duration::from_secs(60));
+    hold.release();
+    other.join().unwrap();
+    freeing.join().unwrap();
+    let got = got.expect("an allocation waited behind a free waiting for a held stream");
+    assert!(
+        !overlaps(got, addr, LEN),
+        "got memory the held stream may still write"
+    );
+    every_free_completes(&pool);
+    let st = pool.stats(MemKind::DEVICE);
+    assert_eq!((st.live_regions, st.pending_frees), (0, 0), "{st:?}");
+}

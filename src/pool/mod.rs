@@ -2583,47 +2583,90 @@ impl PoolInner {
             } else {
                 None
             };
-        self.free_registered(&mut k, seg, streams);
+        let unfenced = self.free_registered(&mut k, seg, streams);
+        if !unfenced.is_empty() {
+            // The kind's other threads go on while the streams run (one may be what they
+            // wait for).
+            drop(k);
+            self.wait_unfenced(seg, &unfenced);
+        }
         overrun.map_or(Ok(()), Err)
     }
 
     /// Frees a registered, not pending segment: at once, or once work queued so far on
-    /// `streams` has run.
-    fn free_registered(&self, k: &mut KindPool, seg: &RawSegment, streams: &[StreamHandle]) {
+    /// `streams` has run. Returns the streams it could get no event for: the free is
+    /// pending on them as fences owed, for the caller to wait for them without the kind's
+    /// lock ([`wait_unfenced`](Self::wait_unfenced)).
+    fn free_registered(
+        &self,
+        k: &mut KindPool,
+        seg: &RawSegment,
+        streams: &[StreamHandle],
+    ) -> SmallVec<[StreamHandle; 2]> {
+        let mut unfenced = SmallVec::new();
         if streams.is_empty() {
             self.finish_free(k, seg.key(), true);
-            return;
+            return unfenced;
         }
         let mut events: SmallVec<[(Option<EventHandle>, StreamHandle); 2]> = SmallVec::new();
         for &s in streams {
             match self.fence(s) {
                 Ok(ev) => events.push((Some(ev), s)),
-                // Without an event, wait here for what the stream still has. A stream that
-                // is gone has run its work; one the runtime will not wait for either stays
-                // a fence owed, and `reclaim` tries again.
+                // Without an event, a fence owed: `reclaim` tries again, and the caller
+                // waits for the stream first.
                 Err(_) => {
-                    if wait_for_stream(&*self.source, s).is_err() {
-                        events.push((None, s));
-                    }
+                    events.push((None, s));
+                    unfenced.push(s);
                 }
             }
         }
-        if !events.is_empty() {
-            k.live[seg.key()].pending = true;
-            let fenced_once = events.len() == 1 && events[0].0.is_some();
-            let only_on = (streams.len() == 1 && fenced_once).then_some(streams[0]);
-            k.pending.push(PendingFree {
-                key: seg.key(),
-                events,
-                only_on,
-            });
-            // Keep the list bounded without querying events on every call.
-            if k.pending.len() % PENDING_RECLAIM_BATCH == 0 {
-                self.reclaim(k, false);
-            }
+        k.live[seg.key()].pending = true;
+        let fenced_once = events.len() == 1 && events[0].0.is_some();
+        let only_on = (streams.len() == 1 && fenced_once).then_some(streams[0]);
+        k.pending.push(PendingFree {
+            key: seg.key(),
+            events,
+            only_on,
+        });
+        // Keep the list bounded without querying events on every call.
+        if k.pending.len() % PENDING_RECLAIM_BATCH == 0 {
+            self.reclaim(k, false);
+        }
+        unfenced
+    }
+
+    /// Waits, holding no lock, for the streams `free_registered` got no event for when it
+    /// deferred `seg`'s free, then takes those that passed off the free (completing it when
+    /// nothing else fences it). A stream that is gone has run its work; one the runtime
+    /// will not wait for stays a fence owed. A free another thread completed meanwhile is
+    /// left alone, and so is an event a `reclaim` recorded meanwhile for the stream.
+    fn wait_unfenced(&self, seg: &RawSegment, unfenced: &[StreamHandle]) {
+        let passed: SmallVec<[StreamHandle; 2]> = unfenced
+            .iter()
+            .copied()
+            .filter(|&s| wait_for_stream(&*self.source, s).is_ok())
+            .collect();
+        if passed.is_empty() {
             return;
         }
-        self.finish_free(k, seg.key(), true);
+        let mut k = self.kinds[seg.kind.index()].lock();
+        if !k
+            .live
+            .get(seg.key())
+            .is_some_and(|e| seg.is(e) && e.pending)
+        {
+            return;
+        }
+        let Some(i) = k.pending.iter().position(|p| p.key == seg.key()) else {
+            return;
+        };
+        let p = &mut k.pending[i];
+        p.events
+            .retain(|(ev, s)| ev.is_some() || !passed.contains(s));
+        if p.events.is_empty() {
+            k.pending.swap_remove(i);
+            self.finish_free(&mut k, seg.key(), true);
+        }
     }
 
     /// Gives a segment back to its chunk's engine; `user_free` counts it as a free (not
