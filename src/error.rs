@@ -309,6 +309,113 @@ pub enum Error {
     Forked,
 }
 
+/// The figures of a refusal for want of memory, read alike whichever refused: the source
+/// ([`Error::OutOfMemory`]), the kind's limit ([`Error::LimitExceeded`]) or the total over the
+/// device kinds ([`Error::TotalLimitExceeded`]). A caller deciding whether freeing, trimming or
+/// another memory kind would help needs these, not which variant carried them.
+///
+/// ```
+/// use ascend_pool::{Error, MemKind};
+///
+/// let e = Error::LimitExceeded {
+///     kind: MemKind::DEVICE,
+///     requested: 4 << 20,
+///     limit: 8 << 20,
+///     reserved: 8 << 20,
+///     in_use: 6 << 20,
+///     largest_free: 1 << 20,
+/// };
+/// let s = e.shortage().unwrap();
+/// assert_eq!((s.limit, s.reserved - s.in_use), (Some(8 << 20), 2 << 20));
+/// assert!(Error::ForeignHandle.shortage().is_none());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shortage<'a> {
+    /// The memory kind that asked.
+    pub kind: MemKind,
+    /// Bytes asked for.
+    pub requested: u64,
+    /// Bytes the kind held reserved; for the total limit, the device kinds together.
+    pub reserved: u64,
+    /// Bytes of the kind live in regions (footprints).
+    pub in_use: u64,
+    /// The largest free range in any chunk of the kind.
+    pub largest_free: u64,
+    /// The limit that would be passed; `None` when the source refused.
+    pub limit: Option<u64>,
+    /// What each other device kind holds reserved, in [`MemKind::ALL`]'s order; empty for a
+    /// kind's own limit and for refusals of host memory.
+    pub elsewhere: &'a [(MemKind, u64)],
+}
+
+impl Error {
+    /// The figures of a refusal for want of memory; `None` for every other error.
+    pub fn shortage(&self) -> Option<Shortage<'_>> {
+        let (kind, requested, reserved, in_use, largest_free, limit, elsewhere) = match self {
+            Self::OutOfMemory {
+                kind,
+                requested,
+                reserved,
+                in_use,
+                largest_free,
+                elsewhere,
+                ..
+            } => (
+                kind,
+                requested,
+                reserved,
+                in_use,
+                largest_free,
+                None,
+                &elsewhere[..],
+            ),
+            Self::LimitExceeded {
+                kind,
+                requested,
+                limit,
+                reserved,
+                in_use,
+                largest_free,
+            } => (
+                kind,
+                requested,
+                reserved,
+                in_use,
+                largest_free,
+                Some(*limit),
+                &[][..],
+            ),
+            Self::TotalLimitExceeded {
+                kind,
+                requested,
+                limit,
+                reserved,
+                in_use,
+                largest_free,
+                elsewhere,
+            } => (
+                kind,
+                requested,
+                reserved,
+                in_use,
+                largest_free,
+                Some(*limit),
+                &elsewhere[..],
+            ),
+            _ => return None,
+        };
+        Some(Shortage {
+            kind: *kind,
+            requested: *requested,
+            reserved: *reserved,
+            in_use: *in_use,
+            largest_free: *largest_free,
+            limit,
+            elsewhere,
+        })
+    }
+}
+
 impl std::fmt::Display for Error {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {

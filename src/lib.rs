@@ -39,7 +39,7 @@ pub mod svg;
 pub mod trace;
 
 pub use align::CarveRule;
-pub use error::{AclError, CopySide, Error, Result};
+pub use error::{AclError, CopySide, Error, Result, Shortage};
 pub use kind::{MallocPolicy, MemKind};
 pub use pool::{Pool, PoolConfig};
 pub use region::{DeviceRegion, DvppRegion, HostRegion, Region, Stream};

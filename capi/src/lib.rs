@@ -296,78 +296,21 @@ impl ErrorDetail {
             status: status as u32,
             ..Default::default()
         };
-        let (figures, kind, requested, reserved, in_use, largest_free, limit, elsewhere) =
-            match error {
-                Some(Error::OutOfMemory {
-                    kind,
-                    requested,
-                    reserved,
-                    in_use,
-                    largest_free,
-                    source,
-                    elsewhere,
-                }) => {
-                    d.source_code = source.map_or(0, |c| c.0);
-                    let f = FIGURES_OUT_OF_MEMORY;
-                    (
-                        f,
-                        kind,
-                        requested,
-                        reserved,
-                        in_use,
-                        largest_free,
-                        &0,
-                        &elsewhere[..],
-                    )
-                }
-                Some(Error::LimitExceeded {
-                    kind,
-                    requested,
-                    limit,
-                    reserved,
-                    in_use,
-                    largest_free,
-                }) => {
-                    let f = FIGURES_LIMIT;
-                    (
-                        f,
-                        kind,
-                        requested,
-                        reserved,
-                        in_use,
-                        largest_free,
-                        limit,
-                        &[][..],
-                    )
-                }
-                Some(Error::TotalLimitExceeded {
-                    kind,
-                    requested,
-                    limit,
-                    reserved,
-                    in_use,
-                    largest_free,
-                    elsewhere,
-                }) => {
-                    let f = FIGURES_TOTAL_LIMIT;
-                    (
-                        f,
-                        kind,
-                        requested,
-                        reserved,
-                        in_use,
-                        largest_free,
-                        limit,
-                        &elsewhere[..],
-                    )
-                }
-                _ => return d,
-            };
-        d.figures = figures;
-        d.kind = kind.index() as u32;
-        (d.requested, d.reserved, d.in_use) = (*requested, *reserved, *in_use);
-        (d.largest_free, d.limit) = (*largest_free, *limit);
-        for (k, bytes) in elsewhere {
+        let Some(s) = error.and_then(Error::shortage) else {
+            return d;
+        };
+        d.figures = match error {
+            Some(Error::OutOfMemory { source, .. }) => {
+                d.source_code = source.map_or(0, |c| c.0);
+                FIGURES_OUT_OF_MEMORY
+            }
+            Some(Error::LimitExceeded { .. }) => FIGURES_LIMIT,
+            _ => FIGURES_TOTAL_LIMIT,
+        };
+        d.kind = s.kind.index() as u32;
+        (d.requested, d.reserved, d.in_use) = (s.requested, s.reserved, s.in_use);
+        (d.largest_free, d.limit) = (s.largest_free, s.limit.unwrap_or(0));
+        for (k, bytes) in s.elsewhere {
             d.elsewhere[k.index()] = *bytes;
         }
         d
