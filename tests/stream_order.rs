@@ -76,6 +76,18 @@ fn every_free_completes(pool: &Pool) {
     pool.validate().unwrap();
 }
 
+/// Every free completes, and device memory holds no region and refused nothing.
+fn nothing_live_and_no_refusal(pool: &Pool) {
+    every_free_completes(pool);
+    let st = pool.stats(MemKind::DEVICE);
+    assert_eq!(
+        (st.live_regions, st.allocated_bytes, st.ooms),
+        (0, 0, 0),
+        "{st:?}"
+    );
+    assert_eq!(st.allocations, st.frees, "{st:?}");
+}
+
 #[test]
 fn a_long_async_copy_keeps_its_target_from_reuse_until_done() {
     // A size thread caches keep, and one they do not.
@@ -618,14 +630,7 @@ fn meanwhile_an_allocation_waits_for_a_held_stream(
     let region = waiter.join().unwrap();
     assert!(region.is_ok(), "{region:?}");
     drop(region);
-    every_free_completes(&pool);
-    let st = pool.stats(MemKind::DEVICE);
-    assert_eq!(
-        (st.live_regions, st.allocated_bytes, st.ooms),
-        (0, 0, 0),
-        "{st:?}"
-    );
-    assert_eq!(st.allocations, st.frees, "{st:?}");
+    nothing_live_and_no_refusal(&pool);
     pool.trim();
     assert_eq!(pool.stats(MemKind::DEVICE).reserved_bytes, 0);
     got.is_ok()
@@ -1504,14 +1509,7 @@ fn a_free_does_not_wait_behind_an_allocation_waiting_for_a_free_deferred_meanwhi
     );
     assert!(region.is_ok(), "{region:?}");
     drop(region);
-    every_free_completes(&pool);
-    let st = pool.stats(MemKind::DEVICE);
-    assert_eq!(
-        (st.live_regions, st.allocated_bytes, st.ooms),
-        (0, 0, 0),
-        "{st:?}"
-    );
-    assert_eq!(st.allocations, st.frees, "{st:?}");
+    nothing_live_and_no_refusal(&pool);
 }
 
 /// A free whose stream could not be fenced waits for that stream without the kind's lock:
