@@ -525,6 +525,18 @@ impl Stream {
 /// failed `aclrtDestroyStream`, or a stream not destroyed since it could not be waited for.
 static UNDESTROYED: Mutex<Vec<Arc<()>>> = Mutex::new(Vec::new());
 
+/// Streams kept so far in this process, each with its handle still live at the runtime
+/// (counted even when its token was leaked rather than held in `UNDESTROYED`).
+static KEPT_STREAMS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// How many `Stream`s this process has kept instead of destroying, since the runtime would
+/// not synchronize or destroy them: a leak check that counts the runtime's live streams
+/// allows these.
+#[doc(hidden)]
+pub fn streams_kept() -> usize {
+    KEPT_STREAMS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 impl Drop for Stream {
     fn drop(&mut self) {
         // A stream that could not be waited for is kept, as one the runtime would not
@@ -544,6 +556,7 @@ impl Drop for Stream {
             let _ = self.source.destroy_event(ev);
         }
         if !synced || self.source.destroy_stream(self.handle).is_err() {
+            KEPT_STREAMS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             match UNDESTROYED.try_lock() {
                 Ok(mut kept) => kept.push(Arc::clone(&self.alive)),
                 // Contended (or, in a child made by `fork`, held for good by a thread of the

@@ -1492,6 +1492,7 @@ fn build(input: &Input) -> Harness {
 
 fuzz_target!(|input: Input| {
     WAITS_FAULTED.store(false, Ordering::Relaxed);
+    let kept_before = ascend_pool::region::streams_kept();
     let mut h = build(&input);
     for &op in input.ops.iter().take(MAX_OPS) {
         h.run(op);
@@ -1538,12 +1539,24 @@ fuzz_target!(|input: Input| {
     drop(streams);
     drop(vmm);
     let s = sim.stats();
-    let held = (s.live_blocks, s.live_events, s.live_streams);
-    assert_eq!(
-        held,
-        (0, 0, 0),
-        "blocks, events, streams left at the simulator"
-    );
+    // A `Stream` whose synchronize failed on drop (an injected fault) is kept, with its
+    // queued wait events, since its work may still run: those are the only streams and
+    // events allowed to stay.
+    let kept = ascend_pool::region::streams_kept() - kept_before;
+    if kept == 0 {
+        let held = (s.live_blocks, s.live_events, s.live_streams);
+        assert_eq!(
+            held,
+            (0, 0, 0),
+            "blocks, events, streams left at the simulator"
+        );
+    } else {
+        assert_eq!(s.live_blocks, 0, "blocks left at the simulator");
+        assert_eq!(
+            s.live_streams, kept as u64,
+            "streams left beyond the kept ones"
+        );
+    }
     let mapped = (s.reservations, s.physical_handles, s.mappings);
     assert_eq!(
         mapped,
