@@ -31,7 +31,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
 use std::time::Duration;
 
 use super::stream::{Notify, Op};
@@ -90,6 +90,24 @@ impl Inbound {
     }
 }
 
+/// Where a notification is kept: its communicator (weakly, as the notification outlives a
+/// dropped simulator in the ops of a closing stream) and its two ranks.
+#[derive(Debug, Clone)]
+pub(super) struct NotifyHome {
+    comm: Weak<Mutex<CommState>>,
+    ranks: (DeviceId, DeviceId),
+}
+
+impl NotifyHome {
+    /// Forgets the idle notifications between the two ranks unless a channel joins them.
+    /// Takes the `comm` lock: called with no lock held.
+    pub(super) fn forget_idle(&self) {
+        if let Some(comm) = self.comm.upgrade() {
+            lock(&comm).forget_idle(self.ranks);
+        }
+    }
+}
+
 /// Threads, channels and windows of the simulated communicator.
 #[derive(Debug, Default)]
 pub(super) struct CommState {
@@ -100,7 +118,9 @@ pub(super) struct CommState {
     channels: HashMap<u64, Channel>,
     /// Notifications by `(receiving rank, sending rank, index)`: a record through a
     /// channel from `a` to `b` and a wait through a channel from `b` to `a` meet at
-    /// `(b, a, index)`. Made when first used.
+    /// `(b, a, index)`. Made when first used. Once no channel joins its two ranks, one stays
+    /// only while in use ([`Notify::in_use`]): the release of the last such channel and the
+    /// end of each op that held it ([`NotifyHome::forget_idle`]) forget it when idle.
     notifies: HashMap<(DeviceId, DeviceId, u32), Arc<Notify>>,
     /// Registered windows by start address. Windows never overlap.
     windows: BTreeMap<usize, Window>,
@@ -127,6 +147,16 @@ impl CommState {
             .copied()
             .zip(channel.copied())
             .ok_or(AclError::HCCL_E_NOT_FOUND)
+    }
+
+    /// Forgets the notifications between ranks `a` and `b` (either way) that are not in use,
+    /// unless a channel still joins the two: a later record or wait makes them afresh.
+    fn forget_idle(&mut self, (a, b): (DeviceId, DeviceId)) {
+        let between = |x: DeviceId, y: DeviceId| (x == a && y == b) || (x == b && y == a);
+        if !self.channels.values().any(|c| between(c.local, c.remote)) {
+            self.notifies
+                .retain(|&(receiver, sender, _), n| !between(receiver, sender) || n.in_use());
+        }
     }
 
     /// Deregisters every window that overlaps `addr..addr + len`: memory let go of.
@@ -288,6 +318,7 @@ impl SimSource {
     /// notifications between its two ranks are forgotten once no channel between them is
     /// left, no queued op uses them and no record waits to be taken (a record is never
     /// lost), so a process that opens and closes channels holds a bounded number of them.
+    /// One a queued op kept is forgotten when the last such op has run, if it is idle then.
     /// Refused (`HCCL_E_NOT_FOUND`) for a channel this simulator did not open, or closed.
     pub fn release_channel(&self, channel: ChannelHandle) -> Result<()> {
         self.ours()?;
@@ -296,13 +327,7 @@ impl SimSource {
             func: "HcclChannelRelease",
             code: AclError::HCCL_E_NOT_FOUND,
         })?;
-        let between = |a: DeviceId, b: DeviceId| {
-            (a == c.local && b == c.remote) || (a == c.remote && b == c.local)
-        };
-        if !comm.channels.values().any(|o| between(o.local, o.remote)) {
-            comm.notifies
-                .retain(|&(receiver, sender, _), n| !between(receiver, sender) || n.in_use());
-        }
+        comm.forget_idle((c.local, c.remote));
         Ok(())
     }
 
@@ -481,11 +506,15 @@ impl SimSource {
             return Err(AclError::HCCL_E_PARA);
         }
         let (receiver, sender) = ranks(&c);
+        let home = NotifyHome {
+            comm: Arc::downgrade(&self.comm),
+            ranks: (receiver, sender),
+        };
         let notify = Arc::clone(
             lock(&self.comm)
                 .notifies
                 .entry((receiver, sender, index))
-                .or_default(),
+                .or_insert_with(|| Arc::new(Notify::new(home))),
         );
         s.push(make(notify))
             .then_some(())

@@ -424,8 +424,9 @@ pub struct SimSource {
     /// The simulated communicator: threads, channels and windows (`comm.rs`). Lock order:
     /// `mem` before `comm`, never the other way (a free drops the windows on its block
     /// under both, so no write can reach them once the block is gone); `comm` before
-    /// `streams` (a thread is made for a stream checked under `comm`).
-    comm: Mutex<comm::CommState>,
+    /// `streams` (a thread is made for a stream checked under `comm`). Shared (weakly) with
+    /// the notifications, whose last op forgets them once idle (`comm.rs`).
+    comm: Arc<Mutex<comm::CommState>>,
     /// The fork generation the simulator was made in. A child made by `fork` has neither
     /// the streams' worker threads nor, on hardware, the device context: there, every call
     /// is refused with [`Error::Forked`] and a drop frees nothing ([`crate::fork`]).
@@ -507,7 +508,7 @@ impl SimSource {
             next_handle: AtomicUsize::new(1),
             counters: Mutex::new(Counters::default()),
             faults: Mutex::new(FaultPlan::default()),
-            comm: Mutex::new(comm::CommState::default()),
+            comm: Arc::default(),
             forks: crate::fork::generation(),
             id: NEXT_SIM_ID.fetch_add(1, Ordering::Relaxed),
         })

@@ -15,7 +15,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::comm::Inbound;
+use super::comm::{Inbound, NotifyHome};
 use super::mapping::{copy_bytes, fill_bytes, Mapping};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -111,10 +111,15 @@ impl Op {
             Op::Record { event, seq } => event.complete(seq),
             Op::Wait { event, seq } => event.wait_for(seq),
             Op::Gate(gate) => gate.wait(),
-            Op::NotifyRecord(notify) => notify.record(),
+            Op::NotifyRecord(notify) => {
+                notify.record();
+                notify.done();
+            }
             Op::NotifyWait { notify, timeout } => {
                 let deadline = timeout.map(|t| Instant::now() + t);
-                return notify.wait(deadline, || lock(&shared.queue).closing);
+                let ok = notify.wait(deadline, || lock(&shared.queue).closing);
+                notify.done();
+                return ok;
             }
         }
         true
@@ -122,13 +127,33 @@ impl Op {
 }
 
 /// A notification: records not yet waited for. A record lets exactly one wait through.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct Notify {
     records: Mutex<u64>,
     cv: Condvar,
+    /// Where the communicator keeps it, for the last op done with it to forget it.
+    home: NotifyHome,
 }
 
 impl Notify {
+    /// A notification with no record, kept at `home`.
+    pub(super) fn new(home: NotifyHome) -> Self {
+        Self {
+            records: Mutex::new(0),
+            cv: Condvar::new(),
+            home,
+        }
+    }
+
+    /// An op's hold on it ends: once idle, it is forgotten if no channel joins its ranks
+    /// (a release while the op held it kept it, and may have been the last one).
+    fn done(self: Arc<Self>) {
+        let home = self.home.clone();
+        // Let go first: the look that follows counts the holds left.
+        drop(self);
+        home.forget_idle();
+    }
+
     /// Whether a queued op holds it (a [`Notify`] is shared through an `Arc`, the map's
     /// one aside) or a record waits to be taken: forgetting it then would lose an order.
     pub(super) fn in_use(self: &Arc<Self>) -> bool {
