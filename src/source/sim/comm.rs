@@ -510,14 +510,53 @@ impl SimSource {
             comm: Arc::downgrade(&self.comm),
             ranks: (receiver, sender),
         };
+        // One scope from the re-check to the queued op holding the notification: a release
+        // since the first look finds the channel gone here, and one after finds the
+        // notification held; neither leaves it made for a channel gone, with no op.
+        let mut comm = lock(&self.comm);
+        if !comm.channels.contains_key(&channel.0) {
+            return Err(AclError::HCCL_E_NOT_FOUND);
+        }
         let notify = Arc::clone(
-            lock(&self.comm)
-                .notifies
+            comm.notifies
                 .entry((receiver, sender, index))
                 .or_insert_with(|| Arc::new(Notify::new(home))),
         );
+        // Under `comm` (lock order: `comm`, then a stream's queue).
         s.push(make(notify))
             .then_some(())
             .ok_or(AclError::HCCL_E_NOT_FOUND)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::source::sim::SimConfig;
+    use crate::source::BlockSource;
+
+    /// A release of the channel and a destroy of the thread's stream while a notification
+    /// call is between its checks and its queueing (`ranks` runs there) leave no
+    /// notification behind: the call is refused and the communicator holds nothing (it
+    /// used to make the notification for the channel gone, and keep it for good).
+    #[test]
+    fn a_channel_released_during_a_notification_call_leaves_no_notification() {
+        let sim = SimSource::new(SimConfig::default().with_devices(2)).unwrap();
+        let stream = sim.create_stream(0).unwrap();
+        let thread = sim.acquire_comm_thread(stream).unwrap();
+        let channel = sim.acquire_channel(0, 1).unwrap();
+        let queued = sim.queue_notify(
+            thread,
+            channel,
+            0,
+            |c| {
+                sim.release_channel(channel).unwrap();
+                sim.destroy_stream(stream).unwrap();
+                (c.remote, c.local)
+            },
+            Op::NotifyRecord,
+        );
+        assert_eq!(queued, Err(AclError::HCCL_E_NOT_FOUND));
+        assert_eq!(sim.comm_entries(), (0, 0, 0), "a notification was left");
     }
 }

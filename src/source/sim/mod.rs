@@ -424,8 +424,9 @@ pub struct SimSource {
     /// The simulated communicator: threads, channels and windows (`comm.rs`). Lock order:
     /// `mem` before `comm`, never the other way (a free drops the windows on its block
     /// under both, so no write can reach them once the block is gone); `comm` before
-    /// `streams` (a thread is made for a stream checked under `comm`). Shared (weakly) with
-    /// the notifications, whose last op forgets them once idle (`comm.rs`).
+    /// `streams` and a stream's queue (a thread is made for a stream checked under `comm`,
+    /// a notification op queued under it). Shared (weakly) with the notifications, whose
+    /// last op forgets them once idle, from a stream's worker holding no lock (`comm.rs`).
     comm: Arc<Mutex<comm::CommState>>,
     /// The fork generation the simulator was made in. A child made by `fork` has neither
     /// the streams' worker threads nor, on hardware, the device context: there, every call
