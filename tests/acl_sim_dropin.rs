@@ -108,6 +108,34 @@ fn simulator_errors_arrive_as_typed_runtime_errors() {
 }
 
 /// The drop-in's functions, raw: for calls below `AclSource`'s own checks.
+/// `aclrtMemcpy`, then `aclrtMemcpyAsync` on `stream`, of `n` bytes from `src` to `dst` with
+/// `kind`, each expected to answer `want`; the stream is synchronized before the next
+/// synchronous copy touches the same bytes (the runtime orders neither after the other, and
+/// ThreadSanitizer saw the two copies race).
+///
+/// # Safety
+/// `dst` and `src` each lie in a live block of at least `n` bytes of the drop-in, or the
+/// copy is refused before it touches them; `stream` is a live stream of the drop-in.
+unsafe fn copy_both_ways(
+    api: &sys::AclApi,
+    (dst, src, n): (*mut std::ffi::c_void, *const std::ffi::c_void, usize),
+    kind: sys::aclrtMemcpyKind,
+    stream: sys::aclrtStream,
+    want: sys::aclError,
+) {
+    let memcpy = api.aclrtMemcpy.as_ref().unwrap();
+    let memcpy_async = api.aclrtMemcpyAsync.as_ref().unwrap();
+    let sync = api.aclrtSynchronizeStream.as_ref().unwrap();
+    assert_eq!(
+        memcpy(dst, n, src, n, kind),
+        want,
+        "aclrtMemcpy kind {kind}"
+    );
+    let queued = memcpy_async(dst, n, src, n, kind, stream);
+    assert_eq!(queued, want, "aclrtMemcpyAsync kind {kind}");
+    assert_eq!(sync(stream), 0);
+}
+
 fn raw_api() -> sys::AclApi {
     // SAFETY: the drop-in's initialisers have no preconditions.
     let lib = unsafe { libloading::Library::new(dropin()) }.unwrap();
@@ -514,16 +542,13 @@ fn inner_and_inter_device_copies_check_the_devices_of_both_sides() {
     // ACL_MEMCPY_INTER_DEVICE_TO_DEVICE (7) one between two: both used to be taken as plain
     // device-to-device copies, whatever devices the two sides were on.
     let api = raw_api();
-    let (set, malloc, free, memcpy, memcpy_async) = (
+    let (set, malloc, free) = (
         api.aclrtSetDevice.as_ref().unwrap(),
         api.aclrtMalloc.as_ref().unwrap(),
         api.aclrtFree.as_ref().unwrap(),
-        api.aclrtMemcpy.as_ref().unwrap(),
-        api.aclrtMemcpyAsync.as_ref().unwrap(),
     );
-    let (create, sync, destroy) = (
+    let (create, destroy) = (
         api.aclrtCreateStream.as_ref().unwrap(),
-        api.aclrtSynchronizeStream.as_ref().unwrap(),
         api.aclrtDestroyStream.as_ref().unwrap(),
     );
     let (inner, inter) = (
@@ -558,17 +583,7 @@ fn inner_and_inter_device_copies_check_the_devices_of_both_sides() {
             (a, host.as_ptr().cast_mut().cast(), inner, bad),
             (a, host.as_ptr().cast_mut().cast(), inter, bad),
         ] {
-            let src = src.cast_const();
-            assert_eq!(
-                memcpy(dst, n, src, n, kind),
-                want,
-                "aclrtMemcpy kind {kind}"
-            );
-            let queued = memcpy_async(dst, n, src, n, kind, stream);
-            assert_eq!(queued, want, "aclrtMemcpyAsync kind {kind}");
-            // Before the next synchronous copy touches the same bytes: the runtime orders
-            // neither after the other (ThreadSanitizer saw the two copies race).
-            assert_eq!(sync(stream), 0);
+            copy_both_ways(&api, (dst, src.cast_const(), n), kind, stream, want);
         }
         assert_eq!(destroy(stream), 0);
         for p in [a, b, on1] {
@@ -739,16 +754,13 @@ fn a_device_to_device_copy_between_two_devices_needs_peer_access() {
     // aclrtDeviceEnablePeerAccess has been called, which the drop-in does not simulate: the
     // pool refuses such a pair (ForeignHandle), the drop-in took it.
     let api = raw_api();
-    let (set, malloc, free, memcpy, memcpy_async) = (
+    let (set, malloc, free) = (
         api.aclrtSetDevice.as_ref().unwrap(),
         api.aclrtMalloc.as_ref().unwrap(),
         api.aclrtFree.as_ref().unwrap(),
-        api.aclrtMemcpy.as_ref().unwrap(),
-        api.aclrtMemcpyAsync.as_ref().unwrap(),
     );
-    let (create, sync, destroy) = (
+    let (create, destroy) = (
         api.aclrtCreateStream.as_ref().unwrap(),
-        api.aclrtSynchronizeStream.as_ref().unwrap(),
         api.aclrtDestroyStream.as_ref().unwrap(),
     );
     let bad = sys::ACL_ERROR_INVALID_PARAM;
@@ -770,15 +782,7 @@ fn a_device_to_device_copy_between_two_devices_needs_peer_access() {
         assert_eq!(create(&mut stream), 0);
         for kind in [sys::ACL_MEMCPY_DEVICE_TO_DEVICE, sys::ACL_MEMCPY_DEFAULT] {
             for (dst, src, want) in [(a, b, 0), (on1, a, bad), (a, on1, bad)] {
-                let src = src.cast_const();
-                assert_eq!(
-                    memcpy(dst, n, src, n, kind),
-                    want,
-                    "aclrtMemcpy kind {kind}"
-                );
-                let queued = memcpy_async(dst, n, src, n, kind, stream);
-                assert_eq!(queued, want, "aclrtMemcpyAsync kind {kind}");
-                assert_eq!(sync(stream), 0);
+                copy_both_ways(&api, (dst, src.cast_const(), n), kind, stream, want);
             }
         }
         assert_eq!(destroy(stream), 0);
