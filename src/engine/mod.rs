@@ -165,9 +165,12 @@ pub struct EngineConfig {
     /// The range tier.
     pub range: RangeTier,
     /// Largest footprint served by slabs (a multiple of 64, rounded down if not; 0 turns
-    /// slabs off; at most [`slab::MAX_SLAB_FOOTPRINT`]). 128 KiB by default: bitstream
+    /// slabs off; at most [`slab::MAX_SLAB_FOOTPRINT`]). 176 KiB by default: bitstream
     /// packets, activations and other sizes that vary take an O(1) slab object and leave
-    /// the range tier to frames and blocks that recur (see [`slab`] for the classes).
+    /// the range tier to frames and blocks that recur (see [`slab`] for the classes). Past
+    /// 176 KiB a class's four-object page costs more than it saves (random-mix utilization
+    /// 0.880 at 176 KiB, 0.877 at 128, 0.875 at 192, 0.865 at 256; `docs/benchmarks.md`,
+    /// session 80).
     pub slab_max: u64,
 }
 
@@ -175,7 +178,7 @@ impl Default for EngineConfig {
     fn default() -> Self {
         Self {
             range: RangeTier::Tlsf,
-            slab_max: 128 << 10,
+            slab_max: 176 << 10,
         }
     }
 }
