@@ -257,6 +257,52 @@ fn vmm_calls_follow_the_documented_rules() {
     assert_eq!(memory_objects(), objects);
 }
 
+/// A run of mappings may join physical memory of two devices. A device copy touching such a
+/// run crosses devices, which the runtime does only once peer access is enabled (never, in
+/// the simulator): it is refused even into memory of one of the two, while a copy within one
+/// mapping, or out to the host, runs. The simulator copied across devices.
+#[test]
+fn a_device_copy_over_mappings_of_two_devices_is_refused() {
+    let _g = serial();
+    let config = SimConfig::default()
+        .with_devices(2)
+        .with_device_capacity(64 * MIB);
+    let sim = SimSource::new(config).unwrap();
+    // Flags 1: a range for the huge pages `malloc_physical` gives.
+    let va = sim.reserve_mem_address(2 * G, 0, 0, 1).unwrap();
+    let (p0, p1) = (
+        sim.malloc_physical(0, G).unwrap(),
+        sim.malloc_physical(1, G).unwrap(),
+    );
+    sim.map_mem(va, G, 0, p0, 0).unwrap();
+    sim.map_mem(va + G as usize, G, 0, p1, 0).unwrap();
+    let on0 = sim.alloc_block(0, MemKind::DEVICE, 2 * G).unwrap();
+    let refused = ("aclrtMemcpy", AclError::INVALID_PARAM);
+    let mut back = vec![0u8; 2 * G as usize];
+    // SAFETY: every device range lies in the block or the two mappings, used by nothing
+    // else; `back` holds `2 * G` bytes.
+    unsafe {
+        for kind in [MemcpyKind::DeviceToDevice, MemcpyKind::Default] {
+            assert_eq!(code(sim.memcpy(on0.addr, 2 * G, va, 2 * G, kind)), refused);
+            assert_eq!(code(sim.memcpy(va, 2 * G, on0.addr, 2 * G, kind)), refused);
+            let on1 = va + G as usize;
+            assert_eq!(code(sim.memcpy(on0.addr, G, on1, G, kind)), refused);
+            sim.memcpy(on0.addr, G, va, G, kind).unwrap();
+        }
+        let to_host = MemcpyKind::DeviceToHost;
+        sim.memcpy(back.as_mut_ptr() as usize, 2 * G, va, 2 * G, to_host)
+            .unwrap();
+    }
+    sim.free_block(on0).unwrap();
+    sim.unmap_mem(va).unwrap();
+    sim.unmap_mem(va + G as usize).unwrap();
+    sim.free_physical(p0).unwrap();
+    sim.free_physical(p1).unwrap();
+    sim.release_mem_address(va).unwrap();
+    let s = sim.stats();
+    assert_eq!((s.reservations, s.physical_handles, s.mappings), (0, 0, 0));
+}
+
 /// A reservation's flags name the pages mapped into it: normal-page memory goes only into
 /// a range reserved with flags 0, huge-page memory only into one with flags 1, and memory
 /// of both kinds (`ACL_HBM_MEM`) into either.

@@ -157,6 +157,10 @@ pub trait BlockSource: Send + Sync + std::fmt::Debug {
 
     /// Copies `count` bytes from `src` to `dst` and waits for the copy (`aclrtMemcpy`).
     ///
+    /// Between device memory of two devices the runtime copies only once peer access is
+    /// enabled between them, which no source here does: the simulator and its drop-in refuse
+    /// such a pair with `ACL_ERROR_INVALID_PARAM`, and so does `memcpy_async`.
+    ///
     /// # Safety
     /// `dst` must be valid for `dst_max` bytes and `src` for `count` bytes in the memory
     /// `kind` names, and the ranges must not be in use by anything else during the copy.

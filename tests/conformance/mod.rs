@@ -257,6 +257,62 @@ macro_rules! conformance_suite {
             assert!(a.leak_report().is_empty() && b.leak_report().is_empty());
         }
 
+        /// Below any pool, the source itself: a device-to-device copy (or one of kind
+        /// `Default` between device memory) between blocks of two devices is refused with
+        /// `ACL_ERROR_INVALID_PARAM`, synchronous or queued, and touches neither block: the
+        /// runtime copies across devices only once peer access is enabled, which no source
+        /// does. The same copies within one device run. The simulator copied such a pair.
+        #[test]
+        fn the_source_refuses_device_copies_between_two_devices() {
+            let src = source(256 << 20);
+            if src.only_device().is_some() {
+                return;
+            }
+            let n = 4096u64;
+            let [a, b] = [0, 0].map(|_| src.alloc_block(0, MemKind::DEVICE, n).unwrap());
+            let on1 = src.alloc_block(1, MemKind::DEVICE, n).unwrap();
+            let dvpp1 = src.alloc_block(1, MemKind::Dvpp, n).unwrap();
+            let s = src.create_stream(0).unwrap();
+            let refused = |r: ascend_pool::Result<()>| {
+                matches!(r, Err(Error::Runtime { code, .. }) if code == ascend_pool::AclError::INVALID_PARAM)
+            };
+            let read = |block: ascend_pool::source::Block| {
+                let mut back = vec![0u8; n as usize];
+                // SAFETY: `back` holds `n` bytes; `block` is a live block of `n` bytes that
+                // no stream writes any more.
+                unsafe {
+                    src.memcpy(back.as_mut_ptr() as usize, n, block.addr, n, MemcpyKind::DeviceToHost)
+                        .unwrap();
+                }
+                back
+            };
+            // SAFETY: every range is a live block of `n` bytes of this source, used by
+            // nothing else; the stream is synchronized before the blocks are read or freed.
+            unsafe {
+                for (block, value) in [(a, 1), (b, 0), (on1, 2), (dvpp1, 3)] {
+                    src.memset(block.addr, n, value, n).unwrap();
+                }
+                for kind in [MemcpyKind::DeviceToDevice, MemcpyKind::Default] {
+                    for (dst, from) in [(on1, a), (a, on1), (dvpp1, a), (a, dvpp1)] {
+                        let r = src.memcpy(dst.addr, n, from.addr, n, kind);
+                        assert!(refused(r), "{kind:?} {:?} <- {:?}", dst.device, from.device);
+                        let r = src.memcpy_async(dst.addr, n, from.addr, n, kind, s);
+                        assert!(refused(r), "async {kind:?} {:?} <- {:?}", dst.device, from.device);
+                    }
+                    src.memcpy(b.addr, n, a.addr, n, kind).unwrap();
+                    src.memcpy_async(b.addr, n, a.addr, n, kind, s).unwrap();
+                    src.synchronize_stream(s).unwrap();
+                }
+            }
+            for (block, value) in [(a, 1), (b, 1), (on1, 2), (dvpp1, 3)] {
+                assert!(read(block).iter().all(|&x| x == value), "{block:?} holds {value}");
+            }
+            src.destroy_stream(s).unwrap();
+            for block in [a, b, on1, dvpp1] {
+                src.free_block(block).unwrap();
+            }
+        }
+
         #[test]
         fn exhaustion_trims_retries_then_reports() {
             let pool = pool_with(256 << 20, PoolConfig::default().with_chunk_size(32 << 20));

@@ -19,7 +19,10 @@
 //! - **Copies and fills** move real bytes. Device-side addresses must lie, with the whole
 //!   range, inside a live block of this source; a host-side address in a block of this
 //!   source must be pinned host memory, with the whole range inside it (other host-side
-//!   addresses cannot be checked and are accepted); `count > dst_max` is refused; an asynchronous copy of any kind
+//!   addresses cannot be checked and are accepted); `count > dst_max` is refused; so is a
+//!   copy between device memory of two devices (`ACL_MEMCPY_DEVICE_TO_DEVICE`, or
+//!   `ACL_MEMCPY_DEFAULT` with both sides device memory), which the runtime makes only once
+//!   peer access is enabled between them (not simulated); an asynchronous copy of any kind
 //!   needs 64-aligned `src` and `dst` (`ACL_ERROR_RT_ADDR_UNALIGNED`, 107008), and none
 //!   runs within the host.
 //! - **Virtual memory** (`vmm.rs`): reservations are real address-space reservations,
@@ -39,7 +42,7 @@
 //!
 //! | situation | code |
 //! |---|---|
-//! | size 0, `count > dst_max`, a device range outside every live block, a host-side address in device memory or a range past the end of the pinned block it starts in, a null address | `ACL_ERROR_INVALID_PARAM` (100000) |
+//! | size 0, `count > dst_max`, a device range outside every live block, a host-side address in device memory or a range past the end of the pinned block it starts in, a null address, a copy between device memory of two devices (no peer access) | `ACL_ERROR_INVALID_PARAM` (100000) |
 //! | device id out of range (for host memory too); recording an event on a stream of another device | `ACL_ERROR_RT_PARAM_INVALID` (107000) |
 //! | device, DVPP or host capacity exceeded (or the host refuses the mapping) | `ACL_ERROR_RT_MEMORY_ALLOCATION` (207001) |
 //! | free of an unknown address, a double free, or the wrong free function (`aclrtFree` on DVPP memory, or on the data of a shared buffer) | `ACL_ERROR_RT_MEMORY_FREE` (207002) |
@@ -289,21 +292,22 @@ impl MemState {
 
     /// Checks that `addr..addr + count` lies in a live block (of device memory when
     /// `device`), or in virtual-memory mappings that follow each other without a gap;
-    /// adds the mappings it touches to `keep`.
+    /// adds the mappings it touches to `keep`. Answers the device all of it is on, or `None`
+    /// for a run of mappings that joins memory of several devices.
     fn range(
         &self,
         addr: usize,
         count: u64,
         device: bool,
         keep: &mut Vec<Arc<Mapping>>,
-    ) -> Result<(), AclError> {
+    ) -> Result<Option<DeviceId>, AclError> {
         let rec = self.block_containing(addr).ok_or(AclError::INVALID_PARAM)?;
         if device && !rec.kind.is_device() {
             return Err(AclError::INVALID_PARAM);
         }
         if rec.covers(addr, count) {
             keep.push(Arc::clone(&rec.mapping));
-            return Ok(());
+            return Ok(Some(rec.device));
         }
         let end = (addr as u64)
             .checked_add(count)
@@ -313,11 +317,13 @@ impl MemState {
         }
         let first = keep.len();
         keep.push(Arc::clone(&rec.mapping));
+        let mut on = Some(rec.device);
         let mut at = rec.start() + rec.mapping.len();
         while (at as u64) < end {
             match self.blocks.get(&at) {
                 Some(next) if next.vmm => {
                     keep.push(Arc::clone(&next.mapping));
+                    on = on.filter(|&d| d == next.device);
                     at += next.mapping.len();
                 }
                 _ => {
@@ -326,7 +332,7 @@ impl MemState {
                 }
             }
         }
-        Ok(())
+        Ok(on)
     }
 
     /// Whether every block `addr..addr + count` touches is memory of `device`: a run of
@@ -934,9 +940,11 @@ impl SimSource {
             return Err(AclError::RT_FEATURE_NOT_SUPPORT);
         }
         let mut keep = Vec::with_capacity(2);
-        for (addr, on_device) in [(dst, dst_dev), (src, src_dev)] {
+        // For each device side, the device it is on (`None`: several, see `range`).
+        let mut devices = [None; 2];
+        for (on, (addr, on_device)) in devices.iter_mut().zip([(dst, dst_dev), (src, src_dev)]) {
             if on_device {
-                mem.range(addr, count, true, &mut keep)?;
+                *on = Some(mem.range(addr, count, true, &mut keep)?);
             } else if let Some(rec) = mem.block_containing(addr) {
                 // Host side in a block of ours: device memory named as host memory is the
                 // wrong kind, and pinned memory has an end we know (past it the copy would
@@ -945,6 +953,13 @@ impl SimSource {
                     return Err(AclError::INVALID_PARAM);
                 }
                 keep.push(Arc::clone(&rec.mapping));
+            }
+        }
+        // Between device memory the runtime copies within one device, and across two only
+        // once peer access is enabled between them, which is not simulated.
+        if let [Some(to), Some(from)] = devices {
+            if to.is_none() || to != from {
+                return Err(AclError::INVALID_PARAM);
             }
         }
         // aclrtMemcpyAsync wants both addresses 64-aligned, whatever the kind.
