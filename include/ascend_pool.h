@@ -191,9 +191,11 @@ ap_status ap_pool_destroy(ap_pool pool, uint64_t *freed_regions);
 ap_status ap_pool_stats(ap_pool pool, ap_kind kind, ap_stats *out);
 /* Checks every invariant of every chunk; AP_ERR_INVALID_STATE names the first broken one. */
 ap_status ap_pool_validate(ap_pool pool);
-/* Gives empty chunks back to the source; *released (may be NULL) gets the bytes. */
+/* Gives empty chunks back to the source; *released (may be NULL) gets the bytes. First
+ * destroys the streams ap_stream_destroy had to keep (see there) that have run their work. */
 ap_status ap_pool_trim(ap_pool pool, uint64_t *released);
-/* Waits until every free waiting on a stream has completed. */
+/* Waits until every free waiting on a stream has completed. First waits for the streams
+ * ap_stream_destroy had to keep (see there) and destroys them once the runtime answers. */
 ap_status ap_pool_synchronize(ap_pool pool);
 /* Lowers every kind's peaks to its current figures: the peaks ap_pool_stats reads afterwards
  * are those of what ran since. */
@@ -251,7 +253,10 @@ ap_status ap_memset(ap_pool pool, ap_region dst, uint64_t offset, uint8_t value,
 
 ap_status ap_stream_create(ap_pool pool, ap_stream *out);
 ap_status ap_stream_synchronize(ap_pool pool, ap_stream stream);
-/* Waits for the stream's work, then destroys it. */
+/* Waits for the stream's work, then destroys it; the handle goes even when the wait fails (the
+ * runtime's error is returned). A stream the runtime will not wait for when it is destroyed is
+ * kept instead, not destroyed under work it may still run: ap_pool_synchronize and
+ * ap_pool_trim destroy it later. */
 ap_status ap_stream_destroy(ap_pool pool, ap_stream stream);
 /* Work queued on `stream` after this call runs after the work queued on `other` before it;
  * returns at once (with 8 such waits of `stream` still queued, it first waits for `stream`

@@ -12,7 +12,9 @@
 //!   and dropping it (or a region of its pool) only forgets it: nothing is freed or waited
 //!   for. What the child makes itself works as in any process.
 //! - **The process-wide table of exported memory is consistent in the child**: the forking
-//!   thread holds its lock across the fork.
+//!   thread holds its lock across the fork, and the lock of the list of streams kept at
+//!   their drop ([`retry_kept_streams`](crate::region::retry_kept_streams)) too; the child
+//!   retries none of its parent's kept streams.
 //!
 //! The handlers are registered with `pthread_atfork` the first time anything records a
 //! generation, so before anything a child could inherit exists.
@@ -77,6 +79,8 @@ pub fn watch() {
 // outside Miri, which has no `fork`.
 #[cfg_attr(any(not(unix), miri), allow(dead_code))]
 extern "C" fn prepare() {
+    // Independent of the others: nothing takes another lock while holding it.
+    crate::region::hold_for_fork();
     crate::share::hold_for_fork();
     crate::source::sim::hold_for_fork();
 }
@@ -85,6 +89,7 @@ extern "C" fn prepare() {
 extern "C" fn parent() {
     crate::source::sim::release_after_fork(false);
     crate::share::release_after_fork();
+    crate::region::release_after_fork(false);
 }
 
 #[cfg_attr(any(not(unix), miri), allow(dead_code))]
@@ -92,6 +97,7 @@ extern "C" fn child() {
     FORKS.fetch_add(1, Ordering::Relaxed);
     crate::source::sim::release_after_fork(true);
     crate::share::release_after_fork();
+    crate::region::release_after_fork(true);
     // This thread's last-used thread cache is its parent pool's: forget it, so that the
     // next allocation or free looks again and meets the generation check.
     crate::pool::forget_last_cache();

@@ -30,8 +30,10 @@ use crate::kind::MemKind;
 use crate::pool::{Owner, Pool, PoolInner, RawSegment};
 use crate::source::{BlockSource, DeviceId, EventHandle, MemcpyKind, StreamHandle};
 use smallvec::SmallVec;
+use std::cell::RefCell;
 use std::marker::PhantomData;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError, Weak};
 
 /// Keeps [`Region`] to this crate's types: the pool's unsafe copies trust what a region says
 /// about its address and length.
@@ -367,15 +369,24 @@ impl HostRegion {
 }
 
 /// A stream of the pool's source; destroyed (after its work has run) on drop.
+///
+/// When the runtime will not wait for it then (or will not destroy it), the stream is kept
+/// instead, its handle live at the runtime and its work maybe still queued: the regions
+/// whose work it may still run keep waiting for it. A later retry destroys it once the
+/// runtime waits for it again: [`Pool::synchronize`] (which waits for it), [`Pool::trim`]
+/// (once it has run its work), or [`retry_kept_streams`].
 #[derive(Debug)]
 pub struct Stream {
     source: Arc<dyn BlockSource>,
     handle: StreamHandle,
     /// The device it was created on: only pools of that device queue work on it.
     device: DeviceId,
+    /// The fork generation it was made in ([`crate::fork`]).
+    made_in: u64,
     /// Dropped with the stream, after its work has run: segments that noted the stream hold
-    /// a `Weak` of it, and forget the stream once it is gone. Kept alive for good when the
-    /// runtime refuses to destroy the stream (its work may still run).
+    /// a `Weak` of it, and forget the stream once it is gone. Kept alive, with the stream,
+    /// when the runtime refuses to wait for or destroy the stream at the drop (its work may
+    /// still run), until a retry destroys it ([`retry_kept_streams`]).
     alive: Arc<()>,
     /// The events [`wait_for`](Self::wait_for) has this stream wait on, all of this
     /// stream's device.
@@ -519,22 +530,332 @@ impl Stream {
     }
 }
 
-/// Tokens of streams the runtime would not destroy: such a stream lives on, its work maybe
-/// still queued, so the segments that noted it keep waiting for it (its token never dies).
-/// Held here rather than leaked, so a leak checker finds them reachable; it grows only by a
-/// failed `aclrtDestroyStream`, or a stream not destroyed since it could not be waited for.
-static UNDESTROYED: Mutex<Vec<Arc<()>>> = Mutex::new(Vec::new());
+/// A stream the runtime would not synchronize (or destroy) when its [`Stream`] dropped: its
+/// handle lives on at the runtime, its work maybe still queued, so the segments that noted
+/// it keep waiting for it (its token lives). A retry ([`retry_kept_streams`],
+/// [`Pool::synchronize`], [`Pool::trim`]) destroys it once the runtime waits for it.
+#[derive(Debug)]
+struct KeptStream {
+    /// Held, as the [`Stream`] held it, until the stream is destroyed: it is the one way to
+    /// reach the handle (a source layered on a runtime, such as a `VmmSource` over the
+    /// simulator, leaves the handle live at the runtime when it drops), and its drop would
+    /// tear down what the stream's work may still use (the simulator and `AclSource` destroy
+    /// the streams they still have, `AclSource` and `VmmSource` free or unmap memory). No
+    /// cycle: a source holds nothing of the list. So a source with a kept stream lives on
+    /// (reachable, for a leak checker) until a retry destroys the stream.
+    source: Arc<dyn BlockSource>,
+    handle: StreamHandle,
+    device: DeviceId,
+    /// The fork generation the stream was made in: a child never calls the runtime for its
+    /// parent's streams (they are not its to wait for or destroy).
+    made_in: u64,
+    /// The [`Stream`]'s token, dropped once the stream is destroyed: the segments that noted
+    /// the stream forget it then, and the pool's frees and host accesses stop waiting for it.
+    alive: Arc<()>,
+    /// The stream's wait events ([`Stream::wait_for`]) a wait still queued on it may name:
+    /// destroyed once the stream has been waited for.
+    events: SmallVec<[EventHandle; 4]>,
+    /// An event [`Retry::Poll`] recorded on the stream, to learn without waiting whether it
+    /// has run its work; recorded once, so a stream that never runs does not pile up records.
+    probe: Option<EventHandle>,
+    /// Taken by a retry, which calls the runtime without the list's lock: another retry
+    /// leaves the entry alone meanwhile.
+    busy: bool,
+    /// Names the entry across the retry's two turns under the lock.
+    id: u64,
+}
 
-/// Streams kept so far in this process, each with its handle still live at the runtime
-/// (counted even when its token was leaked rather than held in `UNDESTROYED`).
-static KEPT_STREAMS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+/// The kept streams. Held here rather than leaked, so a leak checker finds them reachable;
+/// an entry comes with a failed `aclrtSynchronizeStream` or `aclrtDestroyStream` at a
+/// [`Stream`]'s drop, and goes once a retry has destroyed the stream (or found its handle
+/// gone at the runtime).
+///
+/// The lock is held only to read or change the list, never across a runtime call nor while
+/// a source drops (a retry
+/// takes its entries out, marked busy, and settles them under the lock again), so a retry
+/// waiting for a stream never holds up another thread's drop. The fork handlers hold it
+/// across a `fork` ([`hold_for_fork`]), so a child does not inherit it locked.
+static UNDESTROYED: Mutex<Vec<KeptStream>> = Mutex::new(Vec::new());
 
-/// How many `Stream`s this process has kept instead of destroying, since the runtime would
-/// not synchronize or destroy them: a leak check that counts the runtime's live streams
-/// allows these.
+/// Entries of [`UNDESTROYED`], so a retry with none to do takes no lock (updated under it).
+static LISTED: AtomicUsize = AtomicUsize::new(0);
+
+/// Kept streams whose token was leaked instead of listed: in a child made by `fork` that
+/// found the list locked (the fork handlers did not hold it across the fork), where a drop
+/// must not wait for a lock a thread of the parent may hold for good. Never retried.
+static LEAKED: AtomicUsize = AtomicUsize::new(0);
+
+/// Ids of [`KeptStream`]s.
+static NEXT_KEPT_ID: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    /// The list's lock, taken by [`hold_for_fork`] for the same thread to let go.
+    static HELD_FOR_FORK: RefCell<Option<MutexGuard<'static, Vec<KeptStream>>>> =
+        const { RefCell::new(None) };
+}
+
+/// The fork generation in which [`UNDESTROYED`]'s lock is known to be held by none but this
+/// process's threads: the one that registered the fork handlers (0), or a child whose
+/// parent held the lock across the fork ([`hold_for_fork`]). Written only by
+/// [`release_after_fork`] in a child, while it has one thread.
+static LIST_OURS_IN: AtomicU64 = AtomicU64::new(0);
+
+/// Takes the kept streams' lock just before a fork, so that the child does not inherit it
+/// held by a thread it does not have. The child keeps its parent's entries, never retried
+/// there (see [`KeptStream::made_in`]).
+pub(crate) fn hold_for_fork() {
+    let guard = UNDESTROYED.lock().unwrap_or_else(PoisonError::into_inner);
+    // A fork from a thread whose thread-locals are gone: the lock goes back at once, and
+    // the child only tries it (see `kept_list`).
+    let _ = HELD_FOR_FORK.try_with(|h| *h.borrow_mut() = Some(guard));
+}
+
+/// Lets go of the lock [`hold_for_fork`] took, in the parent and in the child (called after
+/// the child's generation has been counted).
+pub(crate) fn release_after_fork(in_child: bool) {
+    let _ = HELD_FOR_FORK.try_with(|h| {
+        if h.borrow_mut().take().is_some() && in_child {
+            // Relaxed: the child has one thread.
+            LIST_OURS_IN.store(crate::fork::generation(), Ordering::Relaxed);
+        }
+    });
+}
+
+/// The kept streams' list, locked. Nothing holds the lock long (see [`UNDESTROYED`]), so a
+/// process waits for it, unless it is a child made by `fork` whose parent could not hold it
+/// across the fork: there a thread of the parent may hold it for good, and `None` says the
+/// lock was taken.
+fn kept_list() -> Option<MutexGuard<'static, Vec<KeptStream>>> {
+    if crate::fork::generation() == LIST_OURS_IN.load(Ordering::Relaxed) {
+        return Some(UNDESTROYED.lock().unwrap_or_else(PoisonError::into_inner));
+    }
+    match UNDESTROYED.try_lock() {
+        Ok(list) => Some(list),
+        Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
+        Err(TryLockError::WouldBlock) => None,
+    }
+}
+
+/// How many [`Stream`]s are kept now: dropped while the runtime would not synchronize or
+/// destroy them, so their handles are still live at the runtime, and not destroyed since by
+/// a retry ([`retry_kept_streams`], [`Pool::synchronize`], [`Pool::trim`]). In a child made
+/// by `fork`, the streams its parent kept before the fork count too (the child never
+/// destroys them).
+///
+/// A leak check that counts the runtime's live streams allows these (see
+/// [`streams_kept_on`] for one source's).
 #[doc(hidden)]
 pub fn streams_kept() -> usize {
-    KEPT_STREAMS.load(std::sync::atomic::Ordering::Relaxed)
+    LISTED.load(Ordering::Acquire) + LEAKED.load(Ordering::Relaxed)
+}
+
+/// How many streams of `source` are kept now (see [`streams_kept`]): the live streams a
+/// leak check of that source allows. `source` is the one the streams' pool was made over: a
+/// pool over a `VmmSource` keeps its streams on that, not on the runtime below it. Streams
+/// whose token was leaked (in a child made by `fork` that found the list locked) are not
+/// counted, nor is anything while such a child finds the list locked.
+///
+/// ```
+/// use ascend_pool::region::streams_kept_on;
+/// use ascend_pool::source::sim::SimSource;
+/// assert_eq!(streams_kept_on(&SimSource::default()), 0);
+/// ```
+#[doc(hidden)]
+pub fn streams_kept_on(source: &dyn BlockSource) -> usize {
+    if LISTED.load(Ordering::Acquire) == 0 {
+        return 0;
+    }
+    kept_list().map_or(0, |list| {
+        list.iter()
+            .filter(|k| std::ptr::addr_eq(Arc::as_ptr(&k.source), source))
+            .count()
+    })
+}
+
+/// Tries again to destroy every kept [`Stream`] (see [`streams_kept`]): each is waited for
+/// (`aclrtSynchronizeStream`), which blocks until it has run its work; once the runtime
+/// succeeds, its remaining wait events and the stream are destroyed, and the segments that
+/// noted it stop waiting for it, so the frees deferred behind it complete by the pool's
+/// usual paths (at once, or at the next [`Pool::synchronize`] or [`Pool::trim`]). A stream
+/// the runtime still refuses stays kept, for a later retry; one whose handle the runtime no
+/// longer knows is taken as destroyed. Returns how many were destroyed (or found gone at the
+/// runtime).
+///
+/// A kept stream holds its source, as its `Stream` did: a source lives on, though every
+/// handle of the application's has gone, until its kept streams are destroyed (and the last
+/// handle of a source may go in this call, which then drops it).
+///
+/// Streams another thread is retrying meanwhile are left to it. In a child made by `fork`,
+/// the parent's kept streams are left alone: they are not the child's to wait for.
+///
+/// [`Pool::synchronize`] retries the kept streams of its source and device the same way, and
+/// [`Pool::trim`] those of them that have run their work, without waiting.
+///
+/// ```
+/// use ascend_pool::region::{retry_kept_streams, streams_kept_on};
+/// use ascend_pool::source::sim::{AclFunc, Fault, SimSource};
+/// use ascend_pool::{AclError, Pool, PoolConfig};
+/// use std::sync::Arc;
+///
+/// let sim = Arc::new(SimSource::default());
+/// let pool = Pool::new(sim.clone(), PoolConfig::default())?;
+/// let stream = pool.create_stream()?;
+/// // The runtime refuses the wait at the drop: the stream is kept, not destroyed.
+/// sim.inject_fault(Fault::next(AclFunc::SynchronizeStream, AclError::RT_FAILURE, 1));
+/// drop(stream);
+/// assert_eq!((streams_kept_on(&*sim), sim.stats().live_streams), (1, 1));
+/// // It answers again: a retry destroys the stream.
+/// assert!(retry_kept_streams() >= 1);
+/// assert_eq!((streams_kept_on(&*sim), sim.stats().live_streams), (0, 0));
+/// # Ok::<(), ascend_pool::Error>(())
+/// ```
+pub fn retry_kept_streams() -> usize {
+    retry_kept(|_| true, Retry::Wait)
+}
+
+/// Retries the kept streams of `source` on `device` ([`Pool::synchronize`] waits for them,
+/// [`Pool::trim`] polls them); no lock is taken when none is kept.
+#[inline]
+pub(crate) fn retry_kept_on(source: &Arc<dyn BlockSource>, device: DeviceId, how: Retry) -> usize {
+    if LISTED.load(Ordering::Acquire) == 0 {
+        return 0;
+    }
+    retry_kept(
+        |k| k.device == device && Arc::ptr_eq(&k.source, source),
+        how,
+    )
+}
+
+/// How a retry learns that a kept stream has run its work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Retry {
+    /// Waits for it (`aclrtSynchronizeStream`).
+    Wait,
+    /// Asks without waiting: an event recorded on the stream once, queried on each retry;
+    /// the stream is waited for (briefly) only once the event has completed.
+    Poll,
+}
+
+/// A kept stream a retry has taken out of the list (its entry stays, busy).
+struct Retrying {
+    id: u64,
+    source: Arc<dyn BlockSource>,
+    handle: StreamHandle,
+    device: DeviceId,
+    events: SmallVec<[EventHandle; 4]>,
+    probe: Option<EventHandle>,
+    destroyed: bool,
+}
+
+/// The streams one retry has taken: settled back into the list when dropped (after the
+/// runtime calls, or when one of them panics), so no entry stays busy.
+struct RetryBatch(Vec<Retrying>);
+
+impl Drop for RetryBatch {
+    fn drop(&mut self) {
+        if self.0.is_empty() {
+            return;
+        }
+        let mut gone = Vec::new();
+        if let Some(mut list) = kept_list() {
+            for r in &mut self.0 {
+                let Some(i) = list.iter().position(|k| k.id == r.id) else {
+                    continue;
+                };
+                if r.destroyed {
+                    // The token drops after the lock goes: segments may then forget it.
+                    gone.push(list.swap_remove(i));
+                } else {
+                    let k = &mut list[i];
+                    k.events = std::mem::take(&mut r.events);
+                    k.probe = r.probe.take();
+                    k.busy = false;
+                }
+            }
+            LISTED.store(list.len(), Ordering::Release);
+        }
+        drop(gone);
+        // The sources go last, and without the lock: one may be the last handle.
+    }
+}
+
+fn retry_kept(take: impl Fn(&KeptStream) -> bool, how: Retry) -> usize {
+    if LISTED.load(Ordering::Acquire) == 0 {
+        return 0;
+    }
+    let mut batch = RetryBatch(Vec::new());
+    {
+        let Some(mut list) = kept_list() else {
+            return 0;
+        };
+        for k in list.iter_mut() {
+            if k.busy || !crate::fork::ours(k.made_in) || !take(k) {
+                continue;
+            }
+            k.busy = true;
+            batch.0.push(Retrying {
+                id: k.id,
+                source: Arc::clone(&k.source),
+                handle: k.handle,
+                device: k.device,
+                events: std::mem::take(&mut k.events),
+                probe: k.probe.take(),
+                destroyed: false,
+            });
+        }
+    }
+    for r in &mut batch.0 {
+        r.destroyed = r.destroy(how);
+    }
+    batch.0.iter().filter(|r| r.destroyed).count()
+}
+
+impl Retrying {
+    /// Waits for the stream (or finds it has passed its work, for [`Retry::Poll`]), then
+    /// destroys its events and the stream. Returns whether the stream is gone at the runtime.
+    fn destroy(&mut self, how: Retry) -> bool {
+        if how == Retry::Poll && !self.passed() {
+            return false;
+        }
+        let src = &*self.source;
+        match src.synchronize_stream(self.handle) {
+            Ok(()) => {}
+            // Gone already: its handle was destroyed behind the pool's back. What it waited
+            // on is passed for the pool too (`pool::wait_for_stream`).
+            Err(e) if crate::pool::stream_gone(&e) => {}
+            Err(_) => return false,
+        }
+        // Run: no wait queued on the stream names an event any more.
+        for ev in self.events.drain(..).chain(self.probe.take()) {
+            let _ = src.destroy_event(ev);
+        }
+        match src.destroy_stream(self.handle) {
+            Ok(()) => true,
+            Err(e) => crate::pool::stream_gone(&e),
+        }
+    }
+
+    /// Whether the stream has run the work queued on it before its probe event, recording
+    /// the probe if it has none. A failed call says nothing: not yet. A handle the runtime
+    /// no longer knows has nothing left to run.
+    fn passed(&mut self) -> bool {
+        let src = &*self.source;
+        let ev = match self.probe {
+            Some(ev) => ev,
+            None => {
+                let Ok(ev) = src.create_event(self.device) else {
+                    return false;
+                };
+                if let Err(e) = src.record_event(ev, self.handle) {
+                    let _ = src.destroy_event(ev);
+                    return crate::pool::stream_gone(&e);
+                }
+                self.probe = Some(ev);
+                ev
+            }
+        };
+        src.query_event(ev).unwrap_or(false)
+    }
 }
 
 impl Drop for Stream {
@@ -545,7 +866,8 @@ impl Drop for Stream {
         let synced = self.source.synchronize_stream(self.handle).is_ok();
         let w = self.waits.get_mut().unwrap_or_else(|p| p.into_inner());
         // Once the stream has run its work, no wait of it names an event of `queued`; if it
-        // could not be synchronized they are kept (at most `WAIT_EVENTS_MAX`).
+        // could not be synchronized they are kept with the stream (at most
+        // `WAIT_EVENTS_MAX`), for a retry to destroy.
         let done = synced.then(|| std::mem::take(&mut w.queued));
         for ev in w
             .idle
@@ -555,13 +877,30 @@ impl Drop for Stream {
         {
             let _ = self.source.destroy_event(ev);
         }
-        if !synced || self.source.destroy_stream(self.handle).is_err() {
-            KEPT_STREAMS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            match UNDESTROYED.try_lock() {
-                Ok(mut kept) => kept.push(Arc::clone(&self.alive)),
-                // Contended (or, in a child made by `fork`, held for good by a thread of the
-                // parent): the token is leaked instead, which keeps it alive as well.
-                Err(_) => std::mem::forget(Arc::clone(&self.alive)),
+        if synced && self.source.destroy_stream(self.handle).is_ok() {
+            return;
+        }
+        let kept = KeptStream {
+            source: Arc::clone(&self.source),
+            handle: self.handle,
+            device: self.device,
+            made_in: self.made_in,
+            alive: Arc::clone(&self.alive),
+            events: std::mem::take(&mut w.queued),
+            probe: None,
+            busy: false,
+            id: NEXT_KEPT_ID.fetch_add(1, Ordering::Relaxed),
+        };
+        match kept_list() {
+            Some(mut list) => {
+                list.push(kept);
+                LISTED.store(list.len(), Ordering::Release);
+            }
+            // In a child made by `fork`, held for good by a thread of the parent: the
+            // token is leaked instead, which keeps it alive as well (never retried).
+            None => {
+                LEAKED.fetch_add(1, Ordering::Relaxed);
+                std::mem::forget(kept.alive);
             }
         }
     }
@@ -750,6 +1089,7 @@ impl Pool {
             source: Arc::clone(self.source()),
             handle,
             device,
+            made_in: crate::fork::generation(),
             alive: Arc::new(()),
             waits: Mutex::default(),
         })

@@ -12,12 +12,13 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use ascend_pool::region::{retry_kept_streams, streams_kept_on};
 use ascend_pool::share::{Access, SharedMapping};
 use ascend_pool::source::acl::{sys, AclSource};
-use ascend_pool::source::sim::SimSource;
+use ascend_pool::source::sim::{AclFunc, Fault, SimSource};
 use ascend_pool::source::vmm::{VmmConfig, VmmSource};
 use ascend_pool::source::{BlockSource, MemcpyKind};
-use ascend_pool::{Error, MemKind, Pool, PoolConfig, Region};
+use ascend_pool::{AclError, Error, MemKind, Pool, PoolConfig, Region};
 use libloading::Library;
 
 /// Children forked per test.
@@ -144,6 +145,7 @@ fn forked_children() {
     a_child_shares_memory_of_its_own_and_opens_its_parents();
     a_child_refuses_the_runtime_library_its_parent_loaded();
     a_child_does_not_keep_its_parents_imports();
+    a_child_retries_only_its_own_kept_streams();
 }
 
 /// The parent imports memory another simulator exported, forks an idle child, and lets go
@@ -457,4 +459,86 @@ fn a_child_refuses_the_runtime_library_its_parent_loaded() {
     acl.destroy_stream(stream).unwrap();
     acl.free_block(block).unwrap();
     pool.validate().unwrap();
+}
+
+/// A stream the runtime would not synchronize at its drop, kept: its next `n` synchronizes
+/// are refused (`None`: every one, until the faults are cleared).
+fn keep_a_stream(pool: &Pool, sim: &SimSource, n: Option<u64>) -> Result<(), String> {
+    let s = pool.create_stream().map_err(|e| e.to_string())?;
+    let (func, code) = (AclFunc::SynchronizeStream, AclError::RT_FAILURE);
+    sim.inject_fault(n.map_or(Fault::always(func, code), |n| Fault::next(func, code, n)));
+    drop(s);
+    Ok(())
+}
+
+/// Streams kept at their drop (`region::retry_kept_streams`). A child retries none of its
+/// parent's (they are not its to wait for or destroy), and never finds the list of kept
+/// streams locked, though a thread of the parent takes its lock all the time (retrying a
+/// stream the runtime keeps refusing); streams the child keeps itself, it destroys. The
+/// parent's kept streams are the parent's to destroy afterwards.
+fn a_child_retries_only_its_own_kept_streams() {
+    let sim = Arc::new(SimSource::default());
+    let pool = Pool::new(
+        Arc::clone(&sim) as Arc<dyn BlockSource>,
+        PoolConfig::default(),
+    )
+    .unwrap();
+    keep_a_stream(&pool, &sim, Some(1)).unwrap();
+    assert_eq!(streams_kept_on(&*sim), 1);
+    // A stream whose every synchronize is refused, retried all the time.
+    let churn_sim = Arc::new(SimSource::default());
+    let churn_pool = Pool::new(
+        Arc::clone(&churn_sim) as Arc<dyn BlockSource>,
+        PoolConfig::default(),
+    )
+    .unwrap();
+    keep_a_stream(&churn_pool, &churn_sim, None).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let churn = {
+        let (stop, churn_sim) = (Arc::clone(&stop), Arc::clone(&churn_sim));
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                churn_pool.synchronize().unwrap();
+                churn_pool.trim();
+                assert_eq!(streams_kept_on(&*churn_sim), 1);
+            }
+        })
+    };
+    for _ in 0..CHILDREN {
+        in_child(|| {
+            let e = |e: Error| e.to_string();
+            check(
+                "the parent's kept streams listed",
+                streams_kept_on(&*sim) == 1,
+            )?;
+            check("none of the parent's retried", retry_kept_streams() == 0)?;
+            check(
+                "the parent's kept streams still listed",
+                streams_kept_on(&*sim) == 1,
+            )?;
+            let own = Arc::new(SimSource::default());
+            let pool = Pool::new(
+                Arc::clone(&own) as Arc<dyn BlockSource>,
+                PoolConfig::default(),
+            )
+            .map_err(e)?;
+            keep_a_stream(&pool, &own, Some(1))?;
+            check("its own stream kept", streams_kept_on(&*own) == 1)?;
+            check("its own stream destroyed", retry_kept_streams() == 1)?;
+            check(
+                "nothing of its own left",
+                streams_kept_on(&*own) == 0 && own.stats().live_streams == 0,
+            )
+        });
+    }
+    stop.store(true, Ordering::Relaxed);
+    churn.join().unwrap();
+    assert_eq!(retry_kept_streams(), 1, "the parent's own kept stream");
+    assert_eq!((streams_kept_on(&*sim), sim.stats().live_streams), (0, 0));
+    churn_sim.clear_faults();
+    assert_eq!(retry_kept_streams(), 1, "the stream refused until now");
+    assert_eq!(
+        (streams_kept_on(&*churn_sim), churn_sim.stats().live_streams),
+        (0, 0)
+    );
 }

@@ -7,8 +7,11 @@
 //! - Allocation on the same stream reuses such memory at once, without waiting, and the
 //!   region stays safe for host-side access and for other streams.
 //! - When memory runs short, the pool waits for the streams before it fails.
+//! - A stream the runtime would not wait for at its drop is kept, not destroyed under its
+//!   work, and destroyed by a later retry (the pool's synchronize or trim) once the runtime
+//!   answers; a retry waiting for one holds up no other thread's drop.
 
-use ascend_pool::region::{DeviceRegion, HostRegion, Region};
+use ascend_pool::region::{streams_kept_on, DeviceRegion, HostRegion, Region};
 use ascend_pool::source::sim::{AclFunc, Fault, SimConfig, SimSource};
 use ascend_pool::source::BlockSource;
 use ascend_pool::{AclError, Error, MemKind, Pool, PoolConfig, Stream};
@@ -1386,7 +1389,9 @@ fn model_input_on_a_stream_is_reused_at_once_and_stays_128_aligned() {
 /// it is not destroyed under that work. It used to be (the simulator drains a destroyed
 /// stream, but takes its handle out first), so a region freed meanwhile, whose free could
 /// not fence the stream with an event (the handle was gone), took the stream for one whose
-/// work had run and was handed out while the held fill could still write it.
+/// work had run and was handed out while the held fill could still write it. Kept, it is
+/// destroyed by the pool's next synchronize, which waits for it (a trim while it is held
+/// leaves it).
 ///
 /// The 60 s bound only turns a drop that waits for the hold into a failure.
 #[test]
@@ -1431,9 +1436,281 @@ fn a_stream_whose_synchronize_fails_on_drop_is_not_destroyed_under_its_work() {
         pending, 1,
         "the free completed while the held stream may still write"
     );
-    drop(next);
-    every_free_completes(&pool);
     assert!(sim.pending_ops(handle).is_ok(), "the stream was destroyed");
+    assert_eq!(streams_kept_on(&*sim), 1, "the stream is not counted kept");
+    drop(next);
+    every_free_completes(&pool); // waits for the kept stream, then destroys it
+    assert!(
+        sim.pending_ops(handle).is_err(),
+        "a synchronize that waited for the kept stream left it"
+    );
+    assert_eq!(
+        (streams_kept_on(&*sim), sim.stats().live_streams),
+        (0, streams - 1)
+    );
+}
+
+/// Makes the next synchronize of any stream fail, as a device fault would.
+fn refuse_next_synchronize(sim: &SimSource) {
+    sim.inject_fault(Fault::next(
+        AclFunc::SynchronizeStream,
+        AclError::RT_FAILURE,
+        1,
+    ));
+}
+
+/// A stream kept at its drop (its synchronize refused once) is recovered once the runtime
+/// answers again. While the runtime still refuses, the stream stays kept, its handle live,
+/// and a free behind it that can be neither fenced nor waited for stays pending. Once the
+/// runtime answers, the pool's synchronize waits for the stream and destroys it with the wait
+/// event it kept, the free completes, and a region that noted the stream no longer waits for
+/// it: nothing is left at the simulator.
+#[test]
+fn a_stream_kept_at_drop_is_destroyed_once_the_runtime_waits_for_it() {
+    let sim = sim(0);
+    let pool = pool_over(&sim);
+    let before = sim.stats();
+    let (s, t) = (pool.create_stream().unwrap(), pool.create_stream().unwrap());
+    // An event a wait queued on `s` may still name: kept with the stream.
+    s.wait_for(&t).unwrap();
+    let mut noted = pool.alloc_device(LEN).unwrap();
+    pool.memset_async(&mut noted, 0, 0xCD, LEN, &s).unwrap();
+    let freed = filled_on(&pool, &s);
+    let handle = s.handle();
+    refuse_next_synchronize(&sim);
+    drop(s);
+    assert_eq!(streams_kept_on(&*sim), 1);
+    assert!(sim.pending_ops(handle).is_ok(), "destroyed without a wait");
+    assert_eq!(sim.stats().live_streams, before.live_streams + 2);
+
+    // The runtime still refuses: the stream stays kept.
+    fail_always(&sim, [AclFunc::RecordEvent, AclFunc::SynchronizeStream]);
+    drop(freed);
+    pool.trim();
+    assert!(
+        pool.synchronize().is_err(),
+        "the pending free's refused wait is not reported"
+    );
+    assert_eq!(
+        streams_kept_on(&*sim),
+        1,
+        "a refused retry let the stream go"
+    );
+    assert!(
+        sim.pending_ops(handle).is_ok(),
+        "a refused retry destroyed it"
+    );
+    assert_eq!(sim.stats().live_streams, before.live_streams + 2);
+    assert_eq!(pool.stats(MemKind::DEVICE).pending_frees, 1);
+    pool.validate().unwrap();
+
+    // It answers again: the pool's synchronize destroys the stream, the free completes.
+    sim.clear_faults();
+    every_free_completes(&pool);
+    assert_eq!(streams_kept_on(&*sim), 0);
+    assert!(sim.pending_ops(handle).is_err(), "the kept stream is live");
+    assert_eq!(
+        sim.stats().live_streams,
+        before.live_streams + 1,
+        "`t` only"
+    );
+
+    // The region that noted the stream has forgotten it: its free needs neither a fence
+    // nor a wait.
+    fail_always(&sim, [AclFunc::RecordEvent, AclFunc::SynchronizeStream]);
+    drop(noted);
+    assert_eq!(
+        pool.stats(MemKind::DEVICE).pending_frees,
+        0,
+        "a free waits for a destroyed stream"
+    );
+    sim.clear_faults();
+    drop(t);
+    nothing_live_and_no_refusal(&pool);
+    assert!(pool.leak_report().is_empty(), "{:?}", pool.leak_report());
+    drop(pool);
+    let after = sim.stats();
+    assert_eq!(
+        (after.live_streams, after.live_events, after.live_blocks),
+        (before.live_streams, before.live_events, 0),
+        "streams, events or blocks left"
+    );
+}
+
+/// A trim destroys a kept stream once it has run its work, without waiting for it: while
+/// the work is held, trims leave the stream (recording one probe event on it, not one per
+/// trim) and the free behind it; once the work has run, a trim destroys the stream and its
+/// probe, and the free completes.
+///
+/// The 60 s bound only turns a kept stream that trims never destroy into a failure.
+#[test]
+fn trim_destroys_a_kept_stream_once_it_has_run_its_work() {
+    let sim = sim(0);
+    let pool = pool_over(&sim);
+    let before = sim.stats();
+    let s = pool.create_stream().unwrap();
+    let handle = s.handle();
+    let hold = sim.hold_stream(handle).unwrap();
+    let target = filled_on(&pool, &s);
+    refuse_next_synchronize(&sim);
+    drop(s);
+    drop(target);
+    let calls = |f| sim.stats().calls(f);
+    let (syncs, records) = (
+        calls(AclFunc::SynchronizeStream),
+        calls(AclFunc::RecordEvent),
+    );
+    for _ in 0..3 {
+        pool.trim();
+    }
+    assert_eq!(
+        calls(AclFunc::SynchronizeStream),
+        syncs,
+        "a trim waited for a held stream"
+    );
+    assert_eq!(calls(AclFunc::RecordEvent), records + 1, "one probe");
+    assert_eq!(streams_kept_on(&*sim), 1);
+    assert_eq!(pool.stats(MemKind::DEVICE).pending_frees, 1);
+
+    hold.release();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while streams_kept_on(&*sim) > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no trim destroyed the kept stream"
+        );
+        pool.trim();
+        std::thread::yield_now();
+    }
+    assert!(sim.pending_ops(handle).is_err(), "the kept stream is live");
+    // The free's event was recorded before the probe: the same trim completed it.
+    assert_eq!(pool.stats(MemKind::DEVICE).pending_frees, 0);
+    nothing_live_and_no_refusal(&pool);
+    drop(pool);
+    let after = sim.stats();
+    assert_eq!(
+        (after.live_streams, after.live_events, after.live_blocks),
+        (before.live_streams, before.live_events, 0),
+        "streams, events or blocks left"
+    );
+}
+
+/// A retry waiting for a kept stream holds no lock a drop needs: while the pool's
+/// synchronize waits for a held kept stream, another thread drops a stream that is kept and
+/// counts the kept streams, both at once. Both streams are destroyed afterwards.
+///
+/// The 60 s bounds only turn a wait behind the retry into a failure.
+#[test]
+fn a_drop_does_not_wait_behind_a_retry_waiting_for_a_kept_stream() {
+    let sim = sim(0);
+    let pool = Arc::new(pool_over(&sim));
+    let before = sim.stats().live_streams;
+    let s = pool.create_stream().unwrap();
+    let held = s.handle();
+    refuse_next_synchronize(&sim);
+    drop(s);
+    let hold = sim.hold_stream(held).unwrap();
+    let syncs = || sim.stats().calls(AclFunc::SynchronizeStream);
+    let first = syncs();
+    let retrier = {
+        let pool = Arc::clone(&pool);
+        std::thread::spawn(move || pool.synchronize())
+    };
+    // The retry is waiting for the held stream.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while syncs() == first {
+        assert!(std::time::Instant::now() < deadline, "no retry came");
+        std::thread::yield_now();
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    let dropper = {
+        let (pool, sim) = (Arc::clone(&pool), Arc::clone(&sim));
+        std::thread::spawn(move || {
+            let u = pool.create_stream().unwrap();
+            refuse_next_synchronize(&sim);
+            drop(u);
+            tx.send(streams_kept_on(&*sim)).unwrap();
+        })
+    };
+    let kept = rx.recv_timeout(Duration::from_secs(60));
+    let retrying = !retrier.is_finished();
+    hold.release();
+    dropper.join().unwrap();
+    retrier.join().unwrap().unwrap();
+    assert_eq!(
+        kept.expect("a drop waited behind a retry waiting for a kept stream"),
+        2
+    );
+    assert!(retrying, "the retry ended before the hold");
+    assert!(
+        sim.pending_ops(held).is_err(),
+        "the retry left the held stream"
+    );
+    // The stream kept during the retry: the next one destroys it.
+    assert_eq!(streams_kept_on(&*sim), 1);
+    pool.synchronize().unwrap();
+    assert_eq!(
+        (streams_kept_on(&*sim), sim.stats().live_streams),
+        (0, before)
+    );
+}
+
+/// Threads drop streams, every other one kept (its synchronize refused), with regions freed
+/// behind them, while other threads retry the kept streams through the pool's synchronize
+/// and trim: no thread waits for good, and once the runtime answers every kept stream is
+/// destroyed and nothing is left.
+#[test]
+fn retries_race_with_drops_that_keep_streams() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let sim = sim(0);
+    let pool = pool_over(&sim);
+    let before = sim.stats();
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let retriers: Vec<_> = (0..2)
+            .map(|_| {
+                scope.spawn(|| {
+                    while !stop.load(Ordering::Relaxed) {
+                        // A retry that met a refused synchronize may report a free's.
+                        let _ = pool.synchronize();
+                        pool.trim();
+                    }
+                })
+            })
+            .collect();
+        let droppers: Vec<_> = (0..3)
+            .map(|_| {
+                scope.spawn(|| {
+                    for i in 0..100 {
+                        let s = pool.create_stream().unwrap();
+                        drop(filled_on(&pool, &s));
+                        if i % 2 == 0 {
+                            refuse_next_synchronize(&sim);
+                        }
+                        drop(s);
+                    }
+                })
+            })
+            .collect();
+        for d in droppers {
+            d.join().unwrap();
+        }
+        stop.store(true, Ordering::Relaxed);
+        for r in retriers {
+            r.join().unwrap();
+        }
+    });
+    sim.clear_faults();
+    nothing_live_and_no_refusal(&pool);
+    assert_eq!(streams_kept_on(&*sim), 0);
+    assert!(pool.leak_report().is_empty(), "{:?}", pool.leak_report());
+    drop(pool);
+    let after = sim.stats();
+    assert_eq!(
+        (after.live_streams, after.live_events, after.live_blocks),
+        (before.live_streams, before.live_events, 0),
+        "streams, events or blocks left"
+    );
 }
 
 /// An allocation short of memory waits without the kind's lock for frees deferred while it

@@ -1020,7 +1020,8 @@ pub extern "C" fn ap_pool_validate(pool: u64) -> Status {
 }
 
 /// Gives empty chunks back to the source; the bytes released in `*released` when it is not
-/// NULL.
+/// NULL. First destroys the streams [`ap_stream_destroy`] had to keep that have run their work
+/// ([`Pool::trim`]).
 ///
 /// # Safety
 /// `released` is NULL or valid for a write.
@@ -1036,7 +1037,8 @@ pub unsafe extern "C" fn ap_pool_trim(pool: u64, released: *mut u64) -> Status {
     })
 }
 
-/// Waits until every free waiting on a stream has completed ([`Pool::synchronize`]).
+/// Waits until every free waiting on a stream has completed ([`Pool::synchronize`]), after
+/// waiting for and destroying the streams [`ap_stream_destroy`] had to keep.
 #[no_mangle]
 pub extern "C" fn ap_pool_synchronize(pool: u64) -> Status {
     run(|| Ok(entry(pool)?.pool.synchronize()?))
@@ -1560,7 +1562,10 @@ pub extern "C" fn ap_stream_wait(pool: u64, stream: u64, other: u64) -> Status {
 }
 
 /// Waits for the stream's work, then destroys it (at once, or when a call using it in
-/// another thread ends).
+/// another thread ends); the handle goes even when the wait fails (the runtime's error is
+/// returned). A stream the runtime will not wait for when it is destroyed is kept instead, not
+/// destroyed under work it may still run: [`ap_pool_synchronize`] and [`ap_pool_trim`] destroy
+/// it later ([`Pool::synchronize`], [`Pool::trim`]).
 #[no_mangle]
 pub extern "C" fn ap_stream_destroy(pool: u64, stream: u64) -> Status {
     run(|| {

@@ -1492,7 +1492,6 @@ fn build(input: &Input) -> Harness {
 
 fuzz_target!(|input: Input| {
     WAITS_FAULTED.store(false, Ordering::Relaxed);
-    let kept_before = ascend_pool::region::streams_kept();
     let mut h = build(&input);
     for &op in input.ops.iter().take(MAX_OPS) {
         h.run(op);
@@ -1537,12 +1536,17 @@ fuzz_target!(|input: Input| {
         drop(pool);
     }
     drop(streams);
-    drop(vmm);
-    let s = sim.stats();
     // A `Stream` whose synchronize failed on drop (an injected fault) is kept, with its
     // queued wait events, since its work may still run: those are the only streams and
-    // events allowed to stay.
-    let kept = ascend_pool::region::streams_kept() - kept_before;
+    // events allowed to stay (the pool's synchronize destroyed those it found, but a pool
+    // abandoned, or a stream dropped after it, leaves them). A kept stream holds the pool's
+    // source (the virtual-memory source, when there is one) until it is destroyed.
+    let kept = ascend_pool::region::streams_kept_on(&*sim)
+        + vmm
+            .as_deref()
+            .map_or(0, |v| ascend_pool::region::streams_kept_on(v));
+    drop(vmm);
+    let s = sim.stats();
     if kept == 0 {
         let held = (s.live_blocks, s.live_events, s.live_streams);
         assert_eq!(
@@ -1557,6 +1561,19 @@ fuzz_target!(|input: Input| {
             "streams left beyond the kept ones"
         );
     }
+    // Every call works again: a retry destroys them and the events they kept, and lets their
+    // source go.
+    assert_eq!(
+        ascend_pool::region::retry_kept_streams(),
+        kept,
+        "a kept stream outlived a retry with every call working"
+    );
+    let s = sim.stats();
+    assert_eq!(
+        (s.live_events, s.live_streams),
+        (0, 0),
+        "events or streams left after the kept streams' retry"
+    );
     let mapped = (s.reservations, s.physical_handles, s.mappings);
     assert_eq!(
         mapped,

@@ -76,6 +76,7 @@ use crate::align::CarveRule;
 use crate::engine::{Allocation, CarveEngine, EngineError, EngineStats};
 use crate::error::{Error, Result};
 use crate::kind::MemKind;
+use crate::region::Retry;
 use crate::source::{Block, BlockSource, EventHandle, MemcpyKind, StreamHandle};
 use smallvec::SmallVec;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -305,7 +306,7 @@ struct PendingFree {
 
 /// The runtime's answer for a stream that no longer exists: a `Stream` is destroyed only
 /// after its work has run, so nothing queued on it can still touch memory.
-fn stream_gone(e: &Error) -> bool {
+pub(crate) fn stream_gone(e: &Error) -> bool {
     matches!(e, Error::Runtime { code, .. } if *code == crate::AclError::RT_INVALID_HANDLE)
 }
 
@@ -864,10 +865,16 @@ impl Pool {
     /// Gives every empty chunk back to the source (after reclaiming completed deferred frees).
     /// Returns the bytes released.
     /// Thread caches are flushed first.
+    ///
+    /// First, streams of the pool's source and device that were kept at their drop (the
+    /// runtime would not wait for them then, see [`Stream`](crate::Stream)) and have run
+    /// their work since are destroyed, without waiting for any: the frees deferred behind
+    /// them complete here. Whether one has run is asked with an event recorded on it once.
     pub fn trim(&self) -> u64 {
         if self.inner.forked() {
             return 0;
         }
+        crate::region::retry_kept_on(&self.inner.source, self.config().device, Retry::Poll);
         let mut released = 0;
         for m in &self.inner.kinds {
             released += self.inner.release_idle(&mut m.lock(), false);
@@ -884,8 +891,15 @@ impl Pool {
     /// When the runtime fails to wait for one (`aclrtSynchronizeEvent`), that free stays
     /// pending (its memory is not handed out) and the first such error is returned, after
     /// every other free has been completed.
+    ///
+    /// First, streams of the pool's source and device that were kept at their drop (the
+    /// runtime would not wait for them then, see [`Stream`](crate::Stream)) are waited for
+    /// and destroyed, as [`retry_kept_streams`](crate::region::retry_kept_streams) does: the
+    /// frees deferred behind them then complete below. One the runtime still refuses stays
+    /// kept, without an error here (a free that needs it reports its own).
     pub fn synchronize(&self) -> Result<()> {
         self.inner.ours()?;
+        crate::region::retry_kept_on(&self.inner.source, self.config().device, Retry::Wait);
         let mut first = None;
         for m in &self.inner.kinds {
             let mut k = self.inner.pass_pending_events(m.lock());
