@@ -11,8 +11,9 @@
 //!
 //! A page holds at most 64 objects, so one `u64` is its free map. Each page record holds
 //! the tags of its objects too, after the fields an allocation or a free reads: the first
-//! nine tags share that first cache line. So a page of at most nine objects (a class above
-//! 28 KiB) costs one line per allocation or free besides its class, any other page two;
+//! nine tags share that first cache line. So a page of at most nine objects (a class of
+//! 13 KiB or more, with [`LARGE_PAGE`]) costs one line per allocation or free besides its
+//! class, any other page two;
 //! and the tag's place follows from the slot without a branch. (The records are a plain
 //! `Vec` with a vacancy chain, not a `slab::Slab`, whose entry tag would shift a record
 //! off its cache line.)
