@@ -184,7 +184,10 @@ ap_status ap_pool_create(ap_source source, const char *conf, ap_pool *out);
  * the source. Calls on the pool already running on other threads finish first; later ones get
  * AP_ERR_BAD_POOL. The handle is gone whatever the status: a stream the runtime failed to
  * synchronize is reported (AP_ERR_RUNTIME, the code in ap_last_error) after the pool is gone, and the
- * blocks such a stream may still write are kept from the source rather than returned. In a
+ * blocks such a stream may still write are kept from the source rather than returned. A stream the
+ * runtime will not wait for when it is destroyed is kept, as ap_stream_destroy keeps one, and
+ * waited for once more before the pool goes (as ap_pool_synchronize does); one still refused
+ * then stays kept for good. In a
  * child made by fork() after the pool was made, only the handle goes (nothing freed,
  * *freed_regions 0, AP_OK). */
 ap_status ap_pool_destroy(ap_pool pool, uint64_t *freed_regions);

@@ -927,7 +927,9 @@ pub unsafe extern "C" fn ap_pool_create(
 /// A call on the pool still running in another thread finishes first; the blocks go back
 /// when it has. The handle goes whatever the status: a failed stream synchronisation is
 /// reported after the pool is gone (the pool's drop keeps from the source what such a
-/// stream may still write).
+/// stream may still write). A stream the runtime would not wait for when destroyed is kept,
+/// as [`ap_stream_destroy`] keeps one, and waited for once more by the pool's last
+/// [`Pool::synchronize`] here; one still refused then stays kept for good.
 ///
 /// # Safety
 /// `freed_regions` is NULL or valid for a write.
@@ -965,10 +967,12 @@ pub unsafe extern "C" fn ap_pool_destroy(pool: u64, freed_regions: *mut u64) -> 
         let mbufs: Vec<_> = lock(&entry.mbufs).drain().collect();
         freed += mbufs.len() as u64;
         drop(mbufs);
+        // The streams go before the pool's synchronize: one the runtime would not wait for at
+        // its drop is kept, and that synchronize retries it, as no C call could afterwards.
+        drop(streams);
         // Frees that waited on the streams complete now, not in the pool's drop, which
         // would report them as still live.
         let settled = entry.pool.synchronize();
-        drop(streams);
         if let Some(out) = NonNull::new(freed_regions) {
             // SAFETY: non-null, and the caller gives a writable u64.
             unsafe { out.as_ptr().write(freed) };
@@ -1858,6 +1862,55 @@ mod tests {
         }
         assert_eq!(spares(), SPARE_CELLS);
         assert_eq!(live_host(&pool), 0);
+    }
+
+    /// A stream `ap_pool_destroy` could not destroy (its synchronize refused at its drop as
+    /// well as before) is kept; the pool's last synchronize in the destroy retries it, so once
+    /// the runtime answers again it is destroyed there. No C call could reach it afterwards:
+    /// the pool, and its simulator with it, would live on for good.
+    #[test]
+    fn a_pool_destroy_retries_the_streams_it_kept() {
+        use ascend_pool::region::streams_kept_on;
+        use ascend_pool::source::sim::{AclFunc, Fault};
+        let sim = Arc::new(simulator().unwrap());
+        let handle = next_handle();
+        let entry = Entry {
+            regions: Default::default(),
+            streams: Mutex::default(),
+            mbufs: Mutex::default(),
+            pool: Arc::new(
+                Pool::new(
+                    Arc::clone(&sim) as Arc<dyn BlockSource>,
+                    PoolConfig::default(),
+                )
+                .unwrap(),
+            ),
+            publisher: None,
+            alive: AtomicBool::new(true),
+            id: handle,
+            forks: fork::generation(),
+        };
+        POOLS
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(handle, Arc::new(entry));
+        let mut stream = 0;
+        // SAFETY: a writable u64.
+        assert_eq!(unsafe { ap_stream_create(handle, &mut stream) }, Status::Ok);
+        // The destroy's wait and the stream's drop are refused; the runtime answers after.
+        sim.inject_fault(Fault::next(
+            AclFunc::SynchronizeStream,
+            AclError::RT_FAILURE,
+            2,
+        ));
+        // SAFETY: NULL asks for no count.
+        let status = unsafe { ap_pool_destroy(handle, std::ptr::null_mut()) };
+        assert_eq!(status, Status::Runtime, "the refused wait is reported");
+        assert_eq!(
+            (streams_kept_on(&*sim), sim.stats().live_streams),
+            (0, 0),
+            "a stream kept by the destroy outlived it"
+        );
     }
 
     #[test]
