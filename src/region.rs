@@ -639,8 +639,8 @@ fn kept_list() -> Option<MutexGuard<'static, Vec<KeptStream>>> {
 /// How many [`Stream`]s are kept now: dropped while the runtime would not synchronize or
 /// destroy them, so their handles are still live at the runtime, and not destroyed since by
 /// a retry ([`retry_kept_streams`], [`Pool::synchronize`], [`Pool::trim`]). In a child made
-/// by `fork`, the streams its parent kept before the fork count too (the child never
-/// destroys them).
+/// by `fork`, the streams its parent kept before the fork count too, and so do those of its
+/// parent's it drops (the child never destroys either).
 ///
 /// A leak check that counts the runtime's live streams allows these (see
 /// [`streams_kept_on`] for one source's).
