@@ -757,7 +757,11 @@ impl Drop for RetryBatch {
             return;
         }
         let mut gone = Vec::new();
-        if let Some(mut list) = kept_list() {
+        // A blocking lock even in a child made by `fork` that only tries it (`kept_list`):
+        // this retry took the lock to fill the batch, so no thread the child lacks holds it,
+        // and a failed try here would leave the entries busy for good.
+        {
+            let mut list = UNDESTROYED.lock().unwrap_or_else(PoisonError::into_inner);
             for r in &mut self.0 {
                 let Some(i) = list.iter().position(|k| k.id == r.id) else {
                     continue;
