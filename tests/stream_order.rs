@@ -12,7 +12,7 @@
 //!   answers; a retry waiting for one holds up no other thread's drop.
 
 use ascend_pool::region::{streams_kept_on, DeviceRegion, HostRegion, Region};
-use ascend_pool::source::sim::{AclFunc, Fault, SimConfig, SimSource};
+use ascend_pool::source::sim::{AclFunc, Fault, SimConfig, SimSource, SimStats};
 use ascend_pool::source::BlockSource;
 use ascend_pool::{AclError, Error, MemKind, Pool, PoolConfig, Stream};
 use std::sync::Arc;
@@ -89,6 +89,20 @@ fn nothing_live_and_no_refusal(pool: &Pool) {
         "{st:?}"
     );
     assert_eq!(st.allocations, st.frees, "{st:?}");
+}
+
+/// Drops `pool` once every free of it has completed, with no refusal and nothing leaked, and
+/// checks that `sim` then holds the streams and events it held `before`, and no block.
+fn drop_leaving_nothing(pool: Pool, sim: &SimSource, before: &SimStats) {
+    nothing_live_and_no_refusal(&pool);
+    assert!(pool.leak_report().is_empty(), "{:?}", pool.leak_report());
+    drop(pool);
+    let after = sim.stats();
+    assert_eq!(
+        (after.live_streams, after.live_events, after.live_blocks),
+        (before.live_streams, before.live_events, 0),
+        "streams, events or blocks left"
+    );
 }
 
 #[test]
@@ -1526,15 +1540,7 @@ fn a_stream_kept_at_drop_is_destroyed_once_the_runtime_waits_for_it() {
     );
     sim.clear_faults();
     drop(t);
-    nothing_live_and_no_refusal(&pool);
-    assert!(pool.leak_report().is_empty(), "{:?}", pool.leak_report());
-    drop(pool);
-    let after = sim.stats();
-    assert_eq!(
-        (after.live_streams, after.live_events, after.live_blocks),
-        (before.live_streams, before.live_events, 0),
-        "streams, events or blocks left"
-    );
+    drop_leaving_nothing(pool, &sim, &before);
 }
 
 /// A trim destroys a kept stream once it has run its work, without waiting for it: while
@@ -1585,14 +1591,7 @@ fn trim_destroys_a_kept_stream_once_it_has_run_its_work() {
     assert!(sim.pending_ops(handle).is_err(), "the kept stream is live");
     // The free's event was recorded before the probe: the same trim completed it.
     assert_eq!(pool.stats(MemKind::DEVICE).pending_frees, 0);
-    nothing_live_and_no_refusal(&pool);
-    drop(pool);
-    let after = sim.stats();
-    assert_eq!(
-        (after.live_streams, after.live_events, after.live_blocks),
-        (before.live_streams, before.live_events, 0),
-        "streams, events or blocks left"
-    );
+    drop_leaving_nothing(pool, &sim, &before);
 }
 
 /// A retry waiting for a kept stream holds no lock a drop needs: while the pool's
@@ -1701,16 +1700,10 @@ fn retries_race_with_drops_that_keep_streams() {
         }
     });
     sim.clear_faults();
+    // After the frees' wait, which retried the kept streams.
     nothing_live_and_no_refusal(&pool);
     assert_eq!(streams_kept_on(&*sim), 0);
-    assert!(pool.leak_report().is_empty(), "{:?}", pool.leak_report());
-    drop(pool);
-    let after = sim.stats();
-    assert_eq!(
-        (after.live_streams, after.live_events, after.live_blocks),
-        (before.live_streams, before.live_events, 0),
-        "streams, events or blocks left"
-    );
+    drop_leaving_nothing(pool, &sim, &before);
 }
 
 /// An allocation short of memory waits without the kind's lock for frees deferred while it
