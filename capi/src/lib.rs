@@ -867,6 +867,26 @@ pub unsafe extern "C" fn ap_last_error_detail(out: *mut ErrorDetail) -> Status {
     Status::Ok
 }
 
+/// Files `pool` under a new pool handle and returns the handle.
+fn file_pool(pool: Pool, publisher: Option<Arc<dyn share::Publish>>) -> u64 {
+    let handle = next_handle();
+    let entry = Entry {
+        regions: Default::default(),
+        streams: Mutex::default(),
+        mbufs: Mutex::default(),
+        pool: Arc::new(pool),
+        publisher,
+        alive: AtomicBool::new(true),
+        id: handle,
+        forks: fork::generation(),
+    };
+    POOLS
+        .write()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(handle, Arc::new(entry));
+    handle
+}
+
 /// Creates a pool over `source` ([`SOURCE_SIM`], [`SOURCE_ACL`], or their virtual memory:
 /// [`SOURCE_VMM_SIM`], [`SOURCE_VMM_ACL`], whose regions can be shared) with the configuration
 /// `conf` in `ASCEND_POOL_CONF` syntax, or from `$ASCEND_POOL_CONF` when `conf` is NULL.
@@ -899,21 +919,7 @@ pub unsafe extern "C" fn ap_pool_create(
             SOURCE_VMM_ACL => share::vmm_source(Arc::new(AclSource::load()?), device)?,
             other => return Err(Failure::Invalid(format!("{other} is not an ap_source"))),
         };
-        let handle = next_handle();
-        let entry = Entry {
-            regions: Default::default(),
-            streams: Mutex::default(),
-            mbufs: Mutex::default(),
-            pool: Arc::new(Pool::new(source, config)?),
-            publisher,
-            alive: AtomicBool::new(true),
-            id: handle,
-            forks: fork::generation(),
-        };
-        POOLS
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(handle, Arc::new(entry));
+        let handle = file_pool(Pool::new(source, config)?, publisher);
         // SAFETY: non-null, and the caller gives a writable u64.
         unsafe { out.as_ptr().write(handle) };
         Ok(())
@@ -1873,27 +1879,11 @@ mod tests {
         use ascend_pool::region::streams_kept_on;
         use ascend_pool::source::sim::{AclFunc, Fault};
         let sim = Arc::new(simulator().unwrap());
-        let handle = next_handle();
-        let entry = Entry {
-            regions: Default::default(),
-            streams: Mutex::default(),
-            mbufs: Mutex::default(),
-            pool: Arc::new(
-                Pool::new(
-                    Arc::clone(&sim) as Arc<dyn BlockSource>,
-                    PoolConfig::default(),
-                )
-                .unwrap(),
-            ),
-            publisher: None,
-            alive: AtomicBool::new(true),
-            id: handle,
-            forks: fork::generation(),
-        };
-        POOLS
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(handle, Arc::new(entry));
+        let pool = Pool::new(
+            Arc::clone(&sim) as Arc<dyn BlockSource>,
+            PoolConfig::default(),
+        );
+        let handle = file_pool(pool.unwrap(), None);
         let mut stream = 0;
         // SAFETY: a writable u64.
         assert_eq!(unsafe { ap_stream_create(handle, &mut stream) }, Status::Ok);
