@@ -62,6 +62,28 @@ impl Ranks {
         r
     }
 
+    /// The seed's pattern queued: rank 0 writes `src` whole into `far` on `th0`, then
+    /// records notification `id` on the window's channel; rank 1's `th1` waits for it on
+    /// `back`.
+    fn write_and_notify(
+        &self,
+        (th0, th1): (&CommThread, &CommThread),
+        far: &RemoteWindow,
+        back: ChannelHandle,
+        src: &DeviceRegion,
+        id: u32,
+    ) {
+        self.rank0
+            .write_remote(th0, far, 0, src, 0, src.len())
+            .unwrap();
+        self.sim
+            .notify_record_on_thread(th0.handle(), far.channel(), id)
+            .unwrap();
+        self.sim
+            .notify_wait_on_thread(th1.handle(), back, id, 0)
+            .unwrap();
+    }
+
     /// Both pools valid and holding no segment once their streams' work has run.
     fn intact(&self) {
         for pool in [&self.rank0, &self.rank1] {
@@ -387,15 +409,7 @@ fn a_wait_holds_the_far_ends_stream_until_the_record_behind_the_write() {
     let mut copy = t.rank1.alloc_device(256 * KIB).unwrap();
 
     let hold = t.sim.hold_stream(s0.handle()).unwrap();
-    t.rank0
-        .write_remote(&th0, &far, 0, &src, 0, 256 * KIB)
-        .unwrap();
-    t.sim
-        .notify_record_on_thread(th0.handle(), far.channel(), 2)
-        .unwrap();
-    t.sim
-        .notify_wait_on_thread(th1.handle(), back, 2, 0)
-        .unwrap();
+    t.write_and_notify((&th0, &th1), &far, back, &src, 2);
     t.rank1
         .copy_async(&mut copy, 0, window.region(), 0, 256 * KIB, &s1)
         .unwrap();
@@ -1150,15 +1164,7 @@ fn a_channel_released_under_queued_work_lets_it_run() {
     let back = t.sim.acquire_channel(1, 0).unwrap();
     let src = t.filled(64 * KIB, 0x6B);
     let hold = t.sim.hold_stream(s0.handle()).unwrap();
-    t.rank0
-        .write_remote(&th0, &far, 0, &src, 0, 64 * KIB)
-        .unwrap();
-    t.sim
-        .notify_record_on_thread(th0.handle(), far.channel(), 3)
-        .unwrap();
-    t.sim
-        .notify_wait_on_thread(th1.handle(), back, 3, 0)
-        .unwrap();
+    t.write_and_notify((&th0, &th1), &far, back, &src, 3);
     // Both channels go while all three ops wait behind the hold.
     t.sim.release_channel(far.channel()).unwrap();
     t.sim.release_channel(back).unwrap();
