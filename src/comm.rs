@@ -280,7 +280,10 @@ impl Pool {
     /// The returned window keeps the region until it is deregistered, so the region's
     /// memory is never reused while a write may still land in it. The region is owned
     /// (`'static`), not a [`SubRegion`](crate::region::SubRegion) borrowing one: forgetting
-    /// the window would end the borrow and free the region under it.
+    /// the window would end the borrow and free the region under it. A region whose memory
+    /// was taken over from one freed behind its stream's work ([`Pool::alloc_device_on`]) is
+    /// registered once that work has run (the call waits for it): other ranks' writes are
+    /// ordered after no stream of this rank's, and that work would write over them.
     ///
     /// # Errors
     /// The region comes back in [`WindowRefused`] (`?` turns that into its error, freeing the
@@ -291,7 +294,8 @@ impl Pool {
     ///   [`Error::Invalid`] for memory of another device than this pool's or a window that
     ///   overlaps one registered;
     /// - [`Error::NotSupported`] on the real runtime, where the application's communicator
-    ///   registers windows.
+    ///   registers windows;
+    /// - [`Error::Runtime`] when the runtime fails to wait for the previous owner's work.
     pub fn register_window<R: Region + 'static>(
         &self,
         region: R,
@@ -306,6 +310,10 @@ impl Pool {
                 })
             }
         });
+        // Memory taken over from a region freed behind its stream's work
+        // (`Pool::alloc_device_on`): other ranks' writes are ordered after no stream of
+        // this one, so that work must have run before they may land.
+        let checked = checked.and_then(|()| region.segment().settle_for_host());
         // SAFETY: the window takes the region, and gives it back (or lets the pool have its
         // memory) only once deregistered, which no write lands after; until then nothing but
         // reads through the window's `region()` touches the bytes.

@@ -154,8 +154,10 @@ impl Segment {
         }
     }
 
-    /// Before host-side access: waits until work left by the memory's previous owner has run.
-    fn settle_for_host(&self) -> Result<()> {
+    /// Before host-side access, or access ordered after no stream of this process (another
+    /// rank's writes into a window): waits until work left by the memory's previous owner
+    /// has run.
+    pub(crate) fn settle_for_host(&self) -> Result<()> {
         let mut after = self.after.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((_, ev)) = *after {
             self.source().synchronize_event(ev)?;

@@ -1072,6 +1072,79 @@ fn register_window_refuses_what_cannot_be_a_window_and_gives_the_region_back() {
     u.intact();
 }
 
+// A region taken over from one freed behind its stream's queued work (`alloc_device_on`) was
+// registered at once: that work, still to run, then wrote over what another rank had written
+// into the window meanwhile (the far rank's write is ordered after nothing of this rank's).
+#[test]
+fn a_window_over_memory_freed_behind_queued_work_takes_writes_only_once_that_work_ran() {
+    let t = ranks();
+    let g = WINDOW_GRANULE;
+    let s1 = t.rank1.create_stream().unwrap();
+    let mut stale = t.rank1.alloc_device(g).unwrap();
+    t.rank1
+        .copy_from_host(&mut stale, 0, &vec![0xEE; g as usize])
+        .unwrap();
+    // The old owner's copy stays queued until the hold goes.
+    let hold = t.sim.hold_stream(s1.handle()).unwrap();
+    let mut old = t.rank1.alloc_device_aligned(g, g).unwrap();
+    t.rank1.copy_async(&mut old, 0, &stale, 0, g, &s1).unwrap();
+    let at = old.addr();
+    drop(old);
+    let taken = t.rank1.alloc_device_on(g, &s1).unwrap();
+    assert_eq!(taken.addr(), at, "taken over at once on its stream");
+    // A runtime that will not wait for that work: refused, the region given back unregistered.
+    t.sim.inject_fault(Fault::next(
+        AclFunc::SynchronizeEvent,
+        AclError::RT_FAILURE,
+        1,
+    ));
+    let refused = t.rank1.register_window(taken).unwrap_err();
+    assert!(
+        matches!(
+            refused.error,
+            Error::Runtime {
+                func: "aclrtSynchronizeEvent",
+                ..
+            }
+        ),
+        "{:?}",
+        refused.error
+    );
+    let taken = refused.region;
+    assert!(
+        RemoteWindow::of_sim(&t.sim, t.sim.acquire_channel(0, 1).unwrap())
+            .unwrap()
+            .is_empty()
+    );
+    // Released from another thread: the registration may wait for that work.
+    let window = std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(50));
+            hold.release();
+        });
+        t.rank1.register_window(taken).unwrap()
+    });
+    let channel = t.sim.acquire_channel(0, 1).unwrap();
+    let far = RemoteWindow::of_sim(&t.sim, channel).unwrap().remove(0);
+    let stream = t.rank0.create_stream().unwrap();
+    let thread = t.rank0.acquire_comm_thread(&stream).unwrap();
+    let src = t.filled(4 * KIB, 0x5A);
+    t.rank0
+        .write_remote(&thread, &far, 0, &src, 0, 4 * KIB)
+        .unwrap();
+    stream.synchronize().unwrap();
+    s1.synchronize().unwrap();
+    let landed = read(&t.rank1, window.region(), 0, 4 * KIB);
+    assert!(
+        landed.iter().all(|&x| x == 0x5A),
+        "the old owner's copy wrote over the far rank's write: {:?}",
+        &landed[..8]
+    );
+    drop((window, src, stale, thread));
+    drop((stream, s1));
+    t.intact();
+}
+
 /// Windows whose drop never runs, as `std::mem::forget` leaves one, but kept reachable so
 /// a leak checker (CI's AddressSanitizer step) does not report them.
 static FORGOTTEN: std::sync::Mutex<Vec<RegisteredWindow<DeviceRegion>>> =
