@@ -173,7 +173,9 @@ struct VirtualBlock {
 /// Invariants: blocks do not overlap and lie inside the reservation; the extents inside
 /// `addr..addr + mapped` of a block tile that range exactly, and no extent lies outside a
 /// block; `size <= mapped` and `mapped == align_up(size, granule)` unless a shrink kept an
-/// extent straddling the new end, or extents past it that it could not map back; `orphans` hold unmapped physical memory whose free failed.
+/// extent straddling the new end, or extents past it that it could not map back (a refused
+/// free that lost its tail maps new memory under it, and breaks `size <= mapped` only when
+/// that fails too); `orphans` hold unmapped physical memory whose free failed.
 #[derive(Debug, Default)]
 struct VmmState {
     blocks: BTreeMap<usize, VirtualBlock>,
@@ -634,12 +636,22 @@ impl<R: VmmRuntime + 'static> BlockSource for VmmSource<R> {
         let mut s = self.state()?;
         let b = self.known(&s, "aclrtUnmapMem", block)?;
         if let Err(e) = self.release_from(&mut s, block.addr, block.addr) {
-            // A tail that could not be mapped back leaves the block short of its size, no
-            // use to the caller any more: the free goes on with what is still mapped.
+            // A tail that could not be mapped back leaves the block short of its size: the
+            // free goes on with what is still mapped.
             if s.blocks[&block.addr].mapped == b.mapped {
                 return Err(e);
             }
-            self.release_from(&mut s, block.addr, block.addr)?;
+            if let Err(e) = self.release_from(&mut s, block.addr, block.addr) {
+                // Refused again, the block stays with the caller, who may use it again (a
+                // pool keeps a chunk it could not free): new memory under the lost tail
+                // makes it whole; its bytes are of no use, the block was being freed.
+                let mapped = s.blocks[&block.addr].mapped;
+                let tail = block.addr + mapped as usize;
+                if self.map_extent(&mut s, tail, b.mapped - mapped).is_ok() {
+                    s.blocks.get_mut(&block.addr).expect("kept above").mapped = b.mapped;
+                }
+                return Err(e);
+            }
         }
         s.blocks.remove(&block.addr);
         Ok(())
