@@ -111,7 +111,14 @@ impl ShareDescriptor {
 /// Publishing (the exporting side).
 impl<R: VmmRuntime + 'static> VmmSource<R> {
     /// Publishes the bytes of `region`, which must come from a pool over this source.
+    ///
+    /// A region whose memory was taken over from one freed behind its stream's work
+    /// ([`Pool::alloc_device_on`](crate::Pool::alloc_device_on)) is published once that work
+    /// has run (the call waits for it): another process's reads and writes are ordered
+    /// after no stream of this one. [`Error::Runtime`] when the runtime cannot wait; nothing
+    /// is exported then.
     pub fn publish_region(&self, region: &impl Region, access: &Access) -> Result<ShareDescriptor> {
+        region.segment().settle_for_host()?;
         self.publish_range(region.addr(), region.len(), access)
     }
 

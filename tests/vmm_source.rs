@@ -1096,6 +1096,55 @@ fn a_range_published_from_an_extent_boundary_exports_only_what_it_covers() {
     vmm.free_block(a).unwrap();
 }
 
+// A region taken over from one freed behind its stream's queued work (`alloc_device_on`) was
+// published at once: another process's reads and writes, ordered after no stream of this
+// one, could then meet that work still running.
+#[test]
+fn a_region_freed_behind_queued_work_is_published_once_that_work_ran() {
+    use ascend_pool::share::Access;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let _g = serial();
+    let sim = sim(64 * MIB);
+    let vmm = Arc::new(VmmSource::new(Arc::clone(&sim), 0, VmmConfig::default()).unwrap());
+    let pool = Pool::new(vmm.clone(), PoolConfig::default()).unwrap();
+    let s1 = pool.create_stream().unwrap();
+    let stale = pool.alloc_device(MIB).unwrap();
+    let hold = sim.hold_stream(s1.handle()).unwrap();
+    let mut old = pool.alloc_device(MIB).unwrap();
+    pool.copy_async(&mut old, 0, &stale, 0, MIB, &s1).unwrap();
+    let at = old.addr();
+    drop(old);
+    let taken = pool.alloc_device_on(MIB, &s1).unwrap();
+    assert_eq!(taken.addr(), at, "taken over at once on its stream");
+    // A runtime that will not wait for that work: refused before anything is exported.
+    sim.inject_fault(Fault::next(
+        AclFunc::SynchronizeEvent,
+        AclError::RT_FAILURE,
+        1,
+    ));
+    assert_eq!(
+        code(vmm.publish_region(&taken, &Access::AnyProcess)),
+        ("aclrtSynchronizeEvent", AclError::RT_FAILURE)
+    );
+    assert_eq!(sim.stats().calls(AclFunc::MemExportToShareableHandle), 0);
+    // Released from another thread: the publish waits for that work.
+    let released = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            released.store(true, Ordering::SeqCst);
+            hold.release();
+        });
+        vmm.publish_region(&taken, &Access::AnyProcess).unwrap();
+        assert!(
+            released.load(Ordering::SeqCst),
+            "published while the old owner's copy was still queued"
+        );
+    });
+    drop((taken, stale, s1));
+    pool.validate().unwrap();
+}
+
 /// A source dropped with blocks still out unmaps them, frees their physical memory and
 /// releases its reservation: the device is whole again and no memory object is left.
 #[test]
