@@ -423,6 +423,16 @@ fn vmm(capacity: u64) -> (Arc<SimSource>, VmmSource<SimSource>) {
     (sim, vmm)
 }
 
+/// A block of four granules mapped as three physical allocations, one growth after another:
+/// granules [0], [1] and [2, 3].
+fn three_extent_block(vmm: &VmmSource<SimSource>) -> ascend_pool::source::Block {
+    let a = vmm.alloc_block(0, MemKind::DEVICE, G).unwrap();
+    let a = vmm.extend_block(a, G).unwrap().unwrap();
+    let a = vmm.extend_block(a, 2 * G).unwrap().unwrap();
+    assert_eq!(vmm.stats().extents, 3);
+    a
+}
+
 #[test]
 fn blocks_grow_in_place_and_give_their_tail_back() {
     let _g = serial();
@@ -972,11 +982,7 @@ fn shrinks_that_shrink_nothing_change_nothing() {
 fn a_shrink_refused_half_way_maps_each_extent_back_where_it_was() {
     let _g = serial();
     let (sim, vmm) = vmm(64 * MIB);
-    let a = vmm.alloc_block(0, MemKind::DEVICE, G).unwrap();
-    // Each growth maps one physical allocation after the last: granules [0], [1], [2, 3].
-    let a = vmm.extend_block(a, G).unwrap().unwrap();
-    let a = vmm.extend_block(a, 2 * G).unwrap().unwrap();
-    assert_eq!(vmm.stats().extents, 3);
+    let a = three_extent_block(&vmm);
     let granule = |k: u64| a.addr + (k * G) as usize;
     for k in 0..4u8 {
         write(&vmm, granule(k as u64), &[k + 1; 8]);
@@ -1023,11 +1029,9 @@ fn an_extent_that_cannot_be_mapped_back_leaves_the_table() {
     assert_eq!(vmm.stats(), Default::default());
     vmm.validate().unwrap();
 
-    // Granules [0], [1], [2, 3]; the shrink to one granule unmaps [2, 3], is refused on
-    // [1], and [2, 3] cannot be mapped back.
-    let a = vmm.alloc_block(0, MemKind::DEVICE, G).unwrap();
-    let a = vmm.extend_block(a, G).unwrap().unwrap();
-    let a = vmm.extend_block(a, 2 * G).unwrap().unwrap();
+    // The shrink to one granule unmaps [2, 3], is refused on [1], and [2, 3] cannot be
+    // mapped back.
+    let a = three_extent_block(&vmm);
     write(&vmm, a.addr + G as usize, b"kept");
     sim.inject_fault(Fault::after(AclFunc::UnmapMem, AclError::RT_FAILURE, 1));
     sim.inject_fault(Fault::next(AclFunc::MapMem, AclError::RT_FAILURE, 1));
@@ -1050,10 +1054,7 @@ fn an_extent_that_cannot_be_mapped_back_leaves_the_table() {
 fn a_free_refused_after_losing_its_tail_leaves_the_block_whole() {
     let _g = serial();
     let (sim, vmm) = vmm(64 * MIB);
-    // Granules [0], [1], [2, 3].
-    let a = vmm.alloc_block(0, MemKind::DEVICE, G).unwrap();
-    let a = vmm.extend_block(a, G).unwrap().unwrap();
-    let a = vmm.extend_block(a, 2 * G).unwrap().unwrap();
+    let a = three_extent_block(&vmm);
     write(&vmm, a.addr, b"head");
     // [2, 3] is unmapped, [1] refused and [2, 3] not mapped back; the free goes on with
     // what is still mapped, and [1] is refused again.
