@@ -297,7 +297,9 @@ ap_status ap_write_remote(ap_pool pool, uint64_t thread, ap_stream stream, uint6
  * AP_ERR_NOT_SUPPORTED, other kinds AP_ERR_WRONG_KIND. Unlike the other answers by size, the
  * call that gets AP_ERR_BUFFER_TOO_SMALL has published already (an export cannot be taken
  * back): the processes are let in and the access is fixed; the same call again with room
- * gets the same descriptor. */
+ * gets the same descriptor. A region ap_alloc_on took over behind its stream's work is
+ * published once that work has run (the call waits for it; AP_ERR_RUNTIME, nothing exported,
+ * when the runtime cannot wait): the other process's reads and writes follow no stream here. */
 ap_status ap_share_publish(ap_pool pool, ap_region region, const int32_t *pids, size_t npids,
                            char *buf, size_t cap, size_t *needed);
 /* This process's id for an exporter's list, as the runtime behind `source` gives it. */

@@ -12,7 +12,9 @@ use std::ffi::c_void;
 
 /// What a pool over virtual memory adds: publishing its regions.
 pub(crate) trait Publish: std::fmt::Debug + Send + Sync {
-    fn publish(&self, addr: usize, len: u64, access: &Access) -> Result<ShareDescriptor, Error>;
+    /// Publishes a region, once the work its memory was freed behind has run
+    /// ([`VmmSource::publish_region`]).
+    fn publish(&self, region: &AnyRegion, access: &Access) -> Result<ShareDescriptor, Error>;
     fn publish_mbuf(
         &self,
         m: &ascend_pool::mbuf::Mbuf,
@@ -21,8 +23,8 @@ pub(crate) trait Publish: std::fmt::Debug + Send + Sync {
 }
 
 impl<R: VmmRuntime + 'static> Publish for VmmSource<R> {
-    fn publish(&self, addr: usize, len: u64, access: &Access) -> Result<ShareDescriptor, Error> {
-        self.publish_range(addr, len, access)
+    fn publish(&self, region: &AnyRegion, access: &Access) -> Result<ShareDescriptor, Error> {
+        with_region!(region, x => self.publish_region(x, access))
     }
 
     fn publish_mbuf(
@@ -207,7 +209,9 @@ pub(crate) fn runtime(source: c_int) -> Result<Runtime, Failure> {
 /// checked is fixed by the first publish of the memory behind a region
 /// ([`Status::ShareAccessFixed`]). A call refused with [`Status::BufferTooSmall`] has
 /// published already (an export cannot be taken back); the same call with room gets the same
-/// descriptor.
+/// descriptor. A region [`ap_alloc_on`] took over behind its stream's work is published once
+/// that work has run (the call waits for it; [`Status::Runtime`], nothing exported, when the
+/// runtime cannot wait): the other process's reads and writes follow no stream here.
 ///
 /// # Safety
 /// `pids` is NULL or valid for reads of `npids` ids; `buf` is NULL or valid for writes of
@@ -234,7 +238,7 @@ pub unsafe extern "C" fn ap_share_publish(
             |e, publisher, access| {
                 let r = e.region(region)?;
                 let r = hold(&r);
-                let (addr, len, kind) = with_region!(&*r, x => (x.addr(), x.len(), x.kind()));
+                let kind = with_region!(&*r, x => x.kind());
                 if !is_virtual(kind) {
                     return Err(Error::WrongKind {
                         expected: "device",
@@ -242,7 +246,7 @@ pub unsafe extern "C" fn ap_share_publish(
                     }
                     .into());
                 }
-                Ok(publisher.publish(addr, len, access)?)
+                Ok(publisher.publish(&r, access)?)
             },
         )
     }
@@ -454,5 +458,96 @@ mod tests {
         assert_eq!(closed, Some(7));
         let gone = OPENED.with(handle, |v| Ok(*v));
         assert!(matches!(gone, Err(Failure::BadMapping(h)) if h == handle));
+    }
+
+    // A region `ap_alloc_on` took over from one freed behind its stream's queued work was
+    // published at once: another process's reads and writes, ordered after no stream of
+    // this one, could then meet that work still running.
+    #[test]
+    fn a_region_freed_behind_queued_work_is_published_once_that_work_ran() {
+        use ascend_pool::source::sim::{AclFunc, Fault};
+        use ascend_pool::AclError;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        const MIB: u64 = 1 << 20;
+        let sim = Arc::new(simulator().unwrap());
+        let vmm = Arc::new(VmmSource::new(Arc::clone(&sim), 0, VmmConfig::default()).unwrap());
+        let pool = Pool::new(vmm.clone(), PoolConfig::default()).unwrap();
+        let pool = file_pool(pool, Some(vmm));
+        let e = entry(pool).unwrap();
+        let alloc = |on: Option<u64>| {
+            let mut r = 0;
+            // SAFETY: a writable handle.
+            let got = unsafe {
+                match on {
+                    Some(s) => ap_alloc_on(pool, KIND_DEVICE, MIB, s, &mut r),
+                    None => ap_alloc(pool, KIND_DEVICE, MIB, &mut r),
+                }
+            };
+            assert_eq!(got, Status::Ok);
+            r
+        };
+        let addr = |r: u64| {
+            let r = e.region(r).unwrap();
+            let r = hold(&r);
+            with_region!(&*r, x => x.addr())
+        };
+        let publish = |r: u64| {
+            let mut needed = 0;
+            // SAFETY: no pids, no buffer (the size is asked for), a writable `needed`.
+            unsafe {
+                ap_share_publish(
+                    pool,
+                    r,
+                    std::ptr::null(),
+                    0,
+                    std::ptr::null_mut(),
+                    0,
+                    &mut needed,
+                )
+            }
+        };
+        let mut s = 0;
+        // SAFETY: a writable handle.
+        assert_eq!(unsafe { ap_stream_create(pool, &mut s) }, Status::Ok);
+        let stale = alloc(None);
+        // The old owner's copy stays queued until the hold goes.
+        let held = sim.hold_stream(e.stream(s).unwrap().handle()).unwrap();
+        let old = alloc(None);
+        assert_eq!(ap_copy_async(pool, old, 0, stale, 0, MIB, s), Status::Ok);
+        let at = addr(old);
+        assert_eq!(ap_free(pool, old), Status::Ok);
+        let taken = alloc(Some(s));
+        assert_eq!(addr(taken), at, "taken over at once on its stream");
+        // A runtime that will not wait for that work: refused before anything is exported.
+        sim.inject_fault(Fault::next(
+            AclFunc::SynchronizeEvent,
+            AclError::RT_FAILURE,
+            1,
+        ));
+        assert_eq!(publish(taken), Status::Runtime);
+        assert_eq!(sim.stats().calls(AclFunc::MemExportToShareableHandle), 0);
+        // Released from another thread: the publish waits for that work.
+        let released = AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                released.store(true, Ordering::SeqCst);
+                held.release();
+            });
+            assert_eq!(publish(taken), Status::BufferTooSmall);
+            assert!(
+                released.load(Ordering::SeqCst),
+                "published while the old owner's copy was still queued"
+            );
+        });
+        drop(e);
+        for r in [taken, stale] {
+            assert_eq!(ap_free(pool, r), Status::Ok);
+        }
+        assert_eq!(ap_stream_destroy(pool, s), Status::Ok);
+        let mut freed = 0;
+        // SAFETY: a writable count.
+        assert_eq!(unsafe { ap_pool_destroy(pool, &mut freed) }, Status::Ok);
+        assert_eq!(freed, 0);
     }
 }
