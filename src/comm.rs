@@ -231,8 +231,11 @@ impl<R: Region> RegisteredWindow<R> {
     /// their writes have landed first.
     ///
     /// # Errors
-    /// The source's refusal to deregister: the region may then still be registered, so it
-    /// is kept (leaked) rather than given back.
+    /// The source's refusal to deregister. The region is not given back then: the window
+    /// drops with it, and its drop asks the source once more. If that deregisters, the region
+    /// goes back to its pool (freed); if the source refuses again, the region may still be
+    /// registered, so it is kept from the pool for good (leaked), as for a window whose drop
+    /// is refused.
     pub fn into_region(mut self) -> Result<R> {
         self.deregister()?;
         Ok(self.region.take().expect("held until into_region"))
