@@ -237,6 +237,12 @@ ap_status ap_alloc_model_input_on(ap_pool pool, uint64_t len, ap_stream stream, 
  * AP_ERR_CORRUPTION (debug mode) reports an overwritten padding: the region is freed all the
  * same, and the handle is gone. */
 ap_status ap_free(ap_pool pool, ap_region region);
+/* Where a region lies, how long it is, its start alignment and kind. Work the caller gives the
+ * address itself is ordered by the caller: memory ap_alloc_on took over behind its stream's
+ * work may still have that work to run. Work queued on that same stream runs after it; before
+ * work on another stream, call ap_record_stream with that stream (it then waits for that
+ * work); before a use by the host or by no stream here, synchronize the stream given to
+ * ap_alloc_on. The library's own calls (copies, fills, ap_share_publish) do this themselves. */
 ap_status ap_region_get_info(ap_pool pool, ap_region region, ap_region_info *out);
 /* The bytes of a host region, once every stream with work queued on it has run that work. */
 ap_status ap_host_ptr(ap_pool pool, ap_region region, void **out);

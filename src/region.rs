@@ -60,6 +60,14 @@ mod sealed {
 /// ```
 pub trait Region: sealed::Sealed {
     /// Start address (a device address for device kinds).
+    ///
+    /// Work given the address directly (a kernel, a DVPP call, another library) is ordered
+    /// by its caller, not by the pool. Memory [`Pool::alloc_device_on`] took over from a
+    /// region freed behind its stream's work may still have that work to run: work queued on
+    /// the same stream runs after it; on another stream, call
+    /// [`record_stream`](Segment::record_stream) with that stream first (the stream then
+    /// waits for it); for a use by the host or by no stream of this process, synchronize the
+    /// stream the region was allocated on first. The pool's own calls do all this themselves.
     fn addr(&self) -> usize;
     /// Usable bytes (the requested length).
     fn len(&self) -> u64;

@@ -123,6 +123,10 @@ impl<R: VmmRuntime + 'static> VmmSource<R> {
     }
 
     /// Publishes `len` bytes at `addr`, which must lie in device memory this source mapped.
+    ///
+    /// It waits for nothing: for a region [`Pool::alloc_device_on`](crate::Pool::alloc_device_on)
+    /// took over behind its stream's work, use [`publish_region`](Self::publish_region), or
+    /// synchronize that stream first.
     pub fn publish_range(&self, addr: usize, len: u64, access: &Access) -> Result<ShareDescriptor> {
         if len == 0 {
             return Err(Error::OutOfBounds {
@@ -138,6 +142,9 @@ impl<R: VmmRuntime + 'static> VmmSource<R> {
     }
 
     /// Publishes every byte this source has mapped (every chunk of the pool over it).
+    ///
+    /// It waits for nothing, as [`publish_range`](Self::publish_range): bytes streams still
+    /// write are published as they are.
     pub fn publish_all(&self, access: &Access) -> Result<ShareDescriptor> {
         let pieces = self.export_extents(None, flags(access)?)?;
         if pieces.is_empty() {

@@ -1354,6 +1354,12 @@ pub extern "C" fn ap_free(pool: u64, region: u64) -> Status {
 
 /// Where a region lies, how long it is, its start alignment and kind.
 ///
+/// Work the caller gives the address itself is ordered by the caller: memory
+/// [`ap_alloc_on`] took over behind its stream's work may still have that work to run
+/// ([`Region::addr`] says what orders a use after it: the same stream, [`ap_record_stream`]
+/// for another, [`ap_stream_synchronize`] of that stream for the host or no stream). The
+/// library's own calls do this themselves.
+///
 /// # Safety
 /// `out` is NULL or valid for a write of a [`RegionInfo`].
 #[no_mangle]
