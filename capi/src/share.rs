@@ -274,8 +274,14 @@ pub(crate) unsafe fn publish_with(
             return Err(Failure::Invalid(
                 "no process to let in (NULL lets any process in)".into(),
             ));
+        } else if npids > isize::MAX as usize / std::mem::size_of::<i32>() {
+            // More ids than any buffer holds (a C caller's -1, say): no slice can have them.
+            return Err(Failure::Invalid(format!(
+                "npids {npids} is more process ids than any list holds"
+            )));
         } else {
-            // SAFETY: the caller gives `npids` readable ids at `pids`, checked non-null.
+            // SAFETY: the caller gives `npids` readable ids at `pids`, checked non-null, and
+            // `npids` ids fit in `isize::MAX` bytes (checked above).
             Access::Processes(unsafe { std::slice::from_raw_parts(pids, npids) }.to_vec())
         };
         let e = entry(pool)?;

@@ -1149,6 +1149,14 @@ fn a_published_region_opens_as_a_mapping_in_the_same_process() {
             Status::InvalidArgument,
             "NULL lets any process in",
         );
+        // A count no list can hold (a C caller's -1): it was read as a slice of that many
+        // ids, which is undefined behaviour, and answered AP_ERR_PANIC.
+        expect(
+            "a count longer than any list",
+            ap_share_publish(pool, r, &me, usize::MAX, b, 4096, &mut n),
+            Status::InvalidArgument,
+            "npids",
+        );
         expect(
             "a freed region",
             ap_share_publish(pool, freed, null(), 0, b, 4096, &mut n),
@@ -1391,6 +1399,11 @@ fn buffers_carry_data_length_and_user_data_and_open_read_only() {
                 "no source buffer",
                 ap_mbuf_write(pool, copy, 0, null(), 8),
                 Status::NullArgument,
+            ),
+            (
+                "a count longer than any list",
+                ap_mbuf_publish(pool, copy, &me, usize::MAX / 4 + 1, b.cast(), 4096, &mut n),
+                Status::InvalidArgument,
             ),
             (
                 "a DVPP buffer",
