@@ -479,7 +479,6 @@ mod tests {
         let vmm = Arc::new(VmmSource::new(Arc::clone(&sim), 0, VmmConfig::default()).unwrap());
         let pool = Pool::new(vmm.clone(), PoolConfig::default()).unwrap();
         let pool = file_pool(pool, Some(vmm));
-        let e = entry(pool).unwrap();
         let alloc = |on: Option<u64>| {
             let mut r = 0;
             // SAFETY: a writable handle.
@@ -492,7 +491,9 @@ mod tests {
             assert_eq!(got, Status::Ok);
             r
         };
+        // Each lookup held for its own statement: a call holds one entry at a time.
         let addr = |r: u64| {
+            let e = entry(pool).unwrap();
             let r = e.region(r).unwrap();
             let r = hold(&r);
             with_region!(&*r, x => x.addr())
@@ -517,7 +518,8 @@ mod tests {
         assert_eq!(unsafe { ap_stream_create(pool, &mut s) }, Status::Ok);
         let stale = alloc(None);
         // The old owner's copy stays queued until the hold goes.
-        let held = sim.hold_stream(e.stream(s).unwrap().handle()).unwrap();
+        let native = entry(pool).unwrap().stream(s).unwrap().handle();
+        let held = sim.hold_stream(native).unwrap();
         let old = alloc(None);
         assert_eq!(ap_copy_async(pool, old, 0, stale, 0, MIB, s), Status::Ok);
         let at = addr(old);
@@ -546,7 +548,6 @@ mod tests {
                 "published while the old owner's copy was still queued"
             );
         });
-        drop(e);
         for r in [taken, stale] {
             assert_eq!(ap_free(pool, r), Status::Ok);
         }
