@@ -470,6 +470,10 @@ mod tests {
     // published at once: another process's reads and writes, ordered after no stream of
     // this one, could then meet that work still running.
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "virtual memory reserves addresses with PROT_NONE, which Miri refuses"
+    )]
     fn a_region_freed_behind_queued_work_is_published_once_that_work_ran() {
         use ascend_pool::source::sim::{AclFunc, Fault};
         use ascend_pool::AclError;
