@@ -336,6 +336,9 @@ ap_status ap_mapping_close(ap_mapping mapping);
 ap_status ap_mbuf_alloc(ap_pool pool, uint64_t size, ap_mbuf_kind kind, ap_mbuf *out);
 /* Another handle on the same buffer (acltdtCopyBufRef). */
 ap_status ap_mbuf_copy_ref(ap_pool pool, ap_mbuf mbuf, ap_mbuf *out);
+/* Frees a handle (acltdtFreeBuf). AP_ERR_CORRUPTION (debug mode) from the last handle's free
+ * reports an overwritten padding, as ap_free does: the buffer is freed all the same, and the
+ * handle is gone. */
 ap_status ap_mbuf_free(ap_pool pool, ap_mbuf mbuf);
 
 typedef struct ap_mbuf_info {

@@ -13,7 +13,10 @@
 //! | 32..128 | user data, 96 bytes (`acltdtSetBufUserData`) |
 //!
 //! Cloning an [`Mbuf`] is `acltdtCopyBufRef`: another handle on the same data; the region goes
-//! back to the pool when the last handle is dropped (`acltdtFreeBuf`). A primary process
+//! back to the pool when the last handle is dropped or freed (`acltdtFreeBuf`). In debug mode
+//! a write past the data into the padding is reported then, as for a region:
+//! [`Mbuf::free`] of the last handle returns it, and the pool keeps it for
+//! [`Pool::take_corruption_reports`] either way. A primary process
 //! authorises secondaries with [`Mbuf::publish`] (the pool must run over a
 //! [`VmmSource`]); they open it read-only with [`SharedMbuf::open`]. Read-only is the type's
 //! promise, not the memory's: the same descriptor opened as a [`SharedMapping`] can be
@@ -218,6 +221,42 @@ impl Mbuf {
             MbufRegion::Normal(r) => r.record_stream(stream),
             MbufRegion::Dvpp(r) => r.record_stream(stream),
         }
+    }
+
+    /// Lets go of this handle (`acltdtFreeBuf`), as dropping it does. With the last handle
+    /// the region goes back to the pool now, and in debug mode a padding overrun is returned
+    /// as [`Error::Corruption`], as [`DeviceRegion::free`] returns one: the buffer is freed all
+    /// the same, and the report is also kept for [`Pool::take_corruption_reports`], the only
+    /// place a dropped last handle can leave it. With other handles alive this is `Ok`.
+    ///
+    /// ```
+    /// use ascend_pool::mbuf::{Mbuf, MbufKind};
+    /// use ascend_pool::{Pool, PoolConfig, SimSource};
+    /// use std::sync::Arc;
+    ///
+    /// let pool = Arc::new(Pool::new(Arc::new(SimSource::default()), PoolConfig::default())?);
+    /// let buf = Mbuf::alloc(&pool, 64, MbufKind::Normal)?;
+    /// let copy = buf.clone();
+    /// buf.free()?;
+    /// assert_eq!(copy.refs(), 1);
+    /// copy.free()?; // the last handle: the region goes back
+    /// assert_eq!(pool.stats(ascend_pool::MemKind::DEVICE).live_regions, 0);
+    /// # Ok::<(), ascend_pool::Error>(())
+    /// ```
+    pub fn free(self) -> Result<()> {
+        // Of handles let go through `free` at once, exactly one gets the buffer; a handle
+        // dropped meanwhile may be the last instead, and its drop reports to the pool.
+        let Some(MbufInner { region, pool, .. }) = Arc::into_inner(self.inner) else {
+            return Ok(());
+        };
+        let freed = match region.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            MbufRegion::Normal(r) => r.free(),
+            MbufRegion::Dvpp(r) => r.free(),
+        };
+        // The pool handle goes after the region: were it the pool's last, the pool would
+        // report the region as live.
+        drop(pool);
+        freed
     }
 
     /// Handles on this buffer alive (this one included).

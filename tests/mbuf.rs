@@ -181,3 +181,70 @@ fn pool_with_stream() -> (Arc<Pool>, ascend_pool::Stream) {
     let stream = pool.create_stream().unwrap();
     (pool, stream)
 }
+
+/// In debug mode a write past a buffer's data into its padding is reported when the last
+/// handle lets go, as for a region: `free` returns it and the pool keeps it for
+/// `take_corruption_reports` (all a dropped handle can do), and the memory still goes back.
+#[test]
+fn a_padding_overrun_is_reported_when_the_last_handle_lets_go() {
+    use ascend_pool::source::MemcpyKind;
+    let sim = SimSource::new(SimConfig::default().with_device_capacity(256 << 20)).unwrap();
+    let pool = Arc::new(Pool::new(Arc::new(sim), PoolConfig::default().with_debug(true)).unwrap());
+    for (kind, mem) in [
+        (MbufKind::Normal, MemKind::DEVICE),
+        (MbufKind::Dvpp, MemKind::Dvpp),
+    ] {
+        // 1 MiB is past the thread caches' largest footprint: the kind pool's free path.
+        for (size, by_free) in [(100, false), (100, true), (1 << 20, false), (1 << 20, true)] {
+            let buf = Mbuf::alloc(&pool, size, kind).unwrap();
+            let copy = buf.clone();
+            let (addr, size) = buf.data();
+            // The padding starts at the region's length (header and data) rounded to 32.
+            let at = addr + (HEADER_LEN + size).next_multiple_of(32) as usize - HEADER_LEN as usize;
+            let junk = [0x55u8; 4];
+            // SAFETY: 4 bytes inside the segment's padding (32 bytes past its rounded
+            // length), in the pool's simulated device memory.
+            unsafe {
+                pool.source()
+                    .memcpy(
+                        at + 2,
+                        4,
+                        junk.as_ptr() as usize,
+                        4,
+                        MemcpyKind::HostToDevice,
+                    )
+                    .unwrap();
+            }
+            let what = format!("{kind:?} of {size}, by free: {by_free}");
+            if by_free {
+                assert_eq!(buf.free(), Ok(()), "{what}: a handle is left");
+            } else {
+                drop(buf);
+            }
+            assert!(
+                pool.take_corruption_reports().is_empty(),
+                "{what}: checked with the last handle, not before"
+            );
+            if by_free {
+                let refused = copy.free();
+                assert!(
+                    matches!(refused, Err(Error::Corruption { kind: k, .. }) if k == mem),
+                    "{what}: {refused:?}"
+                );
+            } else {
+                drop(copy);
+            }
+            let reports = pool.take_corruption_reports();
+            assert!(
+                matches!(reports[..], [Error::Corruption { kind: k, .. }] if k == mem),
+                "{what}: {reports:?}"
+            );
+            assert_eq!(
+                pool.stats(mem).live_regions,
+                0,
+                "{what}: freed all the same"
+            );
+        }
+    }
+    pool.validate().unwrap();
+}

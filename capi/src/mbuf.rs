@@ -124,13 +124,17 @@ pub unsafe extern "C" fn ap_mbuf_copy_ref(pool: u64, mbuf: u64, out: *mut u64) -
 }
 
 /// Frees a handle (`acltdtFreeBuf`); the buffer goes back to the pool with its last handle.
+/// In debug mode, an overwritten padding is reported by that last free as
+/// [`Status::Corruption`], as [`ap_free`] reports one (the buffer is freed all the same).
 #[no_mangle]
 pub extern "C" fn ap_mbuf_free(pool: u64, mbuf: u64) -> Status {
     run(|| {
         let e = entry(pool)?;
         let found = lock(&e.mbufs).remove(&mbuf);
-        found.ok_or_else(|| e.gone(Failure::BadBuffer(mbuf)))?;
-        Ok(())
+        let m = found.ok_or_else(|| e.gone(Failure::BadBuffer(mbuf)))?;
+        // Another thread's call still holding the buffer frees it when done (its drop
+        // reports an overrun to the pool's corruption list instead).
+        Ok(m.free()?)
     })
 }
 

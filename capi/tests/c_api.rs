@@ -1466,6 +1466,42 @@ fn buffers_carry_data_length_and_user_data_and_open_read_only() {
     }
 }
 
+/// A write past a buffer's data into its padding is reported by the `ap_mbuf_free` of its
+/// last handle, as `ap_free` reports one for a region: the buffer is freed all the same.
+#[test]
+fn an_overrun_into_a_buffers_padding_is_reported_by_its_last_free() {
+    let pool = pool_with("debug:1");
+    for kind in [MBUF_NORMAL, MBUF_DVPP] {
+        let (mut m, mut copy) = (0, 0);
+        // SAFETY (every call below): the pointers are valid for what they are used for.
+        unsafe {
+            assert_eq!(ap_mbuf_alloc(pool, 100, kind, &mut m), Status::Ok);
+            assert_eq!(ap_mbuf_copy_ref(pool, m, &mut copy), Status::Ok);
+            let data = mbuf_info(pool, m).data as usize;
+            // The region holds the 128-byte header and 100 bytes of data: its padding starts
+            // at ALIGN_UP(228, 32) = 256 bytes, 128 past the data's start.
+            let stray = std::ptr::with_exposed_provenance_mut::<u8>(data);
+            // SAFETY: inside the segment's padding (carve rule: 256 + 32 bytes of footprint),
+            // in the pool's simulated device memory; writing there is the bug debug mode
+            // exists to catch.
+            stray.add(130).write(0xAB);
+            assert_eq!(ap_mbuf_free(pool, m), Status::Ok, "a handle is left");
+            assert_eq!(ap_mbuf_free(pool, copy), Status::Corruption, "{kind}");
+            assert!(
+                last_error().contains("byte 258 past the start"),
+                "{}",
+                last_error()
+            );
+            // Freed all the same: the handle is gone and the pool is whole.
+            assert_eq!(ap_mbuf_free(pool, copy), Status::BadBuffer);
+        }
+    }
+    assert_eq!(ap_pool_validate(pool), Status::Ok);
+    let live: u64 = stats(pool).iter().map(|s| s.live_regions).sum();
+    assert_eq!(live, 0, "the buffers went back with their last handles");
+    assert_eq!(destroy(pool), 0);
+}
+
 /// Buffers of both kinds on a plain pool (Miri runs this one: no virtual memory).
 #[test]
 fn buffers_of_both_kinds_on_the_simulator() {
