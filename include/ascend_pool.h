@@ -33,7 +33,8 @@ typedef enum ap_status {
     AP_ERR_INVALID_SIZE = 6,     /* size 0, a size that overflows, an alignment refused */
     AP_ERR_OUT_OF_MEMORY = 7,    /* the pool and its source could not serve the request */
     AP_ERR_LIMIT_EXCEEDED = 8,   /* serving it would pass the configured limit */
-    AP_ERR_OUT_OF_BOUNDS = 9,    /* a copy or fill past the end of a region, or of length 0 */
+    AP_ERR_OUT_OF_BOUNDS = 9,    /* a copy or fill past the end of a region, or of length 0;
+                                  * a buffer's valid data length past its size */
     AP_ERR_MISALIGNED = 10,      /* an async copy whose ends are not 64-byte aligned */
     AP_ERR_WRONG_KIND = 11,      /* a kind the call does not take (streams: device and DVPP) */
     AP_ERR_CONFIG = 12,          /* a configuration string the pool refuses */
@@ -349,6 +350,9 @@ typedef struct ap_mbuf_info {
     uint32_t refs;     /* handles on the buffer */
 } ap_mbuf_info;
 
+/* The header is in device memory any process holding the buffer's descriptor can write: a
+ * valid data length there past the size gets AP_ERR_OUT_OF_BOUNDS (as ap_shared_mbuf_get_info),
+ * and nothing is written to `out`. */
 ap_status ap_mbuf_get_info(ap_pool pool, ap_mbuf mbuf, ap_mbuf_info *out);
 ap_status ap_mbuf_write(ap_pool pool, ap_mbuf mbuf, uint64_t offset, const void *src,
                         uint64_t len);
@@ -379,6 +383,8 @@ typedef struct ap_shared_mbuf_info {
     uint64_t data_len; /* the valid data length its publisher set */
 } ap_shared_mbuf_info;
 
+/* A valid data length past the size (written by a process holding the descriptor) gets
+ * AP_ERR_OUT_OF_BOUNDS, and nothing is written to `out`. */
 ap_status ap_shared_mbuf_get_info(ap_shared_mbuf buf, ap_shared_mbuf_info *out);
 ap_status ap_shared_mbuf_read(ap_shared_mbuf buf, uint64_t offset, void *dst, uint64_t len);
 ap_status ap_shared_mbuf_get_user_data(ap_shared_mbuf buf, uint64_t offset, void *dst,

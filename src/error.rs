@@ -213,7 +213,9 @@ pub enum Error {
     /// A handle that was already freed.
     AlreadyFreed,
     /// A copy, fill, read, write or view that reaches past the end of a region or buffer,
-    /// or that covers no byte (`len` 0: every such call takes at least one byte).
+    /// or that covers no byte (`len` 0: every such call takes at least one byte); also a
+    /// shared buffer's valid data length past its data (offset 0, `len` that length), set
+    /// or read from a header another process wrote.
     OutOfBounds {
         /// Offset asked for.
         offset: u64,

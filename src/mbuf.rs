@@ -23,6 +23,11 @@
 //! written. DVPP memory cannot be shared between processes, so publishing a DVPP buffer is
 //! refused.
 //!
+//! The header is only as trustworthy as the memory: any process holding the descriptor can
+//! write it. So a valid data length past the buffer's size, on either side, is refused with
+//! [`Error::OutOfBounds`] (as [`Mbuf::set_data_len`] refuses it), and [`SharedMbuf::open`]
+//! takes the size only when it matches what was published.
+//!
 //! ```
 //! use ascend_pool::mbuf::{Mbuf, MbufKind};
 //! use ascend_pool::{Pool, PoolConfig, SimSource};
@@ -79,6 +84,8 @@ struct MbufInner {
     /// Header then `size` bytes of data; locked for each copy (the region API takes `&mut`).
     region: Mutex<MbufRegion>,
     kind: MbufKind,
+    /// Bytes of data, as written in the header at alloc: the bound every length is checked
+    /// against, never read back from the header (which other processes can write).
     size: u64,
 }
 
@@ -95,6 +102,14 @@ fn out_of_bounds(offset: u64, len: u64, capacity: u64) -> Error {
         capacity,
         side: None,
     }
+}
+
+/// `len`, a valid data length read from a header, if it lies within `size` bytes of data.
+fn checked_data_len(len: u64, size: u64) -> Result<u64> {
+    if len > size {
+        return Err(out_of_bounds(0, len, size));
+    }
+    Ok(len)
 }
 
 /// The header bytes `len` bytes at `offset` of the user data cover, if they fit in the 96.
@@ -194,11 +209,13 @@ impl Mbuf {
         self.put(16, &len.to_le_bytes())
     }
 
-    /// The valid data length (`acltdtGetBufDataLen`).
+    /// The valid data length (`acltdtGetBufDataLen`). A length past the size, which another
+    /// process wrote into the header through a mapping of it, is refused with
+    /// [`Error::OutOfBounds`] (offset 0, that length, the size), as setting it is.
     pub fn data_len(&self) -> Result<u64> {
         let mut b = [0u8; 8];
         self.get(16, &mut b)?;
-        Ok(u64::from_le_bytes(b))
+        checked_data_len(u64::from_le_bytes(b), self.inner.size)
     }
 
     /// Writes user data at `offset` of the 96 bytes (`acltdtSetBufUserData`).
@@ -286,6 +303,8 @@ impl Mbuf {
 #[derive(Debug)]
 pub struct SharedMbuf<R: VmmRuntime> {
     mapping: SharedMapping<R>,
+    /// Bytes of data: the header's size as [`open`](Self::open) checked it against the
+    /// published length, never read again (the header stays writable by other processes).
     size: u64,
 }
 
@@ -313,11 +332,14 @@ impl<R: VmmRuntime> SharedMbuf<R> {
         self.size
     }
 
-    /// The valid data length the primary set.
+    /// The valid data length the primary set. The header can be written by any process
+    /// holding the descriptor, so a length past [`size`](Self::size) is refused with
+    /// [`Error::OutOfBounds`] (offset 0, that length, the size), as the primary's
+    /// [`Mbuf::set_data_len`] refuses it.
     pub fn data_len(&self) -> Result<u64> {
         let mut b = [0u8; 8];
         self.mapping.read(16, &mut b)?;
-        Ok(u64::from_le_bytes(b))
+        checked_data_len(u64::from_le_bytes(b), self.size)
     }
 
     /// Reads user data from `offset` of the 96 bytes.

@@ -555,6 +555,44 @@ fn an_opened_buffer_reads_only_what_its_header_describes() {
     drop((buf, pool, vmm));
 }
 
+/// The header lives in device memory any holder of the descriptor can write (a
+/// `SharedMapping` of it): a valid data length past the buffer's data is refused, on either
+/// side, as setting it is, and never reaches a caller as a length it could size a read by.
+#[test]
+#[cfg_attr(
+    miri,
+    ignore = "virtual memory reserves addresses with PROT_NONE, which Miri refuses"
+)]
+fn a_data_length_past_the_buffer_written_through_a_mapping_is_refused() {
+    let _objects = Counted::begin();
+    let (sim, vmm, pool) = exporter();
+    let pool = Arc::new(pool);
+    let buf = Mbuf::alloc(&pool, 1000, MbufKind::Normal).unwrap();
+    buf.set_data_len(900).unwrap();
+    let desc = buf.publish(&vmm, &Access::AnyProcess).unwrap();
+    let opened = SharedMbuf::open(Arc::clone(&sim), 0, &desc).unwrap();
+    let raw = SharedMapping::open(Arc::clone(&sim), 0, &desc).unwrap();
+    for len in [1001, 1 << 40, u64::MAX] {
+        raw.write(16, &len.to_le_bytes()).unwrap();
+        let past = Err(Error::OutOfBounds {
+            offset: 0,
+            len,
+            capacity: 1000,
+            side: None,
+        });
+        assert_eq!(opened.data_len(), past, "opened: {len}");
+        assert_eq!(buf.data_len(), past, "the publisher's own: {len}");
+    }
+    // The whole data is a valid length; the publisher can set it right again.
+    raw.write(16, &1000u64.to_le_bytes()).unwrap();
+    assert_eq!(opened.data_len(), Ok(1000));
+    buf.set_data_len(900).unwrap();
+    assert_eq!((opened.data_len(), buf.data_len()), (Ok(900), Ok(900)));
+    raw.close().unwrap();
+    opened.close().unwrap();
+    drop((buf, pool, vmm));
+}
+
 /// The other process. Does nothing in a normal test run.
 #[test]
 fn child_process() {

@@ -138,7 +138,9 @@ pub extern "C" fn ap_mbuf_free(pool: u64, mbuf: u64) -> Status {
     })
 }
 
-/// Where a buffer's data lies, its size, valid length, kind and number of handles.
+/// Where a buffer's data lies, its size, valid length, kind and number of handles. A valid
+/// length past the size, which another process wrote into the header through a mapping of
+/// it, gets [`Status::OutOfBounds`], and nothing is written.
 ///
 /// # Safety
 /// `out` is NULL or valid for a write of an [`MbufInfo`].
@@ -326,7 +328,9 @@ pub unsafe extern "C" fn ap_shared_mbuf_open(
     })
 }
 
-/// An opened buffer's size and the valid data length its publisher set.
+/// An opened buffer's size and the valid data length its publisher set. A length past the
+/// size (the header is writable by any process holding the descriptor) gets
+/// [`Status::OutOfBounds`], and nothing is written.
 ///
 /// # Safety
 /// `out` is NULL or valid for a write of a [`SharedMbufInfo`].

@@ -1502,6 +1502,60 @@ fn an_overrun_into_a_buffers_padding_is_reported_by_its_last_free() {
     assert_eq!(destroy(pool), 0);
 }
 
+/// A valid data length past the buffer's data, written into its header through a mapping of
+/// the same descriptor, is refused by both sides' info calls with `AP_ERR_OUT_OF_BOUNDS`.
+#[test]
+#[cfg_attr(
+    miri,
+    ignore = "virtual memory reserves addresses with PROT_NONE, which Miri refuses"
+)]
+fn a_data_length_past_the_buffer_written_through_a_mapping_is_refused() {
+    let pool = pool_over(SOURCE_VMM_SIM, "chunk_size:4m");
+    let mut m = 0;
+    // SAFETY (every call below): the pointers are NULL or valid for what they are used for.
+    unsafe {
+        assert_eq!(ap_mbuf_alloc(pool, 1000, MBUF_NORMAL, &mut m), Status::Ok);
+        assert_eq!(ap_mbuf_set_data_len(pool, m, 900), Status::Ok);
+        let desc = text_of(|b, c, n| ap_mbuf_publish(pool, m, null(), 0, b, c, n));
+        let desc = std::ffi::CString::new(desc).unwrap();
+        let (mut sh, mut raw) = (0, 0);
+        let got = ap_shared_mbuf_open(SOURCE_SIM, 0, desc.as_ptr(), &mut sh);
+        assert_eq!(got, Status::Ok, "{}", last_error());
+        let got = ap_share_open(SOURCE_SIM, 0, desc.as_ptr(), &mut raw);
+        assert_eq!(got, Status::Ok, "{}", last_error());
+        let hostile = 1001u64.to_le_bytes();
+        assert_eq!(
+            ap_mapping_write(raw, 16, hostile.as_ptr().cast(), 8),
+            Status::Ok
+        );
+        let mut si = SharedMbufInfo::default();
+        expect(
+            "opened",
+            ap_shared_mbuf_get_info(sh, &mut si),
+            Status::OutOfBounds,
+            "out of bounds of 1000 bytes",
+        );
+        assert_eq!(si, SharedMbufInfo::default(), "nothing written");
+        let mut mi = MbufInfo::default();
+        expect(
+            "the publisher's own",
+            ap_mbuf_get_info(pool, m, &mut mi),
+            Status::OutOfBounds,
+            "out of bounds of 1000 bytes",
+        );
+        assert_eq!(mi, MbufInfo::default(), "nothing written");
+        // The publisher sets it right again.
+        assert_eq!(ap_mbuf_set_data_len(pool, m, 900), Status::Ok);
+        assert_eq!(ap_shared_mbuf_get_info(sh, &mut si), Status::Ok);
+        assert_eq!((si.size, si.data_len), (1000, 900));
+        assert_eq!(mbuf_info(pool, m).data_len, 900);
+        assert_eq!(ap_mapping_close(raw), Status::Ok);
+        assert_eq!(ap_shared_mbuf_close(sh), Status::Ok);
+        assert_eq!(ap_mbuf_free(pool, m), Status::Ok);
+    }
+    assert_eq!(destroy(pool), 0);
+}
+
 /// Buffers of both kinds on a plain pool (Miri runs this one: no virtual memory).
 #[test]
 fn buffers_of_both_kinds_on_the_simulator() {
