@@ -80,9 +80,11 @@ enum MbufRegion {
 
 #[derive(Debug)]
 struct MbufInner {
-    pool: Arc<Pool>,
     /// Header then `size` bytes of data; locked for each copy (the region API takes `&mut`).
+    /// Declared before `pool`, so a drop gives it back before the pool handle goes (the
+    /// pool's last handle would otherwise report it as a live region).
     region: Mutex<MbufRegion>,
+    pool: Arc<Pool>,
     kind: MbufKind,
     /// Bytes of data, as written in the header at alloc: the bound every length is checked
     /// against, never read back from the header (which other processes can write).
@@ -136,8 +138,8 @@ impl Mbuf {
         };
         let buf = Self {
             inner: Arc::new(MbufInner {
-                pool: Arc::clone(pool),
                 region: Mutex::new(region),
+                pool: Arc::clone(pool),
                 kind,
                 size,
             }),
@@ -270,8 +272,7 @@ impl Mbuf {
             MbufRegion::Normal(r) => r.free(),
             MbufRegion::Dvpp(r) => r.free(),
         };
-        // The pool handle goes after the region: were it the pool's last, the pool would
-        // report the region as live.
+        // The pool handle goes after the region, as in a drop (see `MbufInner::region`).
         drop(pool);
         freed
     }
