@@ -146,3 +146,30 @@ fn a_free_pending_on_a_dropped_stream_is_counted_until_the_pool_looks() {
     assert_eq!(figures(pool.stats(MemKind::DEVICE)), (0, 0, 1));
     assert!(pool.leak_report().is_empty());
 }
+
+/// A refusal's `in_use` is the bytes live in regions, as `stats` counts `allocated_bytes`: a
+/// segment its region let go of, held free in a thread cache, is not in use, also for a
+/// request no chunk could ever hold (refused before any cache is flushed) and for one past
+/// the kind's limit.
+#[test]
+fn a_refusals_in_use_leaves_out_segments_held_free_in_thread_caches() {
+    use ascend_pool::{Error, MemKind};
+    for config in [
+        PoolConfig::default(),
+        PoolConfig::default().with_limit(4 << 20),
+    ] {
+        let pool = Pool::new(Arc::new(SimSource::default()), config).unwrap();
+        let kept = pool.alloc_host(1000).unwrap();
+        drop(pool.alloc_host(4096).unwrap());
+        let s = pool.stats(MemKind::Host);
+        assert_eq!((s.cached_regions, s.live_regions), (1, 1), "{s:?}");
+        // Past what any chunk's engine addresses: refused before the pool makes room.
+        let in_use = match pool.alloc_host(300 << 30) {
+            Err(Error::OutOfMemory { in_use, .. } | Error::LimitExceeded { in_use, .. }) => in_use,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(in_use, s.allocated_bytes, "{s:?}");
+        drop(kept);
+        pool.validate().unwrap();
+    }
+}

@@ -1889,7 +1889,7 @@ impl PoolInner {
             } else {
                 Self::out_of_memory(k, len, None)
             };
-            return Err(Self::refusal(k, refused));
+            return Err(self.refusal(k, refused));
         };
         // Make room and retry, then grow. First the chunks' own free space is made whole
         // (cached slab pages back, parked blocks merged) and empty chunks go back: they
@@ -1976,7 +1976,7 @@ impl PoolInner {
         }
         k.stats.ooms += 1;
         Err(match last_err {
-            Some(e) => Self::refusal(k, e),
+            Some(e) => self.refusal(k, e),
             None => Error::Invalid("growth failed without an error".into()),
         })
     }
@@ -2071,8 +2071,11 @@ impl PoolInner {
 
     /// A refusal that stands, with `k`'s figures now: reserved, in use, and the largest
     /// free range, a walk over the chunks made only here, once the request has failed.
+    /// In use as [`Pool::stats`] counts it: segments held free in thread caches and shape
+    /// slots are not (a request no chunk could hold is refused before they are flushed).
     #[cold]
-    fn refusal(k: &KindPool, mut e: Error) -> Error {
+    fn refusal(&self, k: &KindPool, mut e: Error) -> Error {
+        let live = self.kind_stats(k, |_| {}).allocated_bytes;
         if let Error::OutOfMemory {
             reserved,
             in_use,
@@ -2087,7 +2090,7 @@ impl PoolInner {
         } = &mut e
         {
             *reserved = k.stats.reserved_bytes;
-            *in_use = k.stats.allocated_bytes;
+            *in_use = live;
             *largest_free = Self::largest_free(k);
         }
         if let Error::TotalLimitExceeded {
@@ -2096,7 +2099,7 @@ impl PoolInner {
             ..
         } = &mut e
         {
-            *in_use = k.stats.allocated_bytes;
+            *in_use = live;
             *largest_free = Self::largest_free(k);
         }
         e
