@@ -740,6 +740,49 @@ fn the_pool_grows_a_chunk_in_place_and_trims_its_tail() {
     pool.validate().unwrap();
 }
 
+/// `source_alloc_calls` counts every request for memory the source answered, growth in
+/// place included, served or refused (as a refused new block counts); `source_free_calls`
+/// every return of memory, a tail given back in place included: trim gave bytes back, and
+/// the figures said no call had.
+#[test]
+#[cfg_attr(
+    miri,
+    ignore = "virtual memory reserves addresses with PROT_NONE, which Miri refuses"
+)]
+fn source_calls_count_growth_in_place_refused_or_not_and_tails_given_back() {
+    let _g = serial();
+    let (sim, vmm) = vmm(256 * MIB);
+    let vmm = Arc::new(vmm);
+    let pool = pool_growing_in_place(&vmm);
+    let first = pool.alloc_device(3 * MIB).unwrap();
+    let before = pool.stats(MemKind::DEVICE);
+    let physical = || sim.stats().calls(AclFunc::MallocPhysical);
+    let asked = physical();
+    // Out of memory once: the pool asks again and the chunk grows where it is.
+    sim.inject_fault(Fault::next(
+        AclFunc::MallocPhysical,
+        AclError::RT_MEMORY_ALLOCATION,
+        1,
+    ));
+    let second = pool.alloc_device(3 * MIB).unwrap();
+    let st = pool.stats(MemKind::DEVICE);
+    assert_eq!(physical() - asked, 2, "one refused extension, one served");
+    assert_eq!(
+        (st.chunks, st.source_alloc_calls),
+        (1, before.source_alloc_calls + 2),
+        "{st:?}"
+    );
+    // The grown tail goes back on trim, the chunk stays: one call giving memory back.
+    drop(second);
+    let released = pool.trim();
+    let st = pool.stats(MemKind::DEVICE);
+    assert!(released > 0 && st.chunks == 1, "{released} {st:?}");
+    assert_eq!(st.source_free_calls, before.source_free_calls + 1, "{st:?}");
+    drop(first);
+    pool.validate().unwrap();
+    vmm.validate().unwrap();
+}
+
 #[test]
 fn a_growth_in_place_the_runtime_refuses_for_a_reason_other_than_memory_is_an_error() {
     let _g = serial();
@@ -759,7 +802,8 @@ fn a_growth_in_place_the_runtime_refuses_for_a_reason_other_than_memory_is_an_er
         (st.chunks, st.reserved_bytes, st.live_regions),
         (before.chunks, before.reserved_bytes, 1)
     );
-    assert_eq!(st.source_alloc_calls, before.source_alloc_calls);
+    // The refused extension was a call to the source, as a refused new block is.
+    assert_eq!(st.source_alloc_calls, before.source_alloc_calls + 1);
     pool.validate().unwrap();
     vmm.validate().unwrap();
     // The fault spent, the same request grows the chunk in place.
@@ -768,7 +812,7 @@ fn a_growth_in_place_the_runtime_refuses_for_a_reason_other_than_memory_is_an_er
     // An extension is a call to the source like a new block.
     assert_eq!(
         (st.chunks, st.source_alloc_calls),
-        (1, before.source_alloc_calls + 1)
+        (1, before.source_alloc_calls + 2)
     );
     drop((first, second));
     pool.validate().unwrap();

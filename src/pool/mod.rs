@@ -137,9 +137,12 @@ pub struct KindStats {
     pub pending_frees: u64,
     /// Chunks held.
     pub chunks: u64,
-    /// Calls to the source's allocate.
+    /// Calls asking the source for memory, whether it served them or refused: new blocks,
+    /// and growths of a block in place (a virtual-memory source's extensions).
     pub source_alloc_calls: u64,
-    /// Calls to the source's free.
+    /// Calls giving memory back to the source, whether it took it or refused: blocks
+    /// freed, and tails of a block given back in place (a virtual-memory source's shrinks,
+    /// on [`Pool::trim`]).
     pub source_free_calls: u64,
     /// Allocations that failed for lack of memory (after retrying).
     pub ooms: u64,
@@ -2225,20 +2228,30 @@ impl PoolInner {
                 return Err(e);
             }
             let old = k.chunks[id].block;
-            let Some(block) = self.source.extend_block(old, additional)? else {
+            // A refused extension was a call to the source, as a refused new block is; a
+            // source that cannot extend (`None`) was not asked for memory.
+            let extended = self.source.extend_block(old, additional);
+            if !matches!(extended, Ok(None)) {
+                k.stats.source_alloc_calls += 1;
+            }
+            let Some(block) = extended? else {
                 continue;
             };
-            k.stats.source_alloc_calls += 1;
             let c = &mut k.chunks[id];
             let usable = (block.size - (c.base - block.addr) as u64) / 64 * 64;
             let grown = usable.saturating_sub(c.engine.capacity());
             if c.engine.grow(grown).is_err() {
                 // The engine is as large as it can address (256 GiB): give the memory back
                 // rather than hold bytes no engine carves, and let another chunk serve.
-                let kept = match self.source.shrink_block(block, old.size) {
+                let shrunk = self.source.shrink_block(block, old.size);
+                let kept = match shrunk {
                     Ok(b) if b.addr == block.addr && b.size <= block.size => b,
                     _ => block,
                 };
+                if shrunk.is_err() || kept.size < block.size {
+                    k.stats.source_free_calls += 1;
+                }
+                let c = &mut k.chunks[id];
                 c.block = kept;
                 self.note_reserved(k, kept.size.saturating_sub(old.size));
                 continue;
@@ -2264,10 +2277,16 @@ impl PoolInner {
                 continue;
             }
             let old = c.block;
-            let kept = match self.source.shrink_block(old, old.size - removed) {
+            let shrunk = self.source.shrink_block(old, old.size - removed);
+            let kept = match shrunk {
                 Ok(b) if b.addr == old.addr && b.size <= old.size => b,
                 _ => old,
             };
+            // A call giving memory back, as a block's free is (refused ones too); a source
+            // that cannot shrink (the block unchanged) was not asked.
+            if shrunk.is_err() || kept.size < old.size {
+                k.stats.source_free_calls += 1;
+            }
             // Whatever the source kept goes back to the engine.
             let keep = removed - (old.size - kept.size).min(removed);
             if keep > 0 && c.engine.grow(keep).is_err() {
