@@ -951,14 +951,11 @@ impl Pool {
                     c.raw.addr
                 )),
             };
-            self.inner.shapes[class].for_each_distinct(
-                |c| c.raw.key(),
-                |c| {
-                    if let Some(p) = unsettled(c) {
-                        problem.get_or_insert(p);
-                    }
-                },
-            );
+            self.inner.shapes[class].for_each_held(|c| {
+                if let Some(p) = unsettled(c) {
+                    problem.get_or_insert(p);
+                }
+            });
             if let Some(p) = problem {
                 return Err(Error::Invalid(format!("{} shape slots: {p}", k.kind)));
             }
@@ -3136,15 +3133,12 @@ impl PoolInner {
         s.raise_peaks();
         s.pending_frees = k.pending.len() as u64;
         let (mut bytes, mut requested, mut items) = (0, 0, 0);
-        let t = self.shapes[k.kind.index()].for_each_distinct(
-            |c| c.raw.key(),
-            |c| {
-                bytes += c.raw.footprint();
-                requested += c.raw.len();
-                items += 1;
-                held(c.raw.key());
-            },
-        );
+        let t = self.shapes[k.kind.index()].for_each_held(|c| {
+            bytes += c.raw.footprint();
+            requested += c.raw.len();
+            items += 1;
+            held(c.raw.key());
+        });
         s.allocated_bytes -= bytes;
         s.requested_bytes -= requested;
         s.live_regions -= items;

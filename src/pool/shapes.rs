@@ -33,7 +33,8 @@
 //! (the four words share a line, so the tests before a carve and the budget read one line),
 //! and an item. A thread that moves the word from `FULL` or `EMPTY` to `BUSY` owns the item
 //! and the slot's counters until it stores the word back; nobody blocks while holding
-//! `BUSY`, so a drain that finds it waits a few instructions at most. The key is a hash of
+//! `BUSY`, so a drain that finds it waits a few instructions at most (a walk for the
+//! figures holds every slot at once, for as long as it reads them). The key is a hash of
 //! the shape; a free takes an empty slot if there is one (frames are freed a few at a time,
 //! and each comes back), and an allocation takes any slot whose key matches, a hash
 //! collision being caught by checking the item itself. `tag` is 8 bits of the item's chunk
@@ -389,6 +390,16 @@ impl<T> ShapeSlots<T> {
         s: &Slot<T>,
         f: impl FnOnce(&mut Body<T>, u64) -> (u64, R),
     ) -> R {
+        let w = Self::hold(word);
+        // SAFETY: this thread holds the slot BUSY until the store below.
+        let (state, r) = s.body.with_mut(|p| f(unsafe { &mut *p }, w & STATE));
+        word.store((w & !STATE) | state, Ordering::Release);
+        r
+    }
+
+    /// Moves `word` to `BUSY`, waiting while another thread holds it so; returns the word
+    /// as it was. The caller owns the slot's body until it stores a word back.
+    fn hold(word: &AtomicU64) -> u64 {
         loop {
             let w = word.load(Ordering::Relaxed);
             if w & STATE == BUSY {
@@ -397,14 +408,10 @@ impl<T> ShapeSlots<T> {
             }
             if word
                 .compare_exchange(w, (w & !STATE) | BUSY, Ordering::Acquire, Ordering::Relaxed)
-                .is_err()
+                .is_ok()
             {
-                continue;
+                return w;
             }
-            // SAFETY: this thread holds the slot BUSY until the store below.
-            let (state, r) = s.body.with_mut(|p| f(unsafe { &mut *p }, w & STATE));
-            word.store((w & !STATE) | state, Ordering::Release);
-            return r;
         }
     }
 
@@ -475,43 +482,33 @@ impl<T> ShapeSlots<T> {
         }
     }
 
-    /// Calls `f` on every item held, and returns the counters.
+    /// Calls `f` on every item held, and returns the counters, all of one moment: every
+    /// slot is held `BUSY` at once (taken in slot order, as the drains take them one at a
+    /// time, so two walks cannot wait on each other), so an item taken from a slot and put
+    /// in another meanwhile is seen in exactly one, and the counters are those of the items
+    /// seen. Walked one slot at a time, such an item was met twice or not at all, and its
+    /// put was counted without its take. A take or put that finds a slot busy meanwhile
+    /// misses or is declined, as it would for a drain.
     pub(crate) fn for_each_held(&self, mut f: impl FnMut(&T)) -> SlotTotals {
+        let held: [u64; SLOTS] = std::array::from_fn(|i| Self::hold(&self.words.0[i]));
         let mut t = SlotTotals::default();
-        for (word, s) in self.words.0.iter().zip(&self.slots) {
-            Self::with_slot(word, s, |b, state| {
-                if state == FULL {
+        for (s, w) in self.slots.iter().zip(held) {
+            s.body.with_mut(|p| {
+                // SAFETY: this thread holds every slot BUSY until the stores below.
+                let b = unsafe { &*p };
+                if w & STATE == FULL {
                     // SAFETY: the slot was FULL, so the item is initialised.
                     f(unsafe { b.item.assume_init_ref() });
                 }
                 t.hits += b.hits;
                 t.puts += b.puts;
-                (state, ())
             });
         }
+        // Each word as it was: nothing changed while they were held.
+        for (word, w) in self.words.0.iter().zip(held) {
+            word.store(w, Ordering::Release);
+        }
         t
-    }
-
-    /// [`for_each_held`](Self::for_each_held), calling `f` once per item as `id` tells them
-    /// apart. The walk takes one slot at a time while other threads take and put without
-    /// the kind lock, so an item taken from a slot already walked and put in a later one is
-    /// met twice: counted twice, its bytes came off a kind's live figures twice.
-    pub(crate) fn for_each_distinct<K: PartialEq>(
-        &self,
-        id: impl Fn(&T) -> K,
-        mut f: impl FnMut(&T),
-    ) -> SlotTotals {
-        // At most one item a slot is met, so at most `SLOTS` distinct ones.
-        let mut met: [Option<K>; SLOTS] = std::array::from_fn(|_| None);
-        let mut n = 0;
-        self.for_each_held(|item| {
-            let k = id(item);
-            if !met[..n].iter().any(|m| m.as_ref() == Some(&k)) {
-                met[n] = Some(k);
-                n += 1;
-                f(item);
-            }
-        })
     }
 }
 
