@@ -107,7 +107,9 @@ pub struct KindStats {
     pub allocated_bytes: u64,
     /// Requested bytes of live regions (as `allocated_bytes`).
     pub requested_bytes: u64,
-    /// Bytes held from the block source.
+    /// Bytes of the blocks held from the block source, as the pool asked for them (the
+    /// runtime may hold a little more for each: `aclrtMalloc`'s padding, a virtual-memory
+    /// granule larger than the pool's 2 MiB).
     pub reserved_bytes: u64,
     /// Peak of `allocated_bytes`.
     pub peak_allocated_bytes: u64,
@@ -144,7 +146,9 @@ pub struct KindStats {
     /// freed, and tails of a block given back in place (a virtual-memory source's shrinks,
     /// on [`Pool::trim`]).
     pub source_free_calls: u64,
-    /// Allocations that failed for lack of memory (after retrying).
+    /// Allocations refused after retrying: the source had no memory, a limit
+    /// ([`PoolConfig::limit`], [`PoolConfig::total_limit`]) would have been passed, or no
+    /// chunk could hold the request.
     pub ooms: u64,
     /// Footprint bytes of free segments held in per-thread caches and shape slots (not in
     /// `allocated_bytes`; `allocated_bytes + cached_bytes` is what the chunks' engines have
@@ -200,7 +204,8 @@ pub struct SegmentInfo {
     pub footprint: u64,
     /// Whether its free waits for a stream.
     pub pending: bool,
-    /// Whether it is free, held in a thread cache for reuse (never in a leak report).
+    /// Whether it is free, held in a thread cache or a shape slot for reuse (never in a
+    /// leak report).
     pub cached: bool,
 }
 
@@ -213,9 +218,10 @@ pub struct ChunkInfo {
     pub size: u64,
     /// Whether the chunk was made for one large request.
     pub dedicated: bool,
-    /// The chunk engine's statistics.
+    /// The chunk engine's statistics: segments held free in thread caches and shape slots
+    /// are carved, so they count as live there (not in [`KindStats`]).
     pub engine: EngineStats,
-    /// Live segments, by offset.
+    /// Live segments, by offset, and those held free for reuse (`cached` set).
     pub segments: Vec<SegmentInfo>,
 }
 
@@ -980,7 +986,7 @@ impl Pool {
     }
 
     /// Live segments (including those whose free waits for a stream; not those held free
-    /// in thread caches).
+    /// in thread caches and shape slots).
     pub fn leak_report(&self) -> Vec<SegmentInfo> {
         let mut out = Vec::new();
         if self.inner.forked() {
@@ -1015,7 +1021,8 @@ impl Pool {
         std::mem::take(&mut *lock(&self.inner.corruption))
     }
 
-    /// Every chunk and live segment, for a JSON dump or a picture.
+    /// Every chunk and live segment (and each segment held free in a thread cache or shape
+    /// slot, marked `cached`), for a JSON dump or a picture.
     pub fn snapshot(&self) -> PoolSnapshot {
         let mut kinds = Vec::new();
         let ours = !self.inner.forked();
