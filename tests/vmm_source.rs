@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use ascend_pool::source::sim::{AclFunc, Fault, FaultTimes, SimConfig, SimSource};
 use ascend_pool::source::vmm::{PhysicalHandle, PhysicalMemProp, VmmConfig, VmmRuntime, VmmSource};
-use ascend_pool::source::{BlockSource, MemcpyKind};
+use ascend_pool::source::{Block, BlockSource, MemcpyKind};
 use ascend_pool::{AclError, Error, MemKind, Pool, PoolConfig, Region};
 
 const MIB: u64 = 1 << 20;
@@ -1120,6 +1120,189 @@ fn a_free_refused_after_losing_its_tail_leaves_the_block_whole() {
     vmm.free_block(a).unwrap();
     assert_eq!((used(&sim), sim.stats().mappings), (0, 0));
     assert_eq!(vmm.stats(), Default::default());
+}
+
+/// Four refusals in a row on the free of `a` (a block of three extents): [2, 3] is
+/// unmapped, [1] refused and [2, 3] not mapped back; [1] is refused again, and so is the map
+/// of new memory under the lost [2, 3]. [0] and [1] stay mapped.
+fn free_refused_four_times(sim: &SimSource, vmm: &VmmSource<SimSource>, a: Block) {
+    sim.inject_fault(Fault {
+        func: AclFunc::UnmapMem,
+        code: AclError::RT_FAILURE,
+        times: FaultTimes::After { skip: 1, n: 2 },
+    });
+    sim.inject_fault(Fault::next(AclFunc::MapMem, AclError::RT_FAILURE, 2));
+    let freed = vmm.free_block(a);
+    assert_eq!(
+        sim.stats().failures(AclFunc::MapMem),
+        2,
+        "the new tail was tried"
+    );
+    vmm.validate().unwrap();
+    freed.unwrap();
+}
+
+/// A free refused four times in a row leaves a block its source cannot make whole (its tail
+/// is unmapped): the source retires it. The free counts as done, the block is refused as
+/// freed from then on, no block is placed over what it still maps, and a later call gives
+/// that memory back. The block used to stay with its holder, short of its size (a pool
+/// carved it again, over unmapped addresses), and `validate` failed.
+#[test]
+#[cfg_attr(
+    miri,
+    ignore = "virtual memory reserves addresses with PROT_NONE, which Miri refuses"
+)]
+fn a_free_refused_four_times_retires_the_block() {
+    let _g = serial();
+    let (sim, vmm) = vmm(64 * MIB);
+    let a = three_extent_block(&vmm);
+    free_refused_four_times(&sim, &vmm, a);
+    let st = vmm.stats();
+    assert_eq!(
+        (st.blocks, st.retired, st.extents, st.mapped_bytes),
+        (0, 1, 2, 2 * G)
+    );
+    assert_eq!(
+        (sim.stats().mappings, used(&sim)),
+        (st.extents, st.mapped_bytes)
+    );
+    // Freed: refused as a block freed already, as it was handed out and as it is now.
+    for block in [a, Block { size: 2 * G, ..a }] {
+        assert_eq!(
+            code(vmm.free_block(block)),
+            ("aclrtUnmapMem", AclError::RT_MEMORY_FREE)
+        );
+        assert_eq!(
+            code(vmm.extend_block(block, G)),
+            ("aclrtMapMem", AclError::RT_MEMORY_FREE)
+        );
+        assert_eq!(
+            code(vmm.shrink_block(block, G)),
+            ("aclrtUnmapMem", AclError::RT_MEMORY_FREE)
+        );
+    }
+    // The next block's call retries the release, refused once more: the new block goes
+    // past what the retired one maps.
+    sim.inject_fault(Fault::next(AclFunc::UnmapMem, AclError::RT_FAILURE, 1));
+    let b = vmm.alloc_block(0, MemKind::DEVICE, 4 * G).unwrap();
+    assert!(
+        b.addr >= a.addr + 2 * G as usize,
+        "{:#x} {:#x}",
+        a.addr,
+        b.addr
+    );
+    assert_eq!((vmm.stats().retired, used(&sim)), (1, 6 * G));
+    vmm.validate().unwrap();
+    // Its free retries again, and the retired memory goes back with it.
+    vmm.free_block(b).unwrap();
+    assert_eq!(vmm.stats(), Default::default());
+    assert_eq!((used(&sim), sim.stats().mappings), (0, 0));
+    vmm.validate().unwrap();
+}
+
+/// A source dropped while it still holds a retired block (its release refused once more)
+/// unmaps and frees that block's memory with the rest: nothing stays open or mapped.
+#[test]
+#[cfg_attr(
+    miri,
+    ignore = "virtual memory reserves addresses with PROT_NONE, which Miri refuses"
+)]
+fn a_source_dropped_with_a_retired_block_gives_its_memory_back() {
+    let _g = serial();
+    let (objects, mapped) = (memory_objects(), mapped_objects());
+    let (sim, vmm) = vmm(64 * MIB);
+    let a = three_extent_block(&vmm);
+    free_refused_four_times(&sim, &vmm, a);
+    sim.inject_fault(Fault::next(AclFunc::UnmapMem, AclError::RT_FAILURE, 1));
+    vmm.alloc_block(0, MemKind::DEVICE, G).unwrap();
+    assert_eq!(vmm.stats().retired, 1);
+    drop(vmm);
+    assert_eq!((used(&sim), sim.stats().mappings), (0, 0));
+    assert_eq!((memory_objects(), mapped_objects()), (objects, mapped));
+}
+
+/// A pool's chunk whose free (a trim) is refused four times in a row is gone from the pool:
+/// its source retired the block, which the pool carves no more; the pool's figures and both
+/// `validate`s agree, and once the regions, the pool and the source are dropped nothing is
+/// left. The pool used to keep the chunk and carve it again, past its mapped bytes.
+#[test]
+#[cfg_attr(
+    miri,
+    ignore = "virtual memory reserves addresses with PROT_NONE, which Miri refuses"
+)]
+fn a_chunk_whose_free_is_refused_four_times_is_never_carved_again() {
+    let _g = serial();
+    let (objects, mapped) = (memory_objects(), mapped_objects());
+    let (sim, vmm) = vmm(256 * MIB);
+    let vmm = Arc::new(vmm);
+    let pool = pool_growing_in_place(&vmm);
+    // One chunk of three extents: its first block, grown in place twice.
+    let regions: Vec<_> = (0..3)
+        .map(|_| pool.alloc_device(3 * MIB).unwrap())
+        .collect();
+    assert_eq!(
+        (pool.stats(MemKind::DEVICE).chunks, vmm.stats().extents),
+        (1, 3)
+    );
+    let chunk = pool.snapshot().kinds[0].chunks[0].clone();
+    let (lo, hi) = (chunk.addr, chunk.addr + chunk.size as usize);
+    drop(regions);
+    let before = pool.stats(MemKind::DEVICE);
+
+    sim.inject_fault(Fault {
+        func: AclFunc::UnmapMem,
+        code: AclError::RT_FAILURE,
+        times: FaultTimes::After { skip: 1, n: 2 },
+    });
+    sim.inject_fault(Fault::next(AclFunc::MapMem, AclError::RT_FAILURE, 2));
+    let released = pool.trim();
+    vmm.validate().unwrap();
+    pool.validate().unwrap();
+    assert_eq!(released, before.reserved_bytes, "the chunk went");
+    let st = pool.stats(MemKind::DEVICE);
+    assert_eq!(
+        (st.chunks, st.reserved_bytes, st.source_free_calls),
+        (0, 0, before.source_free_calls + 1)
+    );
+    assert_eq!((vmm.stats().blocks, vmm.stats().retired), (0, 1));
+    // What the retired block still maps: its first two extents.
+    let retired = vmm.stats().mapped_bytes;
+    assert!(retired > 0 && retired < chunk.size, "{retired}");
+
+    // While the runtime refuses every unmap, every retry is refused: the block stays
+    // retired, and no region lies in it.
+    sim.inject_fault(Fault::always(AclFunc::UnmapMem, AclError::RT_FAILURE));
+    let mut regions = Vec::new();
+    for i in 0..8u8 {
+        let mut r = pool.alloc_device(3 * MIB).unwrap();
+        assert!(
+            r.addr() + 3 * MIB as usize <= lo || r.addr() >= hi,
+            "region {:#x} in the retired block {lo:#x}..{hi:#x}",
+            r.addr()
+        );
+        let len = r.len();
+        pool.copy_from_host(&mut r, 0, &[i; 64]).unwrap();
+        pool.copy_from_host(&mut r, len - 64, &[i; 64]).unwrap();
+        regions.push(r);
+    }
+    assert_eq!(vmm.stats().retired, 1);
+    assert!(sim.stats().failures(AclFunc::UnmapMem) > 2, "retried");
+    let st = pool.stats(MemKind::DEVICE);
+    assert_eq!(st.reserved_bytes + retired, vmm.stats().mapped_bytes);
+    pool.validate().unwrap();
+    vmm.validate().unwrap();
+
+    sim.clear_faults();
+    drop(regions);
+    drop(pool);
+    assert_eq!(
+        vmm.stats(),
+        Default::default(),
+        "the pool's last frees retried it"
+    );
+    drop(vmm);
+    assert_eq!((used(&sim), sim.stats().mappings), (0, 0));
+    assert_eq!((memory_objects(), mapped_objects()), (objects, mapped));
 }
 
 /// Publishing a range that starts where one physical allocation ends exports only the

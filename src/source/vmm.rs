@@ -174,13 +174,19 @@ struct VirtualBlock {
 /// `addr..addr + mapped` of a block tile that range exactly, and no extent lies outside a
 /// block; `size <= mapped` and `mapped == align_up(size, granule)` unless a shrink kept an
 /// extent straddling the new end, or extents past it that it could not map back (a refused
-/// free that lost its tail maps new memory under it, and breaks `size <= mapped` only when
-/// that fails too); `orphans` hold unmapped physical memory whose free failed.
+/// free that lost its tail maps new memory under it, and retires the block when that fails
+/// too); `orphans` hold unmapped physical memory whose free failed.
 #[derive(Debug, Default)]
 struct VmmState {
     blocks: BTreeMap<usize, VirtualBlock>,
     extents: BTreeMap<usize, Extent>,
     orphans: Vec<PhysicalHandle>,
+    /// Blocks freed that the runtime would neither unmap nor map whole again (a free that
+    /// lost its tail, refused again, and refused new memory under the tail), by address.
+    /// Each stays in `blocks`, so no block is placed over what it still maps, with `size`
+    /// cut to `mapped`: no holder's bytes are in it. It is never handed out again (`known`
+    /// refuses it as freed), and its release is retried on the next call and at the drop.
+    retired: Vec<usize>,
     /// Sum of extent lengths.
     mapped_bytes: u64,
 }
@@ -196,6 +202,9 @@ pub struct VmmStats {
     pub mapped_bytes: u64,
     /// Physical allocations unmapped whose free failed, retried on the next call.
     pub orphans: u64,
+    /// Blocks freed that the runtime would neither unmap nor map whole again: never handed
+    /// out again, their release retried on the next call and at the source's drop.
+    pub retired: u64,
 }
 
 /// A [`BlockSource`] that maps physical memory into one reservation (see the module docs).
@@ -339,10 +348,11 @@ impl<R: VmmRuntime> VmmSource<R> {
             return VmmStats::default();
         };
         VmmStats {
-            blocks: s.blocks.len() as u64,
+            blocks: (s.blocks.len() - s.retired.len()) as u64,
             extents: s.extents.len() as u64,
             mapped_bytes: s.mapped_bytes,
             orphans: s.orphans.len() as u64,
+            retired: s.retired.len() as u64,
         }
     }
 
@@ -378,6 +388,11 @@ impl<R: VmmRuntime> VmmSource<R> {
             }
             covered += b.mapped;
             end = at;
+        }
+        for (i, addr) in s.retired.iter().enumerate() {
+            if !s.blocks.contains_key(addr) || s.retired[..i].contains(addr) {
+                return bad(format!("retired block {addr:#x} is not one block"));
+            }
         }
         let total: u64 = s.extents.values().map(|e| e.len).sum();
         if total != covered || total != s.mapped_bytes {
@@ -419,7 +434,7 @@ impl<R: VmmRuntime> VmmSource<R> {
     /// Allocates `len` bytes of physical memory and maps all of it at `va` in one call.
     /// On failure the physical memory is freed again and the error returned.
     fn map_extent(&self, s: &mut VmmState, va: usize, len: u64) -> Result<()> {
-        self.retry_orphans(s);
+        self.retry_releases(s);
         let handle = self.runtime.malloc_physical(self.device, len)?;
         // One call: `aclrtMapMem` takes offset 0 and the whole allocation, so a failed map
         // leaves nothing mapped to undo.
@@ -485,7 +500,21 @@ impl<R: VmmRuntime> VmmSource<R> {
         }
     }
 
-    fn retry_orphans(&self, s: &mut VmmState) {
+    /// Tries again to release the retired blocks, then to free the orphans.
+    fn retry_releases(&self, s: &mut VmmState) {
+        for addr in std::mem::take(&mut s.retired) {
+            if self.release_from(s, addr, addr).is_ok() {
+                s.blocks.remove(&addr);
+                continue;
+            }
+            // Refused again, perhaps losing more of its tail: it holds what is still mapped.
+            let b = s
+                .blocks
+                .get_mut(&addr)
+                .expect("retired blocks stay in the table");
+            b.size = b.mapped;
+            s.retired.push(addr);
+        }
         s.orphans
             .retain(|&h| self.runtime.free_physical(h).is_err());
     }
@@ -495,6 +524,7 @@ impl<R: VmmRuntime> VmmSource<R> {
         let b = *s
             .blocks
             .get(&block.addr)
+            .filter(|_| !s.retired.contains(&block.addr))
             .ok_or(runtime_error(func, AclError::RT_MEMORY_FREE))?;
         if b.kind != block.kind || b.size != block.size || block.device != self.device {
             return Err(runtime_error(func, AclError::INVALID_PARAM));
@@ -629,12 +659,20 @@ impl<R: VmmRuntime + 'static> BlockSource for VmmSource<R> {
         })
     }
 
+    /// Unmaps the block and frees its memory. A refused unmap leaves the block with the
+    /// caller, mapped whole (an error), except when the runtime also refuses to map new
+    /// memory under a tail it lost: the block, short of its size, is retired
+    /// ([`VmmStats::retired`]). No caller may use it again, so the free counts as done
+    /// (`Ok`); the source keeps what is still mapped there and releases it on a later call
+    /// or at its drop.
     fn free_block(&self, block: Block) -> Result<()> {
         if !is_virtual(block.kind) {
             return self.runtime.free_block(block);
         }
         let mut s = self.state()?;
         let b = self.known(&s, "aclrtUnmapMem", block)?;
+        // A pool that no longer grows frees (trims) still: retired blocks get their retry.
+        self.retry_releases(&mut s);
         if let Err(e) = self.release_from(&mut s, block.addr, block.addr) {
             // A tail that could not be mapped back leaves the block short of its size: the
             // free goes on with what is still mapped.
@@ -649,8 +687,13 @@ impl<R: VmmRuntime + 'static> BlockSource for VmmSource<R> {
                 let tail = block.addr + mapped as usize;
                 if self.map_extent(&mut s, tail, b.mapped - mapped).is_ok() {
                     s.blocks.get_mut(&block.addr).expect("kept above").mapped = b.mapped;
+                    return Err(e);
                 }
-                return Err(e);
+                // Short for good, so no holder may carve it again: the source keeps it.
+                let entry = s.blocks.get_mut(&block.addr).expect("kept above");
+                entry.size = entry.mapped;
+                s.retired.push(block.addr);
+                return Ok(());
             }
         }
         s.blocks.remove(&block.addr);
