@@ -488,13 +488,17 @@ impl<T> ShapeSlots<T> {
     /// in another meanwhile is seen in exactly one, and the counters are those of the items
     /// seen. Walked one slot at a time, such an item was met twice or not at all, and its
     /// put was counted without its take. A take or put that finds a slot busy meanwhile
-    /// misses or is declined, as it would for a drain.
+    /// misses or is declined, as it would for a drain. Each slot is stored back as it was
+    /// even if `f` panics.
     pub(crate) fn for_each_held(&self, mut f: impl FnMut(&T)) -> SlotTotals {
-        let held: [u64; SLOTS] = std::array::from_fn(|i| Self::hold(&self.words.0[i]));
+        let held = HeldAll {
+            words: &self.words.0,
+            was: std::array::from_fn(|i| Self::hold(&self.words.0[i])),
+        };
         let mut t = SlotTotals::default();
-        for (s, w) in self.slots.iter().zip(held) {
+        for (s, &w) in self.slots.iter().zip(&held.was) {
             s.body.with_mut(|p| {
-                // SAFETY: this thread holds every slot BUSY until the stores below.
+                // SAFETY: this thread holds every slot BUSY until `held` drops.
                 let b = unsafe { &*p };
                 if w & STATE == FULL {
                     // SAFETY: the slot was FULL, so the item is initialised.
@@ -504,11 +508,26 @@ impl<T> ShapeSlots<T> {
                 t.puts += b.puts;
             });
         }
-        // Each word as it was: nothing changed while they were held.
-        for (word, w) in self.words.0.iter().zip(held) {
+        drop(held);
+        t
+    }
+}
+
+/// Every slot's word, held `BUSY` by a walk ([`ShapeSlots::for_each_held`]); dropping it
+/// stores each word back as it was, also when the walk's callback panics (left `BUSY`,
+/// the slots would refuse every take and put, and a drain would spin on them for good).
+struct HeldAll<'a> {
+    /// The slots' words, each `BUSY` (held by this walk) until the drop.
+    words: &'a [AtomicU64; SLOTS],
+    /// Each word as the walk found it: nothing else changes a word held `BUSY`.
+    was: [u64; SLOTS],
+}
+
+impl Drop for HeldAll<'_> {
+    fn drop(&mut self) {
+        for (word, &w) in self.words.iter().zip(&self.was) {
             word.store(w, Ordering::Release);
         }
-        t
     }
 }
 

@@ -376,3 +376,38 @@ fn a_walk_sees_the_slots_at_one_moment() {
     assert_eq!(seen, [0, 1, 2], "each frame seen once");
     assert_eq!(t.puts - t.hits, 3, "the figures of the frames seen: {t:?}");
 }
+
+/// A walk's callback runs while every slot is held `BUSY`: one that panics must still store
+/// each slot back as it was. Left `BUSY`, the slots would decline every put and miss every
+/// take from then on, the next drain under the kind lock would spin forever (the pool's
+/// lock serves on after a panic), and the slots' drop would leak the items they held.
+#[test]
+fn a_walk_whose_callback_panics_stores_every_slot_back() {
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+    let s = ShapeSlots::<(u64, Arc<()>)>::default();
+    let token = Arc::new(());
+    assert!(matches!(
+        s.put(key(9), 3, 1, 9, (0, token.clone())),
+        Put::Kept
+    ));
+    assert!(matches!(
+        s.put(key(8), 3, 1, 9, (1, token.clone())),
+        Put::Kept
+    ));
+    let walked = catch_unwind(AssertUnwindSafe(|| {
+        s.for_each_held(|_| panic!("a callback that fails"))
+    }));
+    assert!(walked.is_err());
+    assert!(s.holds_tag(3), "the slots still hold their items");
+    let taken = s.take(key(9), |_| true).map(|i| i.0);
+    assert_eq!(taken, Some(0), "the first slot is FULL again: {s:?}");
+    assert!(
+        matches!(s.put(key(7), 3, 1, 9, (2, token.clone())), Put::Kept),
+        "an empty slot takes a put again: {s:?}"
+    );
+    let mut drained = Vec::new();
+    s.drain(|i| drained.push(i.0));
+    drained.sort_unstable();
+    assert_eq!(drained, [1, 2]);
+    assert_eq!(Arc::strong_count(&token), 1, "nothing leaked");
+}
