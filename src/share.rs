@@ -122,7 +122,9 @@ impl<R: VmmRuntime + 'static> VmmSource<R> {
         self.publish_range(region.addr(), region.len(), access)
     }
 
-    /// Publishes `len` bytes at `addr`, which must lie in device memory this source mapped.
+    /// Publishes `len` bytes at `addr`, which must lie in device memory this source mapped
+    /// for blocks it handed out ([`Error::ForeignHandle`] otherwise, also over a block it
+    /// retired: [`VmmStats::retired`](crate::source::vmm::VmmStats::retired)).
     ///
     /// It waits for nothing: for a region [`Pool::alloc_device_on`](crate::Pool::alloc_device_on)
     /// took over behind its stream's work, use [`publish_region`](Self::publish_region), or
@@ -141,7 +143,8 @@ impl<R: VmmRuntime + 'static> VmmSource<R> {
         self.describe(pieces, Some((addr, len)), access)
     }
 
-    /// Publishes every byte this source has mapped (every chunk of the pool over it).
+    /// Publishes every byte this source has mapped (every chunk of the pool over it), but
+    /// a retired block's, which no one holds.
     ///
     /// It waits for nothing, as [`publish_range`](Self::publish_range): bytes streams still
     /// write are published as they are.

@@ -1221,6 +1221,52 @@ fn a_source_dropped_with_a_retired_block_gives_its_memory_back() {
     assert_eq!((memory_objects(), mapped_objects()), (objects, mapped));
 }
 
+/// A retired block's memory is held by no one, so nothing publishes it: `publish_all`
+/// exports only live blocks' memory (and is refused, exporting nothing, when the retired
+/// block is all the source maps), and a range over the retired block is refused as
+/// memory the source does not hand out. Both used to export it.
+#[test]
+#[cfg_attr(
+    miri,
+    ignore = "virtual memory reserves addresses with PROT_NONE, which Miri refuses"
+)]
+fn a_retired_block_is_never_published() {
+    use ascend_pool::share::Access;
+    let _g = serial();
+    let (sim, vmm) = vmm(64 * MIB);
+    let a = three_extent_block(&vmm);
+    free_refused_four_times(&sim, &vmm, a);
+    let exports = || sim.stats().calls(AclFunc::MemExportToShareableHandle);
+    assert!(matches!(
+        vmm.publish_all(&Access::AnyProcess),
+        Err(Error::OutOfBounds { len: 0, .. })
+    ));
+    assert!(matches!(
+        vmm.publish_range(a.addr, G, &Access::AnyProcess),
+        Err(Error::ForeignHandle)
+    ));
+    assert_eq!(exports(), 0);
+    // A live block beside it (the retry of the release refused once more).
+    sim.inject_fault(Fault::next(AclFunc::UnmapMem, AclError::RT_FAILURE, 1));
+    let b = vmm.alloc_block(0, MemKind::DEVICE, G).unwrap();
+    assert_eq!(vmm.stats().retired, 1);
+    let all = vmm.publish_all(&Access::AnyProcess).unwrap();
+    assert_eq!(
+        (all.base, all.span, all.pieces.len(), exports()),
+        (b.addr, G, 1, 1)
+    );
+    // A range from the live block into the retired one is refused whole.
+    let (lo, hi) = (a.addr.min(b.addr), a.addr.max(b.addr) + G as usize);
+    assert!(matches!(
+        vmm.publish_range(lo, (hi - lo) as u64, &Access::AnyProcess),
+        Err(Error::ForeignHandle)
+    ));
+    assert_eq!(exports(), 1);
+    vmm.validate().unwrap();
+    vmm.free_block(b).unwrap();
+    assert_eq!(vmm.stats(), Default::default());
+}
+
 /// A pool's chunk whose free (a trim) is refused four times in a row is gone from the pool:
 /// its source retired the block, which the pool carves no more; the pool's figures and both
 /// `validate`s agree, and once the regions, the pool and the source are dropped nothing is

@@ -532,7 +532,8 @@ impl<R: VmmRuntime> VmmSource<R> {
         Ok(b)
     }
 
-    /// Exports the extents overlapping `addr..addr + len` (every extent when `None`) and
+    /// Exports the extents overlapping `addr..addr + len` (every extent of a live block when
+    /// `None`; a range over a retired block is refused with [`Error::ForeignHandle`]) and
     /// returns them as (address, bytes, shareable handle). An extent already exported keeps
     /// its handle (a handle is exported once per process); one exported with other `flags`
     /// is refused with [`Error::ShareAccessFixed`], before anything new is exported. So is a
@@ -554,12 +555,23 @@ impl<R: VmmRuntime> VmmSource<R> {
             }
             None => (self.base, self.base + self.reserved as usize),
         };
-        let overlapping: Vec<usize> = s
+        // A retired block's memory is no holder's: never published.
+        let retired: Vec<(usize, usize)> = s
+            .retired
+            .iter()
+            .map(|&addr| (addr, addr + s.blocks[&addr].mapped as usize))
+            .collect();
+        let is_retired = |va: usize| retired.iter().any(|&(lo, hi)| (lo..hi).contains(&va));
+        let mut overlapping: Vec<usize> = s
             .extents
             .range(..hi)
             .filter(|(&va, e)| va + e.len as usize > lo)
             .map(|(&va, _)| va)
             .collect();
+        if range.is_some() && overlapping.iter().any(|&va| is_retired(va)) {
+            return Err(Error::ForeignHandle);
+        }
+        overlapping.retain(|&va| !is_retired(va));
         if range.is_some() {
             // The extents, by address, must cover `lo..hi` without a gap.
             let mut at = lo;
