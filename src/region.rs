@@ -562,8 +562,9 @@ struct KeptStream {
     /// The [`Stream`]'s token, dropped once the stream is destroyed: the segments that noted
     /// the stream forget it then, and the pool's frees and host accesses stop waiting for it.
     alive: Arc<()>,
-    /// The stream's wait events ([`Stream::wait_for`]) a wait still queued on it may name:
-    /// destroyed once the stream has been waited for.
+    /// The stream's wait events ([`Stream::wait_for`]) a wait still queued on it may name
+    /// (and a probe whose record the source panicked in): destroyed once the stream has
+    /// been waited for.
     events: SmallVec<[EventHandle; 4]>,
     /// An event [`Retry::Poll`] recorded on the stream, to learn without waiting whether it
     /// has run its work; recorded once, so a stream that never runs does not pile up records.
@@ -839,8 +840,10 @@ impl Retrying {
             Err(e) if crate::pool::stream_gone(&e) => {}
             Err(_) => return false,
         }
-        // Run: no wait queued on the stream names an event any more.
-        for ev in self.events.drain(..).chain(self.probe.take()) {
+        // Run: no wait queued on the stream names an event any more. Each event leaves the
+        // list just before its call: if the source panics there, the others stay listed for
+        // a later retry, and that one is not destroyed twice (the runtime may have done it).
+        while let Some(ev) = self.events.pop().or_else(|| self.probe.take()) {
             let _ = src.destroy_event(ev);
         }
         match src.destroy_stream(self.handle) {
@@ -860,7 +863,12 @@ impl Retrying {
                 let Ok(ev) = src.create_event(self.device) else {
                     return false;
                 };
-                if let Err(e) = src.record_event(ev, self.handle) {
+                // Listed with the wait events while it is recorded: if the source panics
+                // there, the event is destroyed with them, once the stream has been waited for.
+                self.events.push(ev);
+                let recorded = src.record_event(ev, self.handle);
+                self.events.pop();
+                if let Err(e) = recorded {
                     let _ = src.destroy_event(ev);
                     return crate::pool::stream_gone(&e);
                 }

@@ -15,8 +15,13 @@ use ascend_pool::region::{streams_kept_on, DeviceRegion, HostRegion, Region};
 use ascend_pool::source::sim::{AclFunc, Fault, SimConfig, SimSource, SimStats};
 use ascend_pool::source::BlockSource;
 use ascend_pool::{AclError, Error, MemKind, Pool, PoolConfig, Stream};
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::Duration;
+
+#[path = "common/watched.rs"]
+mod common_watched;
+use common_watched::{Call, Watched};
 
 const LEN: u64 = 1 << 20;
 
@@ -1831,4 +1836,66 @@ fn a_free_without_an_event_waits_for_its_stream_without_the_kind_lock() {
     every_free_completes(&pool);
     let st = pool.stats(MemKind::DEVICE);
     assert_eq!((st.live_regions, st.pending_frees), (0, 0), "{st:?}");
+}
+
+/// A pool over `sim` seen through a [`Watched`] source, and that source.
+fn watched_pool(sim: &Arc<SimSource>) -> (Arc<Watched>, Pool) {
+    let watched = Arc::new(Watched::new(Arc::clone(sim)));
+    let source = Arc::clone(&watched) as Arc<dyn BlockSource>;
+    (watched, Pool::new(source, PoolConfig::default()).unwrap())
+}
+
+/// A source that panics while a retry destroys a kept stream's wait events loses only the
+/// event of the call that panicked: the others stay with the stream, and the next retry
+/// destroys them with it. (The drain lost them all.)
+#[test]
+fn a_retry_whose_source_panics_keeps_the_events_it_has_not_destroyed() {
+    let sim = sim(0);
+    let (watched, pool) = watched_pool(&sim);
+    let (s, other) = (pool.create_stream().unwrap(), pool.create_stream().unwrap());
+    // Held, `s` passes none of its waits: each takes an event of its own.
+    let hold = sim.hold_stream(s.handle()).unwrap();
+    for _ in 0..3 {
+        s.wait_for(&other).unwrap();
+    }
+    refuse_next_synchronize(&sim);
+    drop(s);
+    hold.release();
+    assert_eq!(streams_kept_on(&*watched), 1);
+    assert_eq!(sim.stats().live_events, 3, "the three wait events kept");
+
+    watched.panic_in(Call::DestroyEvent);
+    assert!(catch_unwind(AssertUnwindSafe(|| pool.synchronize())).is_err());
+    assert_eq!(streams_kept_on(&*watched), 1);
+    pool.synchronize().unwrap();
+    assert_eq!(streams_kept_on(&*watched), 0);
+    assert_eq!(
+        sim.stats().live_events,
+        1,
+        "events other than the one whose destroy panicked were lost"
+    );
+    drop(other);
+}
+
+/// A source that panics while a trim records the probe on a kept stream loses no event:
+/// the probe is destroyed with the stream by the next retry.
+#[test]
+fn a_trim_whose_source_panics_recording_the_probe_keeps_the_probe() {
+    let sim = sim(0);
+    let (watched, pool) = watched_pool(&sim);
+    let s = pool.create_stream().unwrap();
+    refuse_next_synchronize(&sim);
+    drop(s);
+    assert_eq!(streams_kept_on(&*watched), 1);
+
+    watched.panic_in(Call::RecordEvent);
+    assert!(catch_unwind(AssertUnwindSafe(|| pool.trim())).is_err());
+    assert_eq!(streams_kept_on(&*watched), 1);
+    pool.synchronize().unwrap();
+    assert_eq!(streams_kept_on(&*watched), 0);
+    assert_eq!(
+        (sim.stats().live_streams, sim.stats().live_events),
+        (0, 0),
+        "the probe was lost"
+    );
 }
