@@ -884,20 +884,26 @@ impl Drop for Stream {
     fn drop(&mut self) {
         // A stream that could not be waited for is kept, as one the runtime would not
         // destroy: its work may still run, and the pool takes a destroyed handle for a
-        // stream whose work has run (`pool::wait_for_stream`).
-        let synced = self.source.synchronize_stream(self.handle).is_ok();
+        // stream whose work has run (`pool::wait_for_stream`). In a child made by `fork`,
+        // the parent's stream and its events are not this process's to wait for or destroy
+        // ([`crate::fork`]): no call is made for them, and the stream is kept (never retried
+        // there), whether or not the source would refuse the calls.
+        let ours = crate::fork::ours(self.made_in);
+        let synced = ours && self.source.synchronize_stream(self.handle).is_ok();
         let w = self.waits.get_mut().unwrap_or_else(|p| p.into_inner());
         // Once the stream has run its work, no wait of it names an event of `queued`; if it
         // could not be synchronized they are kept with the stream (at most
         // `WAIT_EVENTS_MAX`), for a retry to destroy.
         let done = synced.then(|| std::mem::take(&mut w.queued));
-        for ev in w
-            .idle
-            .drain(..)
-            .chain(w.marker.take())
-            .chain(done.into_iter().flatten())
-        {
-            let _ = self.source.destroy_event(ev);
+        if ours {
+            for ev in w
+                .idle
+                .drain(..)
+                .chain(w.marker.take())
+                .chain(done.into_iter().flatten())
+            {
+                let _ = self.source.destroy_event(ev);
+            }
         }
         if synced && self.source.destroy_stream(self.handle).is_ok() {
             return;

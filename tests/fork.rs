@@ -6,6 +6,8 @@
 
 #[path = "common/dropin.rs"]
 mod common_dropin;
+#[path = "common/watched.rs"]
+mod common_watched;
 
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -146,6 +148,36 @@ fn forked_children() {
     a_child_refuses_the_runtime_library_its_parent_loaded();
     a_child_does_not_keep_its_parents_imports();
     a_child_retries_only_its_own_kept_streams();
+    a_child_drops_its_parents_stream_without_calling_the_runtime();
+}
+
+/// A `Stream` of the parent's dropped in a child makes no call at all (no wait, no destroy
+/// of the stream or its events), over a source that would not refuse them: the stream is
+/// the parent's, and counts as kept in the child. The parent's stream is untouched.
+fn a_child_drops_its_parents_stream_without_calling_the_runtime() {
+    let sim = Arc::new(SimSource::default());
+    let watched = Arc::new(common_watched::Watched::new(Arc::clone(&sim)));
+    let pool = Pool::new(
+        Arc::clone(&watched) as Arc<dyn BlockSource>,
+        PoolConfig::default(),
+    )
+    .unwrap();
+    let other = pool.create_stream().unwrap();
+    let mut stream = Some(pool.create_stream().unwrap());
+    stream.as_ref().unwrap().wait_for(&other).unwrap();
+    for _ in 0..CHILDREN {
+        in_child(|| {
+            let before = watched.calls();
+            drop(stream.take());
+            check("no runtime call", watched.calls() == before)?;
+            check("kept", streams_kept_on(&*watched) == 1)
+        });
+    }
+    let stream = stream.unwrap();
+    stream.synchronize().unwrap();
+    drop((stream, other));
+    assert_eq!(streams_kept_on(&*watched), 0);
+    assert_eq!((sim.stats().live_streams, sim.stats().live_events), (0, 0));
 }
 
 /// The parent imports memory another simulator exported, forks an idle child, and lets go
