@@ -6,8 +6,8 @@
 
 #[path = "common/dropin.rs"]
 mod common_dropin;
-#[path = "common/watched.rs"]
-mod common_watched;
+#[path = "common/hooked.rs"]
+mod common_hooked;
 
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -156,7 +156,7 @@ fn forked_children() {
 /// the parent's, and counts as kept in the child. The parent's stream is untouched.
 fn a_child_drops_its_parents_stream_without_calling_the_runtime() {
     let sim = Arc::new(SimSource::default());
-    let watched = Arc::new(common_watched::Watched::new(Arc::clone(&sim)));
+    let watched = Arc::new(common_hooked::Watched::new(Arc::clone(&sim)));
     let pool = Pool::new(
         Arc::clone(&watched) as Arc<dyn BlockSource>,
         PoolConfig::default(),

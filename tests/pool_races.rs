@@ -7,8 +7,8 @@
 //! changes.
 
 use ascend_pool::source::sim::{SimConfig, SimSource};
-use ascend_pool::source::{Block, BlockSource, EventHandle, MemcpyKind, StreamHandle};
-use ascend_pool::{MallocPolicy, MemKind, Pool, PoolConfig, Result};
+use ascend_pool::source::BlockSource;
+use ascend_pool::{MallocPolicy, MemKind, Pool, PoolConfig};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
@@ -16,15 +16,18 @@ use std::time::{Duration, Instant};
 #[path = "common/regions.rs"]
 mod common_regions;
 
+#[path = "common/hooked.rs"]
+mod common_hooked;
+use common_hooked::{Call, Hook, Hooked};
+
 const MIB: u64 = 1 << 20;
 const CACHED: MemKind = MemKind::Cached(MallocPolicy::HugeFirst);
 
-/// The simulator, with one call that can be made to stop: the next `free_block` of a
-/// cached-memory block, once armed, waits at `paused` (the test then knows it is there)
-/// and then at `resume` before it frees the block.
+/// Stops a thread inside one call: the next `free_block` of a cached-memory block, once
+/// `armed`, waits at `paused` (the test then knows it is there) and then at `resume` before
+/// the block is freed.
 #[derive(Debug)]
-struct Pausing {
-    sim: Arc<SimSource>,
+struct Pause {
     armed: AtomicBool,
     /// Stops the next `memset` (the debug canary a new segment gets) the same way.
     armed_memset: AtomicBool,
@@ -32,10 +35,9 @@ struct Pausing {
     resume: Barrier,
 }
 
-impl Pausing {
-    fn new(sim: Arc<SimSource>) -> Self {
+impl Pause {
+    fn new() -> Self {
         Self {
-            sim,
             armed: AtomicBool::new(false),
             armed_memset: AtomicBool::new(false),
             paused: Barrier::new(2),
@@ -52,98 +54,18 @@ impl Pausing {
     }
 }
 
-impl BlockSource for Pausing {
-    fn name(&self) -> &str {
-        "pausing-sim"
-    }
-    fn alloc_block(&self, device: i32, kind: MemKind, size: u64) -> Result<Block> {
-        self.sim.alloc_block(device, kind, size)
-    }
-    fn free_block(&self, block: Block) -> Result<()> {
-        if matches!(block.kind, MemKind::Cached(_)) {
-            self.stop_if(&self.armed);
+impl Hook for Pause {
+    fn on(&self, call: Call) {
+        match call {
+            Call::FreeBlock(MemKind::Cached(_)) => self.stop_if(&self.armed),
+            Call::Memset => self.stop_if(&self.armed_memset),
+            _ => {}
         }
-        self.sim.free_block(block)
-    }
-    fn extend_block(&self, block: Block, additional: u64) -> Result<Option<Block>> {
-        self.sim.extend_block(block, additional)
-    }
-    fn shrink_block(&self, block: Block, new_size: u64) -> Result<Block> {
-        self.sim.shrink_block(block, new_size)
-    }
-    fn mem_info(&self, device: i32, kind: MemKind) -> Result<(u64, u64)> {
-        self.sim.mem_info(device, kind)
-    }
-    fn create_stream(&self, device: i32) -> Result<StreamHandle> {
-        self.sim.create_stream(device)
-    }
-    fn destroy_stream(&self, stream: StreamHandle) -> Result<()> {
-        self.sim.destroy_stream(stream)
-    }
-    fn synchronize_stream(&self, stream: StreamHandle) -> Result<()> {
-        self.sim.synchronize_stream(stream)
-    }
-    fn create_event(&self, device: i32) -> Result<EventHandle> {
-        self.sim.create_event(device)
-    }
-    fn destroy_event(&self, event: EventHandle) -> Result<()> {
-        self.sim.destroy_event(event)
-    }
-    fn record_event(&self, event: EventHandle, stream: StreamHandle) -> Result<()> {
-        self.sim.record_event(event, stream)
-    }
-    fn query_event(&self, event: EventHandle) -> Result<bool> {
-        self.sim.query_event(event)
-    }
-    fn synchronize_event(&self, event: EventHandle) -> Result<()> {
-        self.sim.synchronize_event(event)
-    }
-    fn stream_wait_event(&self, stream: StreamHandle, event: EventHandle) -> Result<()> {
-        self.sim.stream_wait_event(stream, event)
-    }
-    unsafe fn memcpy(
-        &self,
-        dst: usize,
-        dst_max: u64,
-        src: usize,
-        count: u64,
-        kind: MemcpyKind,
-    ) -> Result<()> {
-        // SAFETY: the caller's contract, passed on unchanged.
-        unsafe { self.sim.memcpy(dst, dst_max, src, count, kind) }
-    }
-    unsafe fn memcpy_async(
-        &self,
-        dst: usize,
-        dst_max: u64,
-        src: usize,
-        count: u64,
-        kind: MemcpyKind,
-        stream: StreamHandle,
-    ) -> Result<()> {
-        // SAFETY: the caller's contract, passed on unchanged.
-        unsafe {
-            self.sim
-                .memcpy_async(dst, dst_max, src, count, kind, stream)
-        }
-    }
-    unsafe fn memset(&self, dst: usize, max: u64, value: u8, count: u64) -> Result<()> {
-        self.stop_if(&self.armed_memset);
-        // SAFETY: the caller's contract, passed on unchanged.
-        unsafe { self.sim.memset(dst, max, value, count) }
-    }
-    unsafe fn memset_async(
-        &self,
-        dst: usize,
-        max: u64,
-        value: u8,
-        count: u64,
-        stream: StreamHandle,
-    ) -> Result<()> {
-        // SAFETY: the caller's contract, passed on unchanged.
-        unsafe { self.sim.memset_async(dst, max, value, count, stream) }
     }
 }
+
+/// The simulator with one call that can be made to stop ([`Pause`]).
+type Pausing = Hooked<Pause>;
 
 /// Polls `cond` until it holds; panics after a minute (a hang, not a verdict).
 fn wait_until(what: &str, cond: impl Fn() -> bool) {
@@ -169,7 +91,7 @@ fn a_full_device_with_idle_cached_memory() -> (
     let capacity = 2 * block + MIB;
     let sim =
         Arc::new(SimSource::new(SimConfig::default().with_device_capacity(capacity)).unwrap());
-    let source = Arc::new(Pausing::new(Arc::clone(&sim)));
+    let source = Arc::new(Pausing::with(Arc::clone(&sim), Pause::new()));
     let config = PoolConfig::default()
         .with_chunk_size(16 * MIB)
         .with_release_threshold(1 << 40);
@@ -211,14 +133,14 @@ fn two_device_requests_in_turn_both_take_back_the_idle_cached_memory() {
 #[test]
 fn a_device_request_refused_while_another_takes_back_idle_memory_tries_again() {
     let (sim, source, pool, filler) = a_full_device_with_idle_cached_memory();
-    source.armed.store(true, Ordering::SeqCst);
+    source.hook.armed.store(true, Ordering::SeqCst);
     let a = {
         let pool = Arc::clone(&pool);
         std::thread::spawn(move || pool.alloc_device(3 * MIB))
     };
     // A is refused, and stops in its pass across kinds, holding the cached kind's lock,
     // as it gives that kind's empty chunk back.
-    source.paused.wait();
+    source.hook.paused.wait();
     assert_eq!(pool.stats(MemKind::DEVICE).ooms, 1, "A's refusal");
     let b = {
         let pool = Arc::clone(&pool);
@@ -227,7 +149,7 @@ fn a_device_request_refused_while_another_takes_back_idle_memory_tries_again() {
     // B's growth is refused too (the device is still full): it counts its refusal under the
     // device kind's lock, then starts its own pass, and waits for the cached kind's lock.
     wait_until("B's refusal", || pool.stats(MemKind::DEVICE).ooms == 2);
-    source.resume.wait();
+    source.hook.resume.wait();
     let a = a.join().unwrap();
     let b = b.join().unwrap();
     let a = a.expect("A takes the cached chunk back");
@@ -273,18 +195,18 @@ fn trim_counts_the_chunks_its_own_flush_gives_back() {
 #[test]
 fn a_debug_allocation_is_never_seen_above_its_peak() {
     let sim = Arc::new(SimSource::default());
-    let source = Arc::new(Pausing::new(Arc::clone(&sim)));
+    let source = Arc::new(Pausing::with(Arc::clone(&sim), Pause::new()));
     let config = PoolConfig::default().with_debug(true);
     let pool = Arc::new(Pool::new(Arc::clone(&source) as Arc<dyn BlockSource>, config).unwrap());
-    source.armed_memset.store(true, Ordering::SeqCst);
+    source.hook.armed_memset.store(true, Ordering::SeqCst);
     let a = {
         let pool = Arc::clone(&pool);
         std::thread::spawn(move || pool.alloc_device(4000).map(drop))
     };
-    source.paused.wait(); // A is writing its canary, the kind lock let go
+    source.hook.paused.wait(); // A is writing its canary, the kind lock let go
     let seen = pool.stats(MemKind::DEVICE);
     let snap = pool.snapshot().kinds[0].stats;
-    source.resume.wait();
+    source.hook.resume.wait();
     a.join().unwrap().unwrap();
     for s in [seen, snap] {
         assert!(

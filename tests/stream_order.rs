@@ -19,9 +19,9 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::Duration;
 
-#[path = "common/watched.rs"]
-mod common_watched;
-use common_watched::{Call, Watched};
+#[path = "common/hooked.rs"]
+mod common_hooked;
+use common_hooked::{Call, Watched};
 
 const LEN: u64 = 1 << 20;
 
