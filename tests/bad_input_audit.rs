@@ -533,6 +533,28 @@ fn a_request_past_what_the_engine_addresses_is_out_of_memory() {
     pool.validate().unwrap();
 }
 
+// Used to answer `LimitExceeded` (`TotalLimitExceeded` under a total limit) naming a limit
+// the request stayed well under: what refused it is the engine, which cannot address such a
+// chunk, not the limit.
+#[test]
+fn a_request_past_what_the_engine_addresses_under_a_higher_limit_is_out_of_memory() {
+    for conf in ["limit:1024g", "total_limit:1024g"] {
+        let pool = Pool::new(sim(64 * MIB), PoolConfig::parse(conf).unwrap()).unwrap();
+        let err = pool.alloc_device(300 << 30).unwrap_err();
+        assert!(
+            matches!(err, Error::OutOfMemory { requested, source: None, .. } if requested == 300 << 30),
+            "{conf}: {err:?}"
+        );
+        // A request past the limit is refused by the limit, as before.
+        let err = pool.alloc_device(2048 << 30).unwrap_err();
+        let limit = err.shortage().and_then(|s| s.limit);
+        assert_eq!(limit, Some(1024 << 30), "{conf}: {err:?}");
+        let st = pool.stats(MemKind::DEVICE);
+        assert_eq!((st.ooms, st.source_alloc_calls), (2, 0), "{conf}: {st:?}");
+        pool.validate().unwrap();
+    }
+}
+
 // Used to spin for ever holding the kind lock (a release build; an overflow panic in a
 // debug one): with no dedicated chunks, a length rounding to a chunk of 2^64 - 2 MiB made
 // the chunk-size search step past 2^64.

@@ -1887,15 +1887,15 @@ impl PoolInner {
             // The rule accepted the length, but no chunk holds it (a buddy range's power of
             // two, or whole granules, pass 2^64, or the engine cannot address that much):
             // refused as any request that fits no chunk is, and the source is not asked for
-            // what it cannot have.
+            // what it cannot have. A limit is named only when the least chunk that could
+            // hold the request would pass it: under a higher limit, the engine refused.
             k.stats.ooms += 1;
-            let refused = if self.config.limit != 0 {
-                self.limit_exceeded(k, len)
-            } else if self.counts_in_total(k.kind) {
-                self.total_limit_exceeded(k, len)
-            } else {
-                Self::out_of_memory(k, len, None)
-            };
+            let least = needs
+                .and_then(|n| crate::align::align_up(n, granule))
+                .unwrap_or(u64::MAX);
+            let refused = self
+                .past_limits(k, least, len)
+                .unwrap_or_else(|| Self::out_of_memory(k, len, None));
             return Err(self.refusal(k, refused));
         };
         // Make room and retry, then grow. First the chunks' own free space is made whole
