@@ -683,10 +683,12 @@ fn a_device_set_behind_the_source_s_back_is_set_again() {
 }
 
 #[test]
-fn a_configuration_it_cannot_read_fails_the_start() {
+fn a_configuration_it_cannot_read_or_use_fails_the_start() {
     // The drop-in reads its variables once per process, so each case runs in a child: this
     // test again, told by `CHILD` to call the library and say what it answered. A device
     // count past u32 used to wrap (4294967297 devices was 1) and a typo ran with the default.
+    // A whole number the simulator refuses (no devices, a capacity of 0) used to fail every
+    // call with ACL_ERROR_INTERNAL_ERROR, and nothing said why.
     const CHILD: &str = "ACL_SIM_DROPIN_CONFIG_CHILD";
     if std::env::var_os(CHILD).is_some() {
         // SAFETY: the drop-in's initialisers have no preconditions.
@@ -702,7 +704,7 @@ fn a_configuration_it_cannot_read_fails_the_start() {
         let out = std::process::Command::new(std::env::current_exe().unwrap())
             .args([
                 "--exact",
-                "a_configuration_it_cannot_read_fails_the_start",
+                "a_configuration_it_cannot_read_or_use_fails_the_start",
                 "--nocapture",
                 "--test-threads=1",
             ])
@@ -725,6 +727,10 @@ fn a_configuration_it_cannot_read_fails_the_start() {
         ("ASCEND_POOL_SIM_DEVICES", "eight"),
         ("ASCEND_POOL_SIM_DEVICE_CAPACITY", "1G"),
         ("ASCEND_POOL_SIM_COPY_BANDWIDTH", "-1"),
+        ("ASCEND_POOL_SIM_DEVICES", "0"),
+        ("ASCEND_POOL_SIM_DEVICE_CAPACITY", "0"),
+        ("ASCEND_POOL_SIM_HOST_CAPACITY", "0"),
+        ("ASCEND_POOL_SIM_DVPP_LIMIT", "0"),
     ] {
         let (code, said) = run(var, value);
         assert_eq!(code, sys::ACL_ERROR_INVALID_PARAM, "{var}={value}");

@@ -42,8 +42,9 @@
 //! `ASCEND_POOL_SIM_DVPP_LIMIT` (bytes of DVPP address space per process) and
 //! `ASCEND_POOL_SIM_COPY_BANDWIDTH` (bytes per second of a simulated copy), each the
 //! simulator's default when unset. A value that is not a whole number (or a device count
-//! past `u32`) fails the start: every call answers `ACL_ERROR_INVALID_PARAM`, and the
-//! variable is named on standard error.
+//! past `u32`), or one the simulator cannot run with (0 devices, a capacity or DVPP limit of
+//! 0), fails the start: every call answers `ACL_ERROR_INVALID_PARAM`, and the variable is
+//! named on standard error.
 //!
 //! # Safety
 //! Every function is `unsafe`: pointer arguments must be null or valid for what the AscendCL
@@ -103,10 +104,24 @@ fn env_u64(name: &str) -> Result<Option<u64>, i32> {
     }
 }
 
+/// [`env_u64`] for a device count or a capacity, which the simulator needs above 0: a 0 fails
+/// the start too, naming the variable.
+fn env_positive(name: &str) -> Result<Option<u64>, i32> {
+    match env_u64(name)? {
+        Some(0) => {
+            eprintln!(
+                "libascendcl (ascend-pool simulator): {name}=0, and the simulator needs more"
+            );
+            Err(INVALID_PARAM)
+        }
+        value => Ok(value),
+    }
+}
+
 fn state() -> Result<&'static DropIn, i32> {
     STATE
         .get_or_init(|| {
-            let devices = match env_u64("ASCEND_POOL_SIM_DEVICES")? {
+            let devices = match env_positive("ASCEND_POOL_SIM_DEVICES")? {
                 None => 8,
                 Some(d) => u32::try_from(d).map_err(|_| {
                     eprintln!(
@@ -116,19 +131,23 @@ fn state() -> Result<&'static DropIn, i32> {
                 })?,
             };
             let mut config = SimConfig::default().with_devices(devices);
-            if let Some(bytes) = env_u64("ASCEND_POOL_SIM_DEVICE_CAPACITY")? {
+            if let Some(bytes) = env_positive("ASCEND_POOL_SIM_DEVICE_CAPACITY")? {
                 config = config.with_device_capacity(bytes);
             }
-            if let Some(bytes) = env_u64("ASCEND_POOL_SIM_HOST_CAPACITY")? {
+            if let Some(bytes) = env_positive("ASCEND_POOL_SIM_HOST_CAPACITY")? {
                 config = config.with_host_capacity(bytes);
             }
-            if let Some(bytes) = env_u64("ASCEND_POOL_SIM_DVPP_LIMIT")? {
+            if let Some(bytes) = env_positive("ASCEND_POOL_SIM_DVPP_LIMIT")? {
                 config = config.with_dvpp_limit(bytes);
             }
             if let Some(rate) = env_u64("ASCEND_POOL_SIM_COPY_BANDWIDTH")? {
                 config = config.with_copy_bandwidth(rate);
             }
-            let sim = SimSource::new(config).map_err(|e| code_of(&e))?;
+            // Anything else the simulator refuses fails the start the same way, and says why.
+            let sim = SimSource::new(config).map_err(|e| {
+                eprintln!("libascendcl (ascend-pool simulator): {e}");
+                INVALID_PARAM
+            })?;
             Ok(DropIn {
                 sim,
                 devices,
