@@ -120,9 +120,11 @@ impl std::ops::Deref for EntryRef {
 
     fn deref(&self) -> &Entry {
         match &self.0 {
-            // SAFETY: the entry was in `POOLS` after this thread announced it, and
-            // `ap_pool_destroy` frees an entry only once no slot announces it (see the
-            // module's documentation); this slot keeps announcing it until `self` drops.
+            // SAFETY: after this thread announced the pool, it read `DESTROYED` and found the
+            // entry either in `POOLS` or in its last lookup with the count unchanged since:
+            // either way the pool's destroy counts itself after that read, so its scan meets
+            // the announcement and frees nothing until it is cleared (see the module's
+            // documentation); this slot keeps announcing it until `self` drops.
             Held::Announced { entry, .. } => unsafe { &**entry },
             Held::Counted(e) => e,
         }

@@ -3044,8 +3044,10 @@ impl PoolInner {
         let tag = raw.engine as u8;
         let slots: *const shapes::ShapeSlots<OwnedSegment> = &owner.shapes[raw.kind.index()];
         // SAFETY: `owner` keeps the pool, and so its slots, alive until it moves into the
-        // slot; from then the slot's own copy of it does, and if it comes back (declined),
-        // the returned segment does.
+        // slot; from then the slot's own copy of it does, until the store that hands the
+        // item over, after which `put` touches nothing of the slots (another thread may take
+        // the segment and let the pool go at once). A declined or displaced segment comes
+        // back with its own handle.
         match unsafe { &*slots }.put(key, tag, units, budget, OwnedSegment { raw, owner }) {
             shapes::Put::Kept => Ok(()),
             shapes::Put::Displaced(old) => {

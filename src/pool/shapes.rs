@@ -338,6 +338,8 @@ impl<T> ShapeSlots<T> {
             b.puts += 1;
             old
         });
+        // The last touch of `self`: the item may hold the pool's last handle, and a take
+        // may drop it (and these slots with it) as soon as the word reads FULL.
         word.store(word_of(key, tag, units, FULL) | proven, Ordering::Release);
         match old {
             Some(old) => Put::Displaced(old),
