@@ -1880,21 +1880,17 @@ impl PoolInner {
         // A chunk past what the engine addresses (just under 256 GiB with TLSF) could not
         // be carved, so the source is not asked for it.
         let engine_max = self.config.engine.range.max_capacity();
-        let Some((need, fit)) = needs
-            .and_then(|n| Some((n, crate::align::align_up(n, granule)?)))
-            .filter(|&(_, fit)| fit <= engine_max)
-        else {
+        // The least chunk that holds the request, in whole granules.
+        let least = needs.and_then(|n| crate::align::align_up(n, granule));
+        let Some((need, fit)) = needs.zip(least).filter(|&(_, fit)| fit <= engine_max) else {
             // The rule accepted the length, but no chunk holds it (a buddy range's power of
             // two, or whole granules, pass 2^64, or the engine cannot address that much):
             // refused as any request that fits no chunk is, and the source is not asked for
             // what it cannot have. A limit is named only when the least chunk that could
             // hold the request would pass it: under a higher limit, the engine refused.
             k.stats.ooms += 1;
-            let least = needs
-                .and_then(|n| crate::align::align_up(n, granule))
-                .unwrap_or(u64::MAX);
             let refused = self
-                .past_limits(k, least, len)
+                .past_limits(k, least.unwrap_or(u64::MAX), len)
                 .unwrap_or_else(|| Self::out_of_memory(k, len, None));
             return Err(self.refusal(k, refused));
         };
