@@ -437,7 +437,11 @@ impl Stream {
         self.device
     }
     /// Waits for all work queued so far.
+    ///
+    /// In a child made by `fork`, a stream of the parent's is refused with
+    /// [`Error::Forked`] before any runtime call ([`crate::fork`]).
     pub fn synchronize(&self) -> Result<()> {
+        crate::fork::check(self.made_in)?;
         self.source.synchronize_stream(self.handle)
     }
 
@@ -469,8 +473,12 @@ impl Stream {
     ///
     /// Waiting on itself does nothing. A stream of another source, or of another device, is
     /// refused with [`Error::ForeignHandle`]: its handle names nothing here, and waits
-    /// between devices are not known to be allowed.
+    /// between devices are not known to be allowed. In a child made by `fork`, streams of
+    /// the parent's are refused with [`Error::Forked`] before the stream's wait list is
+    /// taken (a thread of the parent may have held it across the fork) or the runtime called.
     pub fn wait_for(&self, other: &Stream) -> Result<()> {
+        crate::fork::check(self.made_in)?;
+        crate::fork::check(other.made_in)?;
         other.belongs_to(&self.source, self.device)?;
         if other.handle == self.handle {
             return Ok(());

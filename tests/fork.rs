@@ -11,8 +11,8 @@ mod common_hooked;
 
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Barrier};
 
 use ascend_pool::region::{retry_kept_streams, streams_kept_on};
 use ascend_pool::share::{Access, SharedMapping};
@@ -149,6 +149,82 @@ fn forked_children() {
     a_child_does_not_keep_its_parents_imports();
     a_child_retries_only_its_own_kept_streams();
     a_child_drops_its_parents_stream_without_calling_the_runtime();
+    a_child_refuses_to_wait_on_its_parents_streams();
+}
+
+/// Counts every call, and stops the next `aclrtRecordEvent` once armed until the test lets
+/// it go: a parent thread inside `Stream::wait_for` then holds the stream's wait list.
+#[derive(Debug)]
+struct CountAndPause {
+    calls: AtomicU64,
+    armed: AtomicBool,
+    paused: Barrier,
+    resume: Barrier,
+}
+
+impl common_hooked::Hook for CountAndPause {
+    fn on(&self, call: common_hooked::Call) {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        if call == common_hooked::Call::RecordEvent && self.armed.swap(false, Ordering::SeqCst) {
+            self.paused.wait();
+            self.resume.wait();
+        }
+    }
+}
+
+/// `Stream::synchronize` and `Stream::wait_for` on a stream of the parent's answer
+/// `Error::Forked` in a child without calling the runtime, over a source that would not
+/// refuse them, and without taking the stream's wait list, which a parent thread inside
+/// `wait_for` held across the fork (the child would wait for it for good).
+fn a_child_refuses_to_wait_on_its_parents_streams() {
+    let sim = Arc::new(SimSource::default());
+    let hooked = Arc::new(common_hooked::Hooked::with(
+        Arc::clone(&sim),
+        CountAndPause {
+            calls: AtomicU64::new(0),
+            armed: AtomicBool::new(false),
+            paused: Barrier::new(2),
+            resume: Barrier::new(2),
+        },
+    ));
+    let pool = Pool::new(
+        Arc::clone(&hooked) as Arc<dyn BlockSource>,
+        PoolConfig::default(),
+    )
+    .unwrap();
+    let (a, b) = (pool.create_stream().unwrap(), pool.create_stream().unwrap());
+    let in_child_refused = || {
+        let before = hooked.hook.calls.load(Ordering::SeqCst);
+        forked("synchronize", a.synchronize())?;
+        forked("wait_for", a.wait_for(&b))?;
+        forked("wait_for the other way", b.wait_for(&a))?;
+        check(
+            "no runtime call",
+            hooked.hook.calls.load(Ordering::SeqCst) == before,
+        )
+    };
+    for _ in 0..CHILDREN {
+        in_child(in_child_refused);
+    }
+    // One child forked while a thread of the parent is inside `a.wait_for`.
+    std::thread::scope(|s| {
+        hooked.hook.armed.store(true, Ordering::SeqCst);
+        let waiting = s.spawn(|| a.wait_for(&b));
+        hooked.hook.paused.wait();
+        // The paused thread is let go whatever the child did, so a failure fails the test
+        // instead of leaving the scope waiting for the thread.
+        let child = catch_unwind(AssertUnwindSafe(|| in_child(in_child_refused)));
+        hooked.hook.resume.wait();
+        waiting.join().unwrap().unwrap();
+        if let Err(failed) = child {
+            std::panic::resume_unwind(failed);
+        }
+    });
+    a.wait_for(&b).unwrap();
+    a.synchronize().unwrap();
+    drop((a, b, pool));
+    assert_eq!(streams_kept_on(&*hooked), 0);
+    assert_eq!((sim.stats().live_streams, sim.stats().live_events), (0, 0));
 }
 
 /// A `Stream` of the parent's dropped in a child makes no call at all (no wait, no destroy
