@@ -391,8 +391,10 @@ impl<R: BufRead> TraceReader<R> {
     }
 
     fn parse_line(&mut self) -> Result<TraceOp, RejectKind> {
-        let raw: RawEvent<'_> =
-            serde_json::from_slice(&self.buf).map_err(|_| RejectKind::Malformed)?;
+        // UTF-8 checked for the whole line: `from_slice` lets bytes that are not UTF-8
+        // through inside a string it skips (a field the reader does not know).
+        let text = std::str::from_utf8(&self.buf).map_err(|_| RejectKind::Malformed)?;
+        let raw: RawEvent<'_> = serde_json::from_str(text).map_err(|_| RejectKind::Malformed)?;
         let id = raw.id.ok_or(RejectKind::Malformed)?;
         match raw.op.as_ref() {
             "alloc" => {

@@ -922,3 +922,22 @@ fn a_trace_without_allocations_still_gets_its_pictures() {
         assert!(s.contains("no allocation"), "{s}");
     }
 }
+
+/// A line with bytes that are not UTF-8 is not JSON, wherever the bytes are: in a field the
+/// reader does not know too.
+#[test]
+fn bytes_that_are_not_utf8_make_a_line_malformed_anywhere() {
+    let text: &[u8] = b"{\"op\":\"alloc\",\"id\":1,\"size\":1,\"mem\":\"host\",\"note\":\"\xff\"}
+{\"op\":\"alloc\",\"id\":2,\"size\":1,\"mem\":\"ho\xffst\"}
+{\"op\":\"alloc\",\"id\":3,\"size\":1,\"mem\":\"host\",\"note\":\"ok\"}
+";
+    let mut r = TraceReader::new(text, TraceConfig::default());
+    let mut ops = 0;
+    while let Some(item) = r.next_item() {
+        if let TraceItem::Op(_) = item.unwrap() {
+            ops += 1;
+        }
+    }
+    assert_eq!(ops, 1, "only the third line is an event");
+    assert_eq!(r.errors().get(RejectKind::Malformed), 2);
+}
