@@ -572,6 +572,14 @@ pub trait RangeReplayer {
         false
     }
 
+    /// The bytes a segment of `len` placed under `rule` takes in this range, for the
+    /// placement check: `footprint` (the trace's carve rule) unless the range carves under
+    /// another rule (the pool with a padding of its own: `padding:0`, a policy without it).
+    fn placed_footprint(&self, len: u64, rule: CarveRule, footprint: u64) -> u64 {
+        let _ = (len, rule);
+        footprint
+    }
+
     /// Checks the replayer's own invariants; run once at the end of a replay, untimed.
     /// Replayers without a check return `Ok`.
     fn validate(&self) -> Result<(), String> {
@@ -979,7 +987,8 @@ pub fn replay<R: BufRead, F: ReplayerFactory>(
                     (Some(&(offset, _)), Some(check)) => {
                         let capacity =
                             (!range.offsets_are_addresses()).then_some(config.device_size);
-                        check.alloc(kind, offset, footprint, rule.align(), capacity)
+                        let placed = range.placed_footprint(len, rule, footprint);
+                        check.alloc(kind, offset, placed, rule.align(), capacity)
                     }
                     (Some(_), None) => {}
                 }
@@ -1382,6 +1391,16 @@ impl RangeReplayer for PoolRange {
 
     fn offsets_are_addresses(&self) -> bool {
         true
+    }
+
+    /// The pool carves under its own padding (`padding`, none for a policy without it).
+    fn placed_footprint(&self, len: u64, rule: CarveRule, footprint: u64) -> u64 {
+        self.session
+            .pool
+            .inner
+            .rule(self.kind, rule.align())
+            .and_then(|r| Ok(r.footprint(len)?))
+            .unwrap_or(footprint)
     }
 
     /// The pool's full check, and its call counter against the simulator's.

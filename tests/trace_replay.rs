@@ -923,6 +923,34 @@ fn a_trace_without_allocations_still_gets_its_pictures() {
     }
 }
 
+/// `--check` follows the carve rule the pool runs under: with `padding:0` (newer SoCs) or a
+/// policy without padding, segments sit closer than the trace's 32-byte padding would put
+/// them, and that is no overlap.
+#[test]
+fn the_placement_check_follows_the_pools_padding() {
+    let dir = temp_dir("check-padding");
+    let trace = b"{\"op\":\"alloc\",\"id\":1,\"size\":100,\"mem\":\"device\"}
+{\"op\":\"alloc\",\"id\":2,\"size\":100,\"mem\":\"device\"}
+{\"op\":\"alloc\",\"id\":3,\"size\":100,\"mem\":\"host\"}
+{\"op\":\"alloc\",\"id\":4,\"size\":100,\"mem\":\"host\"}
+";
+    let p = write_trace(&dir, "adjacent.jsonl", trace);
+    for conf in ["", "padding:0", "policy:huge1g_only", "padding:64"] {
+        let out = run(&[
+            p.as_os_str(),
+            "--json".as_ref(),
+            "--check".as_ref(),
+            "--pool-conf".as_ref(),
+            conf.as_ref(),
+        ]);
+        let v = json_of(&out);
+        assert_eq!(v["invariant_errors"], serde_json::json!([]), "{conf}: {v}");
+        assert!(out.status.success(), "{conf}: {out:?}");
+        // The required bytes stay the trace's, whatever the pool's padding.
+        assert_eq!(v["peak_required_bytes"], 4 * 192, "{conf}");
+    }
+}
+
 /// A line with bytes that are not UTF-8 is not JSON, wherever the bytes are: in a field the
 /// reader does not know too.
 #[test]

@@ -1327,7 +1327,7 @@ impl PoolInner {
         crate::fork::check(self.forks)
     }
 
-    fn rule(&self, kind: MemKind, align: u64) -> Result<CarveRule> {
+    pub(crate) fn rule(&self, kind: MemKind, align: u64) -> Result<CarveRule> {
         Ok(CarveRule::new(self.padding(kind), align)?)
     }
 
