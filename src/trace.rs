@@ -939,7 +939,7 @@ pub fn replay<R: BufRead, F: ReplayerFactory>(
     let mut tokens: HashMap<u64, Option<(u64, TokenOf<F>)>> = HashMap::new();
     let mut shadow = config.check_placement.then(PlacementCheck::default);
     let mut timeline = config.timeline.then(TimelineRecorder::new);
-    // Reserved bytes per kind as of the last event of that kind (timeline only).
+    // Reserved bytes per kind after the last event (timeline only).
     let mut reserved_now = [0u64; KIND_COUNT];
     let mut snapshot = None;
     let mut samples: Vec<u32> = Vec::new();
@@ -1012,8 +1012,11 @@ pub fn replay<R: BufRead, F: ReplayerFactory>(
             }
         };
         if let Some(tl) = timeline.as_mut() {
-            let k = kind.index();
-            reserved_now[k] = ranges[k].as_ref().map_or(0, RangeReplayer::reserved_now);
+            // Every kind, not only the event's: a device kind the source refused takes back
+            // what the other device kinds hold idle (the pool's release of idle memory).
+            for (now, range) in reserved_now.iter_mut().zip(ranges.iter()) {
+                *now = range.as_ref().map_or(0, RangeReplayer::reserved_now);
+            }
             let live = reader.kind_stats();
             tl.record(
                 ops,

@@ -969,3 +969,45 @@ fn bytes_that_are_not_utf8_make_a_line_malformed_anywhere() {
     assert_eq!(ops, 1, "only the third line is an event");
     assert_eq!(r.errors().get(RejectKind::Malformed), 2);
 }
+
+/// The timeline's reserved bytes are what the backend holds after each event, over every
+/// kind: when a device kind short of memory makes the pool give back what another device
+/// kind held idle, the other kind's bytes leave the timeline at once.
+#[test]
+fn the_timeline_sees_one_kind_give_back_for_another() {
+    use ascend_pool::pool::PoolConfig;
+    use ascend_pool::trace::{PoolFactory, ReplaySource};
+    // An 8 MiB device: the cached kind keeps its empty 4 MiB chunk (under the release
+    // threshold) until the 6 MB device allocation needs the room.
+    let text = b"{\"op\":\"alloc\",\"id\":1,\"size\":3000000,\"mem\":\"cached\"}
+{\"op\":\"free\",\"id\":1}
+{\"op\":\"alloc\",\"id\":2,\"size\":6000000,\"mem\":\"device\"}
+{\"op\":\"free\",\"id\":2}
+";
+    for source in [ReplaySource::Sim, ReplaySource::Vmm] {
+        let f = PoolFactory::new(PoolConfig::default(), 8 << 20)
+            .unwrap()
+            .with_source(source);
+        let config = TraceConfig {
+            device_size: 8 << 20,
+            timeline: true,
+            ..TraceConfig::default()
+        };
+        let r = replay(&text[..], config, &f, |_| {}).unwrap();
+        assert_eq!(r.errors.total(), 0, "{source:?}: {:?}", r.errors);
+        let held: u64 = f
+            .snapshot()
+            .unwrap()
+            .kinds
+            .iter()
+            .map(|k| k.stats.reserved_bytes)
+            .sum();
+        let reserved: Vec<u64> = r.timeline.iter().map(|p| p.reserved).collect();
+        assert_eq!(reserved.len(), 4, "{source:?}");
+        assert_eq!(reserved[3], held, "{source:?}: {reserved:?}");
+        assert!(
+            reserved.iter().all(|&b| b <= 8 << 20),
+            "{source:?}: more reserved than the device has: {reserved:?}"
+        );
+    }
+}
