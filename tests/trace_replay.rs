@@ -1011,3 +1011,58 @@ fn the_timeline_sees_one_kind_give_back_for_another() {
         );
     }
 }
+
+/// The report's keys are the ones `docs/replay-json.md` lists, no more and no fewer: the
+/// report's, `errors`', `source_calls`', `per_kind`'s and `peers`'.
+#[test]
+fn the_json_report_has_exactly_the_documented_keys() {
+    use std::collections::BTreeSet;
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/replay-json.md"))
+        .unwrap();
+    // The table's rows: "| `key` | type | meaning |".
+    let rows: Vec<(&str, &str)> = doc
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `"))
+        .filter_map(|l| l.split_once("` |"))
+        .collect();
+    let top: BTreeSet<&str> = rows.iter().map(|(k, _)| *k).collect();
+    let listed = |key: &str| -> BTreeSet<String> {
+        let meaning = rows.iter().find(|(k, _)| *k == key).unwrap().1;
+        // Backticked names in the meaning, less the ones naming other things.
+        meaning
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .filter(|w| {
+                w.chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+            })
+            .map(str::to_owned)
+            .collect()
+    };
+    let keys = |v: &Value| -> BTreeSet<String> { v.as_object().unwrap().keys().cloned().collect() };
+    let dir = temp_dir("doc-keys");
+    let p = write_trace(&dir, "hand.jsonl", HAND_TRACE);
+    let v = json_of(&run(&[
+        p.as_os_str(),
+        "--json".as_ref(),
+        "--compare".as_ref(),
+    ]));
+    let got = keys(&v);
+    assert_eq!(
+        got.iter().map(String::as_str).collect::<BTreeSet<_>>(),
+        top,
+        "report keys against the doc's table"
+    );
+    let errors = keys(&v["errors"]);
+    assert_eq!(listed("errors"), errors, "errors");
+    let mut calls = listed("source_calls");
+    calls.retain(|k| k != "ops");
+    assert_eq!(calls, keys(&v["source_calls"]), "source_calls");
+    for k in v["per_kind"].as_array().unwrap() {
+        assert_eq!(listed("per_kind"), keys(k), "per_kind");
+    }
+    for peer in v["peers"].as_array().unwrap() {
+        assert_eq!(listed("peers"), keys(peer), "peers");
+    }
+}
