@@ -42,7 +42,7 @@
 //! `ASCEND_POOL_SIM_DVPP_LIMIT` (bytes of DVPP address space per process) and
 //! `ASCEND_POOL_SIM_COPY_BANDWIDTH` (bytes per second of a simulated copy), each the
 //! simulator's default when unset. A value that is not a whole number (or a device count
-//! past `u32`), or one the simulator cannot run with (0 devices, a capacity or DVPP limit of
+//! past 1,024, [`MAX_DEVICES`]), or one the simulator cannot run with (0 devices, a capacity or DVPP limit of
 //! 0), fails the start: every call answers `ACL_ERROR_INVALID_PARAM`, and the variable is
 //! named on standard error.
 //!
@@ -59,7 +59,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};
 
-use ascend_pool::source::sim::{MbufHandle, SimConfig, SimSource, USER_DATA_BYTES};
+use ascend_pool::source::sim::{MbufHandle, SimConfig, SimSource, MAX_DEVICES, USER_DATA_BYTES};
 use ascend_pool::source::vmm::{PhysicalHandle, PhysicalMemProp};
 use ascend_pool::source::{
     BlockSource, ChannelHandle, CommThreadHandle, DeviceId, EventHandle, MemcpyKind, StreamHandle,
@@ -123,12 +123,15 @@ fn state() -> Result<&'static DropIn, i32> {
         .get_or_init(|| {
             let devices = match env_positive("ASCEND_POOL_SIM_DEVICES")? {
                 None => 8,
-                Some(d) => u32::try_from(d).map_err(|_| {
-                    eprintln!(
-                        "libascendcl (ascend-pool simulator): ASCEND_POOL_SIM_DEVICES={d} is past u32"
-                    );
-                    INVALID_PARAM
-                })?,
+                Some(d) => u32::try_from(d)
+                    .ok()
+                    .filter(|&d| d <= MAX_DEVICES)
+                    .ok_or_else(|| {
+                        eprintln!(
+                            "libascendcl (ascend-pool simulator): ASCEND_POOL_SIM_DEVICES={d} is past the simulator's {MAX_DEVICES}"
+                        );
+                        INVALID_PARAM
+                    })?,
             };
             let mut config = SimConfig::default().with_devices(devices);
             if let Some(bytes) = env_positive("ASCEND_POOL_SIM_DEVICE_CAPACITY")? {

@@ -114,6 +114,11 @@ pub const DEFAULT_DEVICE_CAPACITY: u64 = 64 << 30;
 /// Default pinned host capacity: 64 GiB.
 pub const DEFAULT_HOST_CAPACITY: u64 = 64 << 30;
 
+/// Most devices one simulator holds. Each device keeps per-device state from the start, so a
+/// count of billions (a typo, or `u32::MAX` from an environment variable) would ask the host
+/// for gigabytes before the first call; real servers have 8 or 16.
+pub const MAX_DEVICES: u32 = 1024;
+
 /// What the simulated machine looks like.
 ///
 /// Plain fields with a [`Default`], plus `with_*` builders:
@@ -131,7 +136,7 @@ pub const DEFAULT_HOST_CAPACITY: u64 = 64 << 30;
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SimConfig {
-    /// Number of devices, ids `0..devices` (default 1).
+    /// Number of devices, ids `0..devices` (default 1, at most [`MAX_DEVICES`]).
     pub devices: u32,
     /// Bytes per device, shared by device, align32, cached and DVPP memory (default 64 GiB).
     pub device_capacity: u64,
@@ -480,13 +485,19 @@ impl Default for SimSource {
 impl SimSource {
     /// A simulator for the machine `config` describes.
     ///
-    /// Fails with [`Error::Config`] when there are no devices, a capacity is 0, or the
-    /// padding is not a multiple of 32 up to 1 MiB.
+    /// Fails with [`Error::Config`] when there are no devices or more than [`MAX_DEVICES`], a
+    /// capacity is 0, or the padding is not a multiple of 32 up to 1 MiB.
     pub fn new(config: SimConfig) -> Result<Self> {
         if config.devices == 0 {
             return Err(Error::Config(
                 "the simulator needs at least one device".into(),
             ));
+        }
+        if config.devices > MAX_DEVICES {
+            return Err(Error::Config(format!(
+                "{} simulated devices is past the simulator's {MAX_DEVICES}",
+                config.devices
+            )));
         }
         let granularity = config.vmm_granularity;
         if !granularity.is_power_of_two() || granularity < mapping::page_size() as u64 {

@@ -72,6 +72,12 @@ fn configured_padding_is_used() {
         SimSource::new(SimConfig::default().with_devices(0)),
         Err(Error::Config(_))
     ));
+    // u32::MAX devices asked the host for tens of GiB of per-device state before any call.
+    assert!(SimSource::new(SimConfig::default().with_devices(super::MAX_DEVICES)).is_ok());
+    assert!(matches!(
+        SimSource::new(SimConfig::default().with_devices(super::MAX_DEVICES + 1)),
+        Err(Error::Config(m)) if m.contains("1024")
+    ));
     assert!(matches!(
         SimSource::new(SimConfig::default().with_host_capacity(0)),
         Err(Error::Config(_))
