@@ -405,6 +405,13 @@ fn load_looks_in_the_cann_homes() {
         AclSource::load().unwrap().library(),
         lib.display().to_string()
     );
+    // Empty variables count as unset: an empty ASCEND_POOL_ACL_LIB was opened as the path "".
+    std::env::set_var(ascend_pool::source::acl::LIB_ENV, "");
+    std::env::set_var("ASCEND_HOME_PATH", "");
+    assert_eq!(
+        AclSource::load().unwrap().library(),
+        lib.display().to_string()
+    );
 }
 
 /// Set in the child process `a_failed_load_names_the_homes_it_looked_in` runs itself in.

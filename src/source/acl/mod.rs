@@ -11,6 +11,8 @@
 //! HCOMM's `HcommWriteOnThread` (one-sided writes) comes from `libhcomm.so` beside it, or the
 //! file `$ASCEND_POOL_HCOMM_LIB` names, else from the AscendCL library itself.
 //!
+//! A variable set to the empty string counts as unset, as the shells' `VAR= cmd` means it.
+//!
 //! The core symbols (init, devices, `aclrtMalloc`/`aclrtFree`, host memory, copies, fills,
 //! `aclrtGetMemInfo`, streams, events) must all be present, or loading fails with
 //! [`Error::LibraryLoad`] naming the library and the missing symbols. Everything else
@@ -237,6 +239,13 @@ impl std::fmt::Debug for AclSource {
     }
 }
 
+/// The variable `var`, unless unset or empty: an empty `ASCEND_POOL_ACL_LIB` was opened as the
+/// path "" (a load error naming no file), and an empty home as `lib64/` under the current
+/// directory.
+fn env_path(var: &str) -> Option<std::ffi::OsString> {
+    std::env::var_os(var).filter(|v| !v.is_empty())
+}
+
 impl AclSource {
     /// Loads the AscendCL library from the first place that has one (see the module docs):
     /// `$ASCEND_POOL_ACL_LIB`, `$ASCEND_HOME_PATH/lib64`, `$ASCEND_TOOLKIT_HOME/lib64`,
@@ -244,12 +253,12 @@ impl AclSource {
     ///
     /// Fails with [`Error::LibraryLoad`] listing every place tried when none loads.
     pub fn load() -> Result<Self> {
-        if let Some(path) = std::env::var_os(LIB_ENV) {
+        if let Some(path) = env_path(LIB_ENV) {
             return Self::open(path);
         }
         let mut tried = Vec::new();
         for var in ["ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME"] {
-            if let Some(home) = std::env::var_os(var) {
+            if let Some(home) = env_path(var) {
                 let path = Path::new(&home).join("lib64").join(LIBRARY_NAME);
                 if path.is_file() {
                     return Self::open(path);
@@ -300,7 +309,7 @@ impl AclSource {
             .then(|| open_api(&dvpp_path).ok())
             .flatten()
             .map(|api| (dvpp_path.display().to_string(), api));
-        let hcomm_path = std::env::var_os(HCOMM_LIB_ENV)
+        let hcomm_path = env_path(HCOMM_LIB_ENV)
             .map(PathBuf::from)
             .unwrap_or_else(|| beside(path, HCOMM_LIBRARY_NAME));
         let hcomm = (hcomm_path.as_path() != path)
