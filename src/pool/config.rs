@@ -48,7 +48,9 @@ pub struct PoolConfig {
     /// hold (never below the request), so kinds that need little hold little, and a kind
     /// whose live bytes have levelled off grows by about what a request needs.
     pub chunk_size: u64,
-    /// Requests whose footprint reaches this get a dedicated chunk of their own size.
+    /// Requests whose footprint reaches this get a dedicated chunk of their own size. Set
+    /// above `chunk_size`, requests between the two go to ordinary chunks, which grow to
+    /// hold them.
     pub large_threshold: u64,
     /// Carve-rule padding after each segment (32 by default; 0 on newer SoCs).
     pub padding: u64,
@@ -233,6 +235,11 @@ impl PoolConfig {
         if !cache_max_set && c.thread_cache > 0 {
             // A small cache keeps segments up to its own size by default.
             c.thread_cache_max = c.thread_cache_max.min(c.thread_cache);
+            // And a small large_threshold alone lowers it too: "large_threshold:128k" was
+            // refused for the default 256k it never named.
+            if c.thread_cache_max >= c.large_threshold {
+                c.thread_cache_max = c.large_threshold.saturating_sub(1);
+            }
         }
         c.validate()?;
         Ok(c)
@@ -530,5 +537,21 @@ mod tests {
         assert_eq!(PoolConfig::parse("").unwrap(), PoolConfig::default());
         // The buddy tier takes chunks of any size.
         PoolConfig::parse("chunk_size:256g,range:buddy").unwrap();
+    }
+
+    #[test]
+    fn a_small_large_threshold_alone_lowers_the_kept_footprint_below_it() {
+        // Refused before: the default thread_cache_max (256k) reached the threshold.
+        let c = PoolConfig::parse("large_threshold:128k").unwrap();
+        assert_eq!(c.large_threshold, 128 << 10);
+        assert!(c.thread_cache_max < c.large_threshold);
+        c.validate().unwrap();
+        // Named together, the caller's values stand, and a clash is still refused.
+        let named = PoolConfig::parse("large_threshold:128k,thread_cache_max:64k").unwrap();
+        assert_eq!(named.thread_cache_max, 64 << 10);
+        assert!(PoolConfig::parse("large_threshold:128k,thread_cache_max:128k").is_err());
+        // A large threshold leaves the default alone.
+        let big = PoolConfig::parse("large_threshold:1m").unwrap();
+        assert_eq!(big.thread_cache_max, PoolConfig::default().thread_cache_max);
     }
 }
