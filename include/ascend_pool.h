@@ -3,7 +3,8 @@
  *
  * Pools, regions and streams are 64-bit handles, never 0 and never reused within a process,
  * so a freed, destroyed or foreign handle is refused with a status instead of touching memory.
- * Every function returns an ap_status; on failure ap_last_error() tells what happened, and the
+ * Every function but ap_status_name and ap_last_error (which answer a name and a length)
+ * returns an ap_status; on failure ap_last_error() tells what happened, and the
  * pool is left as it was unless the function says otherwise (ap_free, ap_share_publish,
  * ap_mbuf_publish, the closes). All functions may be called from any thread.
  *

@@ -4,9 +4,9 @@
 //! as 64-bit handles. Handles come from one process-wide counter (a block at a time for each
 //! thread), so none is 0 and none is ever reused: a freed region, a destroyed pool or stream,
 //! or a handle of another pool is refused with a status ([`Status::BadRegion`],
-//! [`Status::BadPool`], [`Status::BadStream`]) instead of touching memory. Every function
-//! returns a [`Status`]; on failure [`ap_last_error`] gives the message, and the pool is left
-//! as it was. Panics are caught at the boundary ([`Status::Panic`]).
+//! [`Status::BadPool`], [`Status::BadStream`]) instead of touching memory. Every function but
+//! [`ap_status_name`] and [`ap_last_error`] (a name, a length) returns a [`Status`]; on
+//! failure [`ap_last_error`] gives the message, and the pool is left as it was. Panics are caught at the boundary ([`Status::Panic`]).
 //!
 //! The functions are the Rust ones behind a lookup: a region handle names a typed region in
 //! its pool's table, and a copy is [`Pool::copy_from_host`] and so on, with its bounds,
