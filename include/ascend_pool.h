@@ -113,6 +113,15 @@ typedef struct ap_segment_info {
     uint32_t pending;   /* 1: freed, its memory waiting for a stream's work */
 } ap_segment_info;
 
+/* One padding overrun found in debug mode. */
+typedef struct ap_corruption_info {
+    uint64_t offset;    /* of the segment in its chunk */
+    uint64_t len;       /* bytes asked for */
+    uint64_t first_bad; /* first overwritten padding byte, from the segment's start */
+    uint32_t kind;      /* an ap_kind */
+    uint32_t reserved;  /* 0 */
+} ap_corruption_info;
+
 /* Counters of one kind; as the Rust KindStats. */
 typedef struct ap_stats {
     uint64_t allocated_bytes;
@@ -205,12 +214,18 @@ ap_status ap_pool_synchronize(ap_pool pool);
 /* Lowers every kind's peaks to its current figures: the peaks ap_pool_stats reads afterwards
  * are those of what ran since. */
 ap_status ap_pool_reset_peak_stats(ap_pool pool);
-/* The next three answer in the caller's buffer, all or nothing: *count or *needed gets the
+/* The next four answer in the caller's buffer, all or nothing: *count or *needed gets the
  * size of the answer (entries; bytes with the NUL), and a smaller or NULL buffer gets nothing
  * and AP_ERR_BUFFER_TOO_SMALL, so a first call with cap 0 asks for the size. */
 /* The live segments of every kind, by address: regions not freed, and freed ones whose memory
  * waits for a stream. With none, any buffer (NULL included) gets *count 0 and AP_OK. */
 ap_status ap_pool_leak_report(ap_pool pool, ap_segment_info *out, size_t cap, size_t *count);
+/* Takes the padding overruns debug mode found since the last call: those ap_free answered with
+ * AP_ERR_CORRUPTION and those no call could answer (a region another thread's call still held
+ * when it was freed, a shared buffer's last handle dropped). A buffer too small takes none.
+ * At most 1,024 are kept between two calls; every one is printed on standard error. */
+ap_status ap_pool_take_corruption_reports(ap_pool pool, ap_corruption_info *out, size_t cap,
+                                          size_t *count);
 /* The pool's chunks and live segments as a JSON object (the Rust PoolSnapshot), with the bytes
    the device kinds hold together ("device_reserved_bytes") and "total_limit" when one is set. */
 ap_status ap_pool_snapshot_json(ap_pool pool, char *buf, size_t cap, size_t *needed);

@@ -374,6 +374,23 @@ pub struct SegmentInfo {
     pub pending: u32,
 }
 
+/// `ap_corruption_info`: one padding overrun found in debug mode
+/// ([`ascend_pool::Error::Corruption`]).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CorruptionInfo {
+    /// Offset of the segment in its chunk.
+    pub offset: u64,
+    /// Bytes asked for.
+    pub len: u64,
+    /// First overwritten padding byte, from the segment's start.
+    pub first_bad: u64,
+    /// An `ap_kind`.
+    pub kind: u32,
+    /// Always 0; keeps the size a multiple of 8 for the header's struct.
+    pub reserved: u32,
+}
+
 // The header's layouts (`include/ascend_pool.h` at the repository root) must follow any change.
 const_assert_eq!(std::mem::size_of::<RegionInfo>(), 32);
 const_assert_eq!(std::mem::size_of::<ErrorDetail>(), 104);
@@ -394,6 +411,7 @@ const_assert_eq!(std::mem::offset_of!(ErrorDetail, reserved_pad), 60);
 const_assert_eq!(std::mem::offset_of!(ErrorDetail, elsewhere), 64);
 const_assert_eq!(std::mem::size_of::<Stats>(), 16 * 8);
 const_assert_eq!(std::mem::size_of::<SegmentInfo>(), 40);
+const_assert_eq!(std::mem::size_of::<CorruptionInfo>(), 32);
 const_assert_eq!(std::mem::size_of::<Status>(), std::mem::size_of::<c_int>());
 
 /// Region tables per pool: a handle's table is its block's number (the handle over the 1,024
@@ -1162,6 +1180,58 @@ pub unsafe extern "C" fn ap_pool_leak_report(
             .collect();
         // SAFETY: as this function's contract.
         unsafe { hand_over(&segments, out, cap, count) }
+    })
+}
+
+/// The padding overruns debug mode found since the last call
+/// ([`Pool::take_corruption_reports`]), taking them: those an [`ap_free`] answered with
+/// [`Status::Corruption`], and those no call could answer (a region freed by another thread's
+/// call that still held it, or by the drop of a shared buffer's last handle). `*count` gets
+/// their number; a buffer of fewer (or NULL) gets nothing, takes nothing and gets
+/// [`Status::BufferTooSmall`]. With none, any buffer (NULL included) gets `*count` 0 and
+/// [`Status::Ok`]. The pool keeps at most 1,024 between two calls; every one is printed.
+///
+/// # Safety
+/// `out` is NULL or valid for writes of `cap` entries; `count` is NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn ap_pool_take_corruption_reports(
+    pool: u64,
+    out: *mut CorruptionInfo,
+    cap: usize,
+    count: *mut usize,
+) -> Status {
+    run(|| {
+        let count = non_null(count, "count")?;
+        // A NULL buffer holds nothing, whatever `cap` says.
+        let room = if out.is_null() { 0 } else { cap };
+        let reports = match entry(pool)?.pool.take_corruption_reports_within(room) {
+            Ok(reports) => reports,
+            Err(needed) => {
+                // SAFETY: `count` is the caller's writable size_t.
+                unsafe { count.as_ptr().write(needed) };
+                return Err(Failure::TooSmall { needed, cap: room });
+            }
+        };
+        let infos: Vec<CorruptionInfo> = reports
+            .iter()
+            .filter_map(|e| match *e {
+                Error::Corruption {
+                    kind,
+                    offset,
+                    len,
+                    first_bad,
+                } => Some(CorruptionInfo {
+                    offset,
+                    len,
+                    first_bad,
+                    kind: kind.index() as u32,
+                    reserved: 0,
+                }),
+                _ => None,
+            })
+            .collect();
+        // SAFETY: as this function's contract; `infos` fits in `room` entries.
+        unsafe { hand_over(&infos, out, cap, count) }
     })
 }
 

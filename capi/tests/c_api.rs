@@ -168,6 +168,7 @@ fn the_header_declares_what_the_library_exports() {
         "ap_pool_synchronize",
         "ap_pool_reset_peak_stats",
         "ap_pool_leak_report",
+        "ap_pool_take_corruption_reports",
         "ap_pool_snapshot_json",
         "ap_pool_picture_svg",
         "ap_pool_flush_record",
@@ -693,6 +694,65 @@ fn an_overrun_into_the_padding_is_reported_on_free() {
     assert_eq!(ap_free(pool, r), Status::BadRegion);
     assert_eq!(ap_pool_validate(pool), Status::Ok);
     assert_eq!(destroy(pool), 0);
+}
+
+/// C had no way to read the overruns the pool kept: only `ap_free`'s status told of one, and
+/// none told of an overrun found when no call could answer.
+#[test]
+fn overruns_can_be_taken_as_a_list() {
+    let pool = pool_with("debug:1");
+    let take = |cap: usize| {
+        let mut out = vec![CorruptionInfo::default(); cap];
+        let mut count = usize::MAX;
+        let buf = if cap == 0 {
+            null_mut()
+        } else {
+            out.as_mut_ptr()
+        };
+        // SAFETY: `cap` writable entries (or NULL) and a writable count.
+        let got = unsafe { ap_pool_take_corruption_reports(pool, buf, cap, &mut count) };
+        (got, count, out)
+    };
+    // None yet: no buffer is needed.
+    assert_eq!(take(0).0, Status::Ok);
+    assert_eq!(take(0).1, 0);
+    let mut offsets = Vec::new();
+    for at in [130u64, 159] {
+        let r = alloc(pool, KIND_HOST, 100).unwrap();
+        let addr = info(pool, r).addr;
+        let stray = std::ptr::with_exposed_provenance_mut::<u8>(addr as usize);
+        // SAFETY: inside the segment's footprint (ALIGN_UP(100, 32) + 32 = 160 bytes) in the
+        // pool's host block: the padding debug mode watches.
+        unsafe { stray.add(at as usize).write(0xAB) };
+        assert_eq!(ap_free(pool, r), Status::Corruption);
+        offsets.push(at);
+    }
+    // Too small a buffer takes none of them.
+    let (got, count, _) = take(1);
+    assert_eq!((got, count), (Status::BufferTooSmall, 2));
+    let mut count = 0;
+    // SAFETY: NULL with a cap takes nothing; a writable count.
+    let got = unsafe { ap_pool_take_corruption_reports(pool, null_mut(), 8, &mut count) };
+    assert_eq!((got, count), (Status::BufferTooSmall, 2));
+    // SAFETY: a NULL count is refused before anything is taken.
+    let got = unsafe { ap_pool_take_corruption_reports(pool, null_mut(), 0, null_mut()) };
+    assert_ne!(got, Status::Ok);
+    let (got, count, out) = take(4);
+    assert_eq!((got, count), (Status::Ok, 2), "{}", last_error());
+    for (info, at) in out.iter().zip(offsets) {
+        assert_eq!(
+            (info.len, info.first_bad, info.kind, info.reserved),
+            (100, at, KIND_HOST as u32, 0)
+        );
+    }
+    // Taken: the next call has none.
+    assert_eq!(take(0).1, 0);
+    assert_eq!(ap_pool_validate(pool), Status::Ok);
+    assert_eq!(destroy(pool), 0);
+    let mut count = 0;
+    // SAFETY: a writable count; the pool is gone.
+    let got = unsafe { ap_pool_take_corruption_reports(pool, null_mut(), 0, &mut count) };
+    assert_eq!(got, Status::BadPool);
 }
 
 #[test]

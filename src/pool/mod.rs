@@ -1021,6 +1021,34 @@ impl Pool {
         std::mem::take(&mut *lock(&self.inner.corruption))
     }
 
+    /// [`take_corruption_reports`](Self::take_corruption_reports) for a caller with room for
+    /// `max` reports: all of them when they fit, else `Err` with their number and the list
+    /// left as it was. The check and the take are one step, so a report added between a
+    /// caller's count and its take is neither lost nor cut off (the C API's
+    /// `ap_pool_take_corruption_reports` hands them to a buffer of the caller's).
+    ///
+    /// ```
+    /// use ascend_pool::pool::{Pool, PoolConfig};
+    /// use ascend_pool::source::sim::SimSource;
+    /// use std::sync::Arc;
+    ///
+    /// let pool = Pool::new(Arc::new(SimSource::default()), PoolConfig::default()).unwrap();
+    /// assert!(pool.take_corruption_reports_within(0).unwrap().is_empty());
+    /// ```
+    pub fn take_corruption_reports_within(
+        &self,
+        max: usize,
+    ) -> std::result::Result<Vec<Error>, usize> {
+        if self.inner.forked() {
+            return Ok(Vec::new());
+        }
+        let mut kept = lock(&self.inner.corruption);
+        if kept.len() > max {
+            return Err(kept.len());
+        }
+        Ok(std::mem::take(&mut *kept))
+    }
+
     /// Every chunk and live segment (and each segment held free in a thread cache or shape
     /// slot, marked `cached`), for a JSON dump or a picture.
     pub fn snapshot(&self) -> PoolSnapshot {
