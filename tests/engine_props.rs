@@ -70,6 +70,25 @@ struct Shadow {
 }
 
 impl Shadow {
+    /// A free range between live segments (or past the last, up to `capacity`) that holds
+    /// `footprint` bytes at an `align`-aligned start.
+    fn gap_holding(&self, footprint: u64, align: u64, capacity: u64) -> Option<(u64, u64)> {
+        let mut start = 0u64;
+        let ends = self
+            .live
+            .iter()
+            .map(|(&off, &(fp, _))| (off, off + fp))
+            .chain([(capacity, capacity)]);
+        for (off, end) in ends {
+            let aligned = start.div_ceil(align) * align;
+            if aligned.checked_add(footprint).is_some_and(|e| e <= off) {
+                return Some((start, off));
+            }
+            start = end;
+        }
+        None
+    }
+
     fn check(&self, e: &CarveEngine) {
         let capacity = e.capacity();
         e.validate().unwrap();
@@ -133,7 +152,16 @@ fn run(ops: Vec<Op>, tier: RangeTier, slab_max: u64) {
                     }
                     Err(EngineError::Carve(_)) => assert!(len == 0 || len > 1 << 40),
                     Err(EngineError::OutOfSpace { footprint, .. }) => {
-                        assert_eq!(Ok(footprint), rule.footprint(len))
+                        assert_eq!(Ok(footprint), rule.footprint(len));
+                        // Without slabs the range tier's blocks are the shadow's segments,
+                        // so its free ranges are the gaps between them: TLSF refuses only
+                        // when none holds the footprint at the rule's alignment (the buddy
+                        // tier places by block size, not in any gap).
+                        if tier == RangeTier::Tlsf && slab_max == 0 {
+                            if let Some((start, end)) = s.gap_holding(footprint, align, capacity) {
+                                panic!("{footprint} bytes at {align} refused, [{start}, {end}) is free");
+                            }
+                        }
                     }
                     // Only a slab-sized segment, whose page no free range holds.
                     Err(EngineError::NoRoomForPage { footprint, page }) => {

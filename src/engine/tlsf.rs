@@ -310,7 +310,18 @@ impl TlsfRange {
         }
         let (idx, start) = match self.find_free(len, align_units) {
             Some(node) => self.carve(node, len, align_units, tag),
-            None => self.carve_wilderness(len, align_units, tag)?,
+            None => match self.carve_wilderness(len, align_units, tag) {
+                Some(x) => x,
+                // The good-fit search looks at a few entries of the request's own bin and
+                // then only at bins whose every block surely fits: a block past the probes,
+                // or one whose alignment slack happens to fit, is skipped. Before refusing,
+                // look at every block, so a refusal means nothing fits. Only here: a
+                // request the searches above serve is placed as before.
+                None => {
+                    let node = self.find_free_exhaustive(len, align_units)?;
+                    self.carve(node, len, align_units, tag)
+                }
+            },
         };
         self.used_units += len;
         Some((start << self.unit_shift, idx))
@@ -751,6 +762,37 @@ impl TlsfRange {
         let best = self.lowest_fitting(self.heads[fl][sl], len, align_units);
         debug_assert!(best.is_some(), "a block of a searched bin always fits");
         best
+    }
+
+    /// The lowest-addressed free node that holds `len` units at an `align_units`-aligned
+    /// start, looking at every node of every bin that may hold one (blocks of lower bins
+    /// are all shorter than `len`). Slow (each list walked whole); only for a request the
+    /// good-fit search and the wilderness refused.
+    #[cold]
+    #[inline(never)]
+    fn find_free_exhaustive(&self, len: u64, align_units: u64) -> Option<u32> {
+        let (fl0, sl0) = mapping_insert(len);
+        let mut best = NIL;
+        let mut best_start = u64::MAX;
+        for fl in fl0..FL_COUNT {
+            let mut sl_map = self.sl_bitmap[fl];
+            if fl == fl0 {
+                sl_map &= !0u32 << sl0;
+            }
+            while sl_map != 0 {
+                let sl = sl_map.trailing_zeros() as usize;
+                sl_map &= sl_map - 1;
+                for i in self.list_from(self.heads[fl][sl]) {
+                    let n = &self.nodes[i as usize];
+                    let start = align_units_up(n.start(), align_units);
+                    if start + len <= n.end() && n.start() < best_start {
+                        best = i;
+                        best_start = n.start();
+                    }
+                }
+            }
+        }
+        (best != NIL).then_some(best)
     }
 
     /// The lowest-addressed block that fits among the first few of a bin's list.
@@ -1435,6 +1477,106 @@ mod tests {
         let (got, _, _) = alloc(&mut t, 130 << 6, 64).unwrap();
         assert_eq!(got, top, "the ninth entry is not probed");
         t.validate().unwrap();
+    }
+
+    /// Whether some free node, or the wilderness, holds `len` units at an `align`-unit start.
+    fn something_fits(t: &TlsfRange, len: u64, align: u64) -> bool {
+        let fits = |start: u64, end: u64| align_units_up(start, align) + len <= end;
+        fits(t.top, t.capacity)
+            || t.nodes
+                .iter()
+                .filter(|n| n.len > 0 && (n.is_free() || n.tag == PARKED))
+                .any(|n| fits(n.start(), n.end()))
+    }
+
+    #[test]
+    fn a_block_past_the_probes_serves_a_request_before_it_is_refused() {
+        // As in `a_bin_search_settles_after_eight_entries`, with the wilderness taken: the
+        // 131-unit block, ninth in the request's own bin, is the only one that holds 130
+        // units. The good-fit search skips it; refusing then broke the promise of
+        // `OutOfSpace` (footprint 8320 refused with a free range of 8384).
+        let mut t = TlsfRange::new(1 << 20, 64).unwrap();
+        let mut free = Vec::new();
+        for units in [131, 128, 128, 128, 128, 128, 128, 128, 128] {
+            free.push(alloc(&mut t, units << 6, 64).unwrap());
+            alloc(&mut t, 64, 64).unwrap();
+        }
+        for (o, k, tag) in free.iter().copied() {
+            t.free(k, o, tag).unwrap();
+            t.unpark_all();
+        }
+        let tail = t.free_tail();
+        alloc(&mut t, tail, 64).unwrap();
+        assert_eq!(t.largest_free(), 131 << 6);
+        assert!(something_fits(&t, 130, 1));
+        let (got, k, tag) = alloc(&mut t, 130 << 6, 64).expect("the 131-unit block fits");
+        assert_eq!(got, free[0].0);
+        t.validate().unwrap();
+        // Truly full now: a refusal.
+        assert!(alloc(&mut t, 130 << 6, 64).is_none());
+        assert!(!something_fits(&t, 130, 1));
+        t.free(k, got, tag).unwrap();
+        t.validate().unwrap();
+    }
+
+    #[test]
+    fn a_block_whose_alignment_slack_fits_serves_a_request_before_it_is_refused() {
+        // 100 units at 4 KiB (64-unit) starts: the search for a bin whose every block fits
+        // rounds 100 + 63 units up to bin [164, 168). A free block of 150 units at unit 0
+        // (bin [148, 152), between the two) holds it with no slack at all.
+        let mut t = TlsfRange::new(1 << 20, 64).unwrap();
+        let (a, ka, ta) = alloc(&mut t, 150 << 6, 64).unwrap();
+        alloc(&mut t, 64, 64).unwrap();
+        let tail = t.free_tail();
+        alloc(&mut t, tail, 64).unwrap();
+        t.free(ka, a, ta).unwrap();
+        t.unpark_all();
+        assert_eq!((a, t.free_tail()), (0, 0));
+        let (got, _, _) = alloc(&mut t, 100 << 6, 4096).expect("the 150-unit block fits");
+        assert_eq!(got, 0);
+        t.validate().unwrap();
+    }
+
+    #[test]
+    fn a_refusal_means_no_free_range_holds_the_request() {
+        // A deterministic random mix of lengths and alignments in a small range: whenever
+        // `alloc` refuses, no free node (merged: the refusal unparks) nor the wilderness
+        // holds the request at its alignment.
+        let mut t = TlsfRange::new(256 << 10, 64).unwrap();
+        let mut live: Vec<(u64, u32, u32)> = Vec::new();
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut refused = 0;
+        for _ in 0..20_000 {
+            let r = next();
+            if r % 3 == 0 && !live.is_empty() {
+                let (o, k, tag) = live.swap_remove((r >> 8) as usize % live.len());
+                t.free(k, o, tag).unwrap();
+            } else {
+                let units = 1 + (r >> 8) % if r & 0x30 == 0 { 600 } else { 40 };
+                let align = 1u64 << ((r >> 40) % 8);
+                match alloc(&mut t, units << 6, align << 6) {
+                    Some(b) => live.push(b),
+                    None => {
+                        refused += 1;
+                        assert!(
+                            !something_fits(&t, units, align),
+                            "{units} units at {align}"
+                        );
+                    }
+                }
+            }
+        }
+        t.validate().unwrap();
+        assert!(
+            refused > 100,
+            "the mix reaches the range's end ({refused} refusals)"
+        );
     }
 
     #[test]
