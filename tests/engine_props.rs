@@ -73,23 +73,33 @@ impl Shadow {
     /// A free range between live segments (or past the last, up to `capacity`) that holds
     /// `footprint` bytes at an `align`-aligned start.
     fn gap_holding(&self, footprint: u64, align: u64, capacity: u64) -> Option<(u64, u64)> {
+        self.gaps(capacity).into_iter().find(|&(start, end)| {
+            let aligned = start.div_ceil(align) * align;
+            aligned.checked_add(footprint).is_some_and(|e| e <= end)
+        })
+    }
+
+    /// The free ranges between live segments and up to `capacity`, as (start, end).
+    fn gaps(&self, capacity: u64) -> Vec<(u64, u64)> {
         let mut start = 0u64;
+        let mut gaps = Vec::new();
         let ends = self
             .live
             .iter()
             .map(|(&off, &(fp, _))| (off, off + fp))
             .chain([(capacity, capacity)]);
         for (off, end) in ends {
-            let aligned = start.div_ceil(align) * align;
-            if aligned.checked_add(footprint).is_some_and(|e| e <= off) {
-                return Some((start, off));
+            if off > start {
+                gaps.push((start, off));
             }
             start = end;
         }
-        None
+        gaps
     }
 
-    fn check(&self, e: &CarveEngine) {
+    /// `exact`: the range tier holds nothing but the shadow's segments (TLSF, no slabs), so
+    /// its free figures are the shadow's gaps, parked blocks merged with their neighbours.
+    fn check(&self, e: &CarveEngine, exact: bool) {
         let capacity = e.capacity();
         e.validate().unwrap();
         let mut end = 0;
@@ -109,6 +119,17 @@ impl Shadow {
             self.live.values().map(|v| v.1).sum::<u64>()
         );
         assert!(e.high_water() >= end);
+        if exact {
+            let gaps = self.gaps(capacity);
+            let r = e.stats().range;
+            let free: u64 = gaps.iter().map(|(a, b)| b - a).sum();
+            let largest = gaps.iter().map(|(a, b)| b - a).max().unwrap_or(0);
+            assert_eq!(
+                (r.free_fragments, r.largest_free, r.free_bytes),
+                (gaps.len() as u64, largest, free),
+                "free ranges {gaps:?}"
+            );
+        }
     }
 }
 
@@ -226,7 +247,7 @@ fn run(ops: Vec<Op>, tier: RangeTier, slab_max: u64) {
             }
             _ => {}
         }
-        s.check(&e);
+        s.check(&e, tier == RangeTier::Tlsf && slab_max == 0);
     }
     for a in s.handles.drain(..) {
         e.free(a).unwrap();
