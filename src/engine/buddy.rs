@@ -342,6 +342,12 @@ impl BuddyRange {
         self.nonempty ^= 1 << 20;
     }
 
+    /// Whether a block of `bytes` bytes made with `tag` is in use at `offset`: the engine
+    /// checks its slab pages' records against it.
+    pub(crate) fn holds(&self, offset: u64, bytes: u64, tag: u64) -> bool {
+        self.live.get(&offset) == Some(&(bytes, tag))
+    }
+
     /// Checks every invariant listed on the type.
     pub fn validate(&self) -> Result<(), EngineError> {
         let fail = |m: String| Err(EngineError::Corrupt(format!("buddy: {m}")));
@@ -397,6 +403,20 @@ impl BuddyRange {
             }
             cursor = e;
             after_free = free;
+        }
+        // Live blocks are whole minimum blocks (the tiling above sees only where they end).
+        for (&start, &(len, _)) in self.live.iter() {
+            if len == 0 || len % unit != 0 {
+                return fail(format!("live block at {start} of {len} bytes"));
+            }
+        }
+        // The end of the highest block in use never passes the highest ever in use.
+        if cursor == self.capacity && self.capacity - self.free_tail() > self.high_water {
+            return fail(format!(
+                "blocks in use up to {}, high water {}",
+                self.capacity - self.free_tail(),
+                self.high_water
+            ));
         }
         if cursor != self.capacity || free_bytes != self.free_bytes {
             return fail(format!(
@@ -691,7 +711,7 @@ mod tests {
             b.validate().unwrap();
             b
         };
-        let corruptions: [crate::engine::Drift<BuddyRange>; 8] = [
+        let corruptions: [crate::engine::Drift<BuddyRange>; 10] = [
             ("free counter", |b| b.free_bytes += 64),
             ("lowest cache", |b| b.lowest[0] = 4096),
             ("nonempty bit", BuddyRange::drift_for_test),
@@ -709,6 +729,11 @@ mod tests {
                 b.live.remove(&128);
             }),
             ("run past the capacity", |b| b.capacity -= 4096),
+            // Fits the tiling (it ends where it starts), yet no block is empty.
+            ("live block of no bytes", |b| {
+                b.live.insert(192, (0, 9));
+            }),
+            ("high water below the blocks in use", |b| b.high_water = 64),
         ];
         crate::engine::assert_each_drift_reported(build, &corruptions, BuddyRange::validate);
     }

@@ -347,6 +347,14 @@ impl Range {
             Self::Buddy(b) => b.validate(),
         }
     }
+    /// Whether the block `key` (TLSF) or `offset` (buddy) names is in use, `bytes` long,
+    /// at `offset`, with `tag`.
+    fn holds(&self, key: u32, offset: u64, bytes: u64, tag: u32) -> bool {
+        match self {
+            Self::Tlsf(t) => t.holds(key, offset, bytes, tag),
+            Self::Buddy(b) => b.holds(offset, bytes, u64::from(tag)),
+        }
+    }
     fn largest_free(&self) -> u64 {
         match self {
             Self::Tlsf(t) => t.largest_free(),
@@ -810,8 +818,32 @@ impl CarveEngine {
                 self.range.capacity()
             )));
         }
-        if self.counters.live != self.counters.allocs - self.counters.frees {
+        if self.counters.allocs.checked_sub(self.counters.frees) != Some(self.counters.live) {
             return Err(EngineError::Corrupt("live counter drifted".into()));
+        }
+        // Each slab page is a block the range tier holds for it: a page record naming a
+        // block freed (or another one) would hand out objects over free or foreign space.
+        for (base, bytes, key, tag) in self.slabs.held_pages() {
+            if !self.range.holds(key, base, bytes, tag) {
+                return Err(EngineError::Corrupt(format!(
+                    "slab page at {base} ({bytes} bytes) is no live range block"
+                )));
+            }
+        }
+        let c = &self.counters;
+        if c.peak_footprint_bytes < c.footprint_bytes || c.peak_requested_bytes < c.requested_bytes
+        {
+            return Err(EngineError::Corrupt(format!(
+                "peaks {} and {} below the live sums {} and {}",
+                c.peak_footprint_bytes,
+                c.peak_requested_bytes,
+                c.footprint_bytes,
+                c.requested_bytes
+            )));
+        }
+        // Tags 0 and `PARKED` mean "not live" to the range tier.
+        if self.next_tag == 0 || self.next_tag == tlsf::PARKED {
+            return Err(EngineError::Corrupt(format!("next tag {}", self.next_tag)));
         }
         // The live segments are the slab objects in use and the range tier's blocks that
         // are no slab page. A slab object's footprint is not kept, only its class: at least
@@ -1067,7 +1099,7 @@ mod tests {
                 e
             };
             // The last two reach the tiers' own checks through the engine's.
-            let drifts: [Drift<CarveEngine>; 8] = [
+            let drifts: [Drift<CarveEngine>; 14] = [
                 ("range-tier live bytes", |e| e.range_live_bytes += 64),
                 ("capacity", |e| e.capacity += 64),
                 ("live counter", |e| e.counters.live += 1),
@@ -1082,6 +1114,23 @@ mod tests {
                     Range::Buddy(b) => b.drift_for_test(),
                 }),
                 ("the slab tier's own state", |e| e.slabs.drift_for_test()),
+                ("a slab page naming no live range block", |e| {
+                    e.slabs.page_record_drift_for_test()
+                }),
+                ("a peak below the live sum", |e| {
+                    e.counters.peak_footprint_bytes = e.counters.footprint_bytes - 64
+                }),
+                ("a requested peak below the live sum", |e| {
+                    e.counters.peak_requested_bytes = 0
+                }),
+                ("the next tag 0", |e| e.next_tag = 0),
+                ("the next tag the parked marker", |e| {
+                    e.next_tag = tlsf::PARKED
+                }),
+                // Used to panic on the subtraction (debug) instead of reporting.
+                ("more frees than allocations", |e| {
+                    e.counters.frees = e.counters.allocs + 1
+                }),
             ];
             assert_each_drift_reported(build, &drifts, CarveEngine::validate);
         }

@@ -466,6 +466,14 @@ impl SlabAllocator {
         self.held += 1;
     }
 
+    /// Test helper: the first held page names another range block (its tag moved on), a
+    /// drift only the engine's `validate` sees.
+    #[cfg(test)]
+    pub(super) fn page_record_drift_for_test(&mut self) {
+        let p = self.pages.iter_mut().find(|p| p.objects != 0);
+        p.expect("a held page").range_tag += 1;
+    }
+
     /// Checks every invariant listed on the type.
     pub fn validate(&self) -> Result<(), EngineError> {
         let fail = |m: String| Err(EngineError::Corrupt(format!("slab: {m}")));
@@ -500,6 +508,15 @@ impl SlabAllocator {
                 return fail(format!(
                     "page {i}: {} objects, free map {:#x}",
                     p.objects, p.free_bits
+                ));
+            }
+            // The page is the range block `page_shape` asked for, and a live one (a range
+            // tag is never 0).
+            let (_, objects, align) = Self::page_shape(u64::from(p.footprint));
+            if u32::from(p.objects) != objects || p.base % align != 0 || p.range_tag == 0 {
+                return fail(format!(
+                    "page {i}: {} objects at {} (range tag {}), its shape is {objects} at {align}",
+                    p.objects, p.base, p.range_tag
                 ));
             }
             if p.free_bits.count_ones() + u32::from(p.used) != u32::from(p.objects) {
@@ -562,7 +579,23 @@ impl SlabAllocator {
         if listed + cached > self.held || bytes != self.page_bytes {
             return fail("class lists name more pages than exist".into());
         }
+        // No two pages share a byte: objects of one would be handed out twice.
+        let mut spans: Vec<(u64, u64)> = self.held_pages().map(|(b, n, _, _)| (b, n)).collect();
+        spans.sort_unstable();
+        for w in spans.windows(2) {
+            if w[0].0 + w[0].1 > w[1].0 {
+                return fail(format!("pages at {} and {} overlap", w[0].0, w[1].0));
+            }
+        }
         Ok(())
+    }
+
+    /// Each held page as (base, bytes, range key, range tag): the range block it came from.
+    pub(crate) fn held_pages(&self) -> impl Iterator<Item = (u64, u64, u32, u32)> + '_ {
+        self.pages
+            .iter()
+            .filter(|p| p.objects != 0)
+            .map(|p| (p.base, p.bytes(), p.range_key, p.range_tag))
     }
 
     /// Takes a page with room (whose position is current) off its class's list.
@@ -872,7 +905,7 @@ mod tests {
         fn cached(s: &SlabAllocator) -> u32 {
             s.classes[usize::from(s.pages[partial(s)].class)].cached_empty
         }
-        let corruptions: [crate::engine::Drift<SlabAllocator>; 13] = [
+        let corruptions: [crate::engine::Drift<SlabAllocator>; 17] = [
             ("held counter", SlabAllocator::drift_for_test),
             ("byte counter", |s| s.page_bytes += 1024),
             ("free bit of a used object", |s| {
@@ -922,6 +955,25 @@ mod tests {
             ("cached page forgotten", |s| {
                 let c = s.pages[partial(s)].class as usize;
                 s.classes[c].cached_empty = NIL;
+            }),
+            ("two pages over the same bytes", |s| {
+                let (p, c) = (partial(s), cached(s) as usize);
+                s.pages[c].base = s.pages[p].base + 1024;
+            }),
+            ("a page off its alignment", |s| {
+                let p = partial(s);
+                s.pages[p].base += 64;
+            }),
+            ("a page with no range tag", |s| {
+                let p = partial(s);
+                s.pages[p].range_tag = 0;
+            }),
+            // Counts, bits and bytes agree with each other, not with the page's shape.
+            ("a page of another shape", |s| {
+                let c = cached(s) as usize;
+                s.pages[c].objects -= 1;
+                s.pages[c].free_bits >>= 1;
+                s.page_bytes -= 1024;
             }),
         ];
         crate::engine::assert_each_drift_reported(build, &corruptions, SlabAllocator::validate);

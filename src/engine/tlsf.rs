@@ -515,6 +515,10 @@ impl TlsfRange {
         if self.top > self.capacity || self.high_water < self.top {
             return fail("top beyond capacity or high water".into());
         }
+        // Node starts and lengths are 32-bit: a longer range would truncate them.
+        if self.capacity > MAX_UNITS {
+            return fail(format!("capacity of {} units", self.capacity));
+        }
         let mut cursor = 0u64;
         let mut prev = NIL;
         let mut idx = if self.top == 0 {
@@ -695,6 +699,19 @@ impl TlsfRange {
             .iter()
             .filter(|n| n.len > 0 && !n.is_free() && n.tag != PARKED)
             .count() as u64
+    }
+
+    /// Whether `key` names a block in use at `offset` of `bytes` bytes, made with `tag`:
+    /// the engine checks its slab pages' records against it.
+    pub(crate) fn holds(&self, key: u32, offset: u64, bytes: u64, tag: u32) -> bool {
+        self.nodes.get(key as usize).is_some_and(|n| {
+            n.tag == tag
+                && tag != 0
+                && tag != PARKED
+                && n.len > 0
+                && n.start() << self.unit_shift == offset
+                && n.len() << self.unit_shift == bytes
+        })
     }
 
     fn parked_contains(&self, idx: u32, len: u64) -> bool {
@@ -1683,7 +1700,7 @@ mod tests {
                 .position(|n| n.len > 0 && n.tag != 0 && n.tag != PARKED);
             i.unwrap() as u32
         }
-        let corruptions: [crate::engine::Drift<TlsfRange>; 16] = [
+        let corruptions: [crate::engine::Drift<TlsfRange>; 17] = [
             ("a block in the sink slot", |t| {
                 t.nodes[SINK as usize].len = 1
             }),
@@ -1738,6 +1755,9 @@ mod tests {
                 t.nodes[t.last as usize].prev_phys = t.nodes[below as usize].prev_phys;
             }),
             ("a used node in a bin", |t| t.link(used(t))),
+            ("a capacity past 32-bit units", |t| {
+                t.capacity = MAX_UNITS + 1
+            }),
         ];
         crate::engine::assert_each_drift_reported(build, &corruptions, TlsfRange::validate);
     }
