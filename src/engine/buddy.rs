@@ -211,6 +211,8 @@ impl BuddyRange {
         } else {
             self.bounds.remove(&b);
         }
+        // The block came out of free runs, which `free_bytes` sums (debug check only).
+        debug_assert!(self.free_bytes >= size, "free bytes drifted");
         self.free_bytes -= size;
         self.live.insert(start, (size, tag));
         self.high_water = self.high_water.max(end);

@@ -659,9 +659,17 @@ impl CarveEngine {
             }
         } else {
             self.range.free(a.place, a.offset, a.tag)?;
+            debug_assert!(self.range_live_bytes >= a.footprint, "range bytes drifted");
             self.range_live_bytes -= a.footprint;
         }
+        // The tier took the handle as live, so the sums hold its bytes: less means they
+        // drifted. Checked in debug builds only, off the free path; a release build's wrap
+        // is a drift `validate` reports (the sums no longer match the tiers).
         let c = &mut self.counters;
+        debug_assert!(
+            c.live > 0 && c.requested_bytes >= a.len() && c.footprint_bytes >= a.footprint,
+            "counters below a live segment: {c:?}"
+        );
         c.live -= 1;
         c.frees += 1;
         c.requested_bytes -= a.len();
@@ -805,10 +813,11 @@ impl CarveEngine {
         self.range.validate()?;
         self.slabs.validate()?;
         let used = self.range.used_bytes();
-        let expected = self.slabs.page_bytes() + self.range_live_bytes;
-        if used != expected {
+        // Checked: a wrapped count is a drift to report, not an overflow to panic on.
+        let expected = self.slabs.page_bytes().checked_add(self.range_live_bytes);
+        if expected != Some(used) {
             return Err(EngineError::Corrupt(format!(
-                "range tier has {used} bytes in use, slabs and live segments account for {expected}"
+                "range tier has {used} bytes in use, slabs and live segments account for {expected:?}"
             )));
         }
         if self.capacity != self.range.capacity() {
@@ -1099,7 +1108,7 @@ mod tests {
                 e
             };
             // The last two reach the tiers' own checks through the engine's.
-            let drifts: [Drift<CarveEngine>; 14] = [
+            let drifts: [Drift<CarveEngine>; 18] = [
                 ("range-tier live bytes", |e| e.range_live_bytes += 64),
                 ("capacity", |e| e.capacity += 64),
                 ("live counter", |e| e.counters.live += 1),
@@ -1126,6 +1135,20 @@ mod tests {
                 ("the next tag 0", |e| e.next_tag = 0),
                 ("the next tag the parked marker", |e| {
                     e.next_tag = tlsf::PARKED
+                }),
+                // Counters wrapped below 0 by a subtraction in a release build (validate's
+                // sum of the range bytes used to overflow: a panic, not a report).
+                ("range-tier live bytes wrapped", |e| {
+                    e.range_live_bytes = e.range_live_bytes.wrapping_sub(e.range_live_bytes + 64)
+                }),
+                ("footprint counter wrapped", |e| {
+                    e.counters.footprint_bytes = e.counters.footprint_bytes.wrapping_sub(1 << 20)
+                }),
+                ("requested counter wrapped", |e| {
+                    e.counters.requested_bytes = e.counters.requested_bytes.wrapping_sub(1 << 20)
+                }),
+                ("live counter wrapped", |e| {
+                    e.counters.live = e.counters.live.wrapping_sub(3)
                 }),
                 // Used to panic on the subtraction (debug) instead of reporting.
                 ("more frees than allocations", |e| {

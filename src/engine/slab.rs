@@ -618,6 +618,11 @@ impl SlabAllocator {
         debug_assert!(p.used == 0, "only empty pages go back");
         self.pages[i].partial_pos = self.vacant;
         self.vacant = page_idx;
+        // A held page is in both sums (debug check only; `validate` reports a drift).
+        debug_assert!(
+            self.held > 0 && self.page_bytes >= p.bytes(),
+            "page sums drifted"
+        );
         self.held -= 1;
         self.page_bytes -= p.bytes();
         PageRelease {

@@ -339,6 +339,10 @@ impl TlsfRange {
             return Err(EngineError::AlreadyFreed { offset });
         }
         let len = n.len();
+        // A live node's length is in `used_units`: less means the count drifted. Checked in
+        // debug builds only (the free path stays as it was); a release build's wrap is a
+        // drift `validate` reports.
+        debug_assert!(self.used_units >= len, "used units below a live block");
         self.used_units -= len;
         let list = &mut self.parked[park_slot(len)];
         if list.head == NIL || u64::from(list.len) == len {
@@ -591,7 +595,9 @@ impl TlsfRange {
                 self.nodes.len()
             ));
         }
-        if self.used_units + binned + parked_units != self.top {
+        // Checked: a wrapped `used_units` is a drift to report, not an overflow to panic on.
+        let tiled = self.used_units.checked_add(binned + parked_units);
+        if tiled != Some(self.top) {
             return fail(format!(
                 "{} units used, {binned} binned and {parked_units} parked tile {} units",
                 self.used_units, self.top
@@ -1700,7 +1706,7 @@ mod tests {
                 .position(|n| n.len > 0 && n.tag != 0 && n.tag != PARKED);
             i.unwrap() as u32
         }
-        let corruptions: [crate::engine::Drift<TlsfRange>; 17] = [
+        let corruptions: [crate::engine::Drift<TlsfRange>; 18] = [
             ("a block in the sink slot", |t| {
                 t.nodes[SINK as usize].len = 1
             }),
@@ -1757,6 +1763,10 @@ mod tests {
             ("a used node in a bin", |t| t.link(used(t))),
             ("a capacity past 32-bit units", |t| {
                 t.capacity = MAX_UNITS + 1
+            }),
+            // Validate's own sum used to overflow (a panic) on a wrapped count.
+            ("a used count wrapped below 0", |t| {
+                t.used_units = t.used_units.wrapping_sub(t.used_units + 1)
             }),
         ];
         crate::engine::assert_each_drift_reported(build, &corruptions, TlsfRange::validate);
