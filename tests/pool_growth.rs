@@ -812,3 +812,43 @@ fn two_device_kinds_racing_near_the_total_keep_it_exact() {
     assert_eq!(pool.device_reserved_bytes(), 0);
     pool.validate().unwrap();
 }
+
+/// A chunk whose one block that holds a request lies past the few entries of its size
+/// class the engines' good-fit search looks at still serves it: the kind does not take a
+/// new chunk from the source while one it holds has room. It did: the pool asked each
+/// chunk with the good-fit search only, and grew.
+#[test]
+fn a_block_past_the_good_fit_probes_serves_before_the_kind_grows() {
+    use ascend_pool::Region;
+    let mut config = PoolConfig {
+        thread_cache: 0,
+        ..PoolConfig::default()
+    };
+    // The 2 KiB separators go on the range tier, between the blocks.
+    config.engine.slab_max = 1024;
+    let pool = Pool::new(Arc::new(SimSource::default()), config).unwrap();
+    // A footprint under the default rule is the length plus 64 bytes, for these lengths.
+    let host = |footprint: u64| pool.alloc_host(footprint - 64).unwrap();
+    let (mut blocks, mut kept) = (Vec::new(), Vec::new());
+    // One block of 8,640 bytes (135 units of 64), then eight of 8,448 (132) in the same
+    // size class, [132, 136) units. Freed, each length waits in a list of its own until the
+    // next search merges them in turn (the lists' order is a hash of the length, 135's
+    // first), so the one block that holds 8,512 bytes (133) ends up ninth in its class.
+    for footprint in [8640].into_iter().chain([8448; 8]) {
+        blocks.push(host(footprint));
+        kept.push(host(2048));
+    }
+    let s = pool.stats(MemKind::Host);
+    assert_eq!(s.chunks, 1, "{s:?}");
+    kept.push(host(s.reserved_bytes - s.allocated_bytes));
+    let s = pool.stats(MemKind::Host);
+    assert_eq!(s.allocated_bytes, s.reserved_bytes, "the chunk is full");
+    let fitting = blocks[0].addr();
+    drop(blocks);
+    let calls = pool.source_alloc_calls(MemKind::Host);
+    let r = host(8512);
+    assert_eq!(r.addr(), fitting);
+    assert_eq!(pool.source_alloc_calls(MemKind::Host), calls);
+    assert_eq!(pool.stats(MemKind::Host).chunks, 1);
+    pool.validate().unwrap();
+}

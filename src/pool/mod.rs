@@ -1510,7 +1510,7 @@ impl PoolInner {
         let mut k = self.kinds[kind.index()].lock();
         Self::key_room(&k)?;
         let kind = k.kind;
-        let (chunk, alloc) = match self.carve_existing(&mut k, len, rule, footprint) {
+        let (chunk, alloc) = match self.carve_existing::<false>(&mut k, len, rule, footprint) {
             Some(x) => x,
             None => {
                 let (guard, x) = self.carve_when_full(k, (len, rule, footprint))?;
@@ -1677,10 +1677,11 @@ impl PoolInner {
             return Err(self.with_elsewhere(refused));
         }
         Self::key_room(&k)?;
-        let (mut k, again, counted) = match self.carve_existing(&mut k, len, rule, footprint) {
-            Some(x) => (k, Ok(x), false),
-            None => self.carve_or_grow(k, (len, rule, footprint)),
-        };
+        let (mut k, again, counted) =
+            match self.carve_existing::<false>(&mut k, len, rule, footprint) {
+                Some(x) => (k, Ok(x), false),
+                None => self.carve_or_grow(k, (len, rule, footprint)),
+            };
         // The first refusal did not stand, or a second one was counted for this request (a
         // retry ended by an error growth does not count, a runtime failure, leaves the first).
         if again.is_ok() || counted {
@@ -1752,13 +1753,13 @@ impl PoolInner {
         // Growth and the trim before it see every free byte (see `shapes`); a small request
         // may fit where a proven slot's segment was.
         if self.shapes[k.kind.index()].any() && self.empty_slots(k, Emptying::All) > 0 {
-            if let Some(x) = self.carve_existing(k, len, rule, footprint) {
+            if let Some(x) = self.carve_existing::<false>(k, len, rule, footprint) {
                 return Ok(Some(x));
             }
         }
         // Memory freed behind streams may be usable now: look lazily, only here.
         if !k.pending.is_empty() && self.reclaim(k, false).0 > 0 {
-            if let Some(x) = self.carve_existing(k, len, rule, footprint) {
+            if let Some(x) = self.carve_existing::<false>(k, len, rule, footprint) {
                 return Ok(Some(x));
             }
         }
@@ -1766,8 +1767,11 @@ impl PoolInner {
     }
 
     /// Carves `len` under `rule` (whose footprint is `footprint`) from the first chunk that
-    /// can hold it.
-    fn carve_existing(
+    /// can hold it. Without `THOROUGH` (the common case, where many chunks refuse), with
+    /// the engines' good-fit search, skipping chunks whose refusal hint covers the request;
+    /// with it, the last look before the kind grows: every free block of every chunk,
+    /// hints aside. A constant, so that the common case pays nothing for the other.
+    fn carve_existing<const THOROUGH: bool>(
         &self,
         k: &mut KindPool,
         len: u64,
@@ -1816,10 +1820,16 @@ impl PoolInner {
                     drain = Some((id, tag));
                     break;
                 }
-                if c.base & misaligned != 0 || (footprint >= c.refused.0 && align >= c.refused.1) {
+                let hinted = footprint >= c.refused.0 && align >= c.refused.1;
+                if c.base & misaligned != 0 || (hinted && !THOROUGH) {
                     continue;
                 }
-                match c.engine.alloc_in_pages(len, rule) {
+                let got = if THOROUGH {
+                    c.engine.alloc_in_pages(len, rule)
+                } else {
+                    c.engine.alloc_in_pages_good_fit(len, rule)
+                };
+                match got {
                     Ok(a) => return Some((id, a)),
                     Err(_) if footprint < c.refused.0 => c.refused = (footprint, align),
                     Err(_) => {}
@@ -1940,7 +1950,13 @@ impl PoolInner {
                 self.reclaim(k, true);
             }
             self.trim_kind(k, 0);
-            if let Some(x) = self.carve_existing(k, len, rule, footprint) {
+            if let Some(x) = self.carve_existing::<false>(k, len, rule, footprint) {
+                return Ok(Some(x));
+            }
+            // Before the source is asked for more, every chunk looks at every free block:
+            // the good-fit search passes over some that fit (never on the shared traces,
+            // which place the same to the byte; docs/benchmarks.md, session 85).
+            if let Some(x) = self.carve_existing::<true>(k, len, rule, footprint) {
                 return Ok(Some(x));
             }
             // A source that can grow a block in place (virtual memory) extends a chunk
