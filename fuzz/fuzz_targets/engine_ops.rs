@@ -16,6 +16,10 @@ enum Op {
     AllocSmall {
         len: u16,
     },
+    /// The pool's first look in each chunk: the good-fit search only, in slab pages.
+    AllocGoodFit {
+        len: u32,
+    },
     Free {
         index: u16,
     },
@@ -64,6 +68,25 @@ fn carved(engine: &mut CarveEngine, len: u64, rule: CarveRule) -> Option<Allocat
     }
 }
 
+/// Whether some stretch of `[0, capacity)` no live segment covers holds `footprint` bytes
+/// at an `align`-aligned start.
+fn room_for(live: &[Allocation], capacity: u64, footprint: u64, align: u64) -> bool {
+    let mut spans: Vec<(u64, u64)> = live.iter().map(|a| (a.offset(), a.footprint())).collect();
+    spans.sort_unstable();
+    let mut from = 0u64;
+    for (start, len) in spans.into_iter().chain([(capacity, 0)]) {
+        let aligned = from.next_multiple_of(align);
+        if aligned
+            .checked_add(footprint)
+            .is_some_and(|end| end <= start)
+        {
+            return true;
+        }
+        from = from.max(start + len);
+    }
+    false
+}
+
 fuzz_target!(|input: Input| {
     let mut capacity = 1u64 << (12 + input.capacity_log % 16);
     let config = EngineConfig {
@@ -92,9 +115,39 @@ fuzz_target!(|input: Input| {
                 else {
                     continue;
                 };
-                if let Some(a) = carved(&mut engine, len, rule) {
-                    assert!(a.offset() + a.footprint() <= capacity);
-                    live.push(a);
+                match carved(&mut engine, len, rule) {
+                    Some(a) => {
+                        assert!(a.offset() + a.footprint() <= capacity);
+                        live.push(a);
+                    }
+                    // Without slabs the free space is exactly what no live segment covers:
+                    // a refusal from the TLSF tier means none of it holds the request.
+                    None if !input.buddy && config.slab_max == 0 => {
+                        if let Ok(f) = rule.footprint(len) {
+                            assert!(
+                                !room_for(&live, capacity, f, rule.align()),
+                                "refused {f} bytes at {} with room for them",
+                                rule.align()
+                            );
+                        }
+                    }
+                    None => {}
+                }
+            }
+            Op::AllocGoodFit { len } => {
+                let rule = CarveRule::default();
+                match engine.alloc_in_pages_good_fit(u64::from(len), rule) {
+                    Ok(a) => {
+                        assert_eq!(rule.footprint(u64::from(len)), Ok(a.footprint()));
+                        assert_eq!(a.offset() % rule.align(), 0);
+                        live.push(a);
+                    }
+                    Err(
+                        EngineError::OutOfSpace { .. }
+                        | EngineError::NoRoomForPage { .. }
+                        | EngineError::Carve(_),
+                    ) => {}
+                    Err(e) => panic!("alloc_in_pages_good_fit({len}): {e:?}"),
                 }
             }
             Op::AllocSmall { len } => {
