@@ -598,7 +598,8 @@ impl CarveEngine {
 
     /// Carves `len` under `rule` only from a block the range tier holds parked at exactly
     /// its footprint: no bin search and no merge, and `Ok(None)` (nothing counted as failed)
-    /// when there is none. Sizes the slab tier serves are never parked. The pool asks the
+    /// when there is none. A length the rule refuses is refused and counted as `alloc`
+    /// counts it. Sizes the slab tier serves are never parked. The pool asks the
     /// one chunk where a large segment of this footprint was last freed, before it walks
     /// its chunks in order.
     ///
@@ -614,6 +615,7 @@ impl CarveEngine {
     /// let again = e.alloc_parked(3_110_400, rule).unwrap().unwrap();
     /// assert_eq!(again.offset(), frame.offset());
     /// assert!(e.alloc_parked(0, rule).is_err());
+    /// assert_eq!(e.counters().failed, 1);
     /// e.validate().unwrap();
     /// ```
     #[inline]
@@ -622,7 +624,10 @@ impl CarveEngine {
         len: u64,
         rule: CarveRule,
     ) -> Result<Option<Allocation>, EngineError> {
-        let footprint = rule.footprint(len)?;
+        // Bad input is a refused allocation here too: `failed` said 0 after this refusal.
+        let footprint = rule
+            .footprint(len)
+            .inspect_err(|_| self.counters.failed += 1)?;
         let align = rule.align();
         if self.slabs.serves(footprint, align) {
             return Ok(None);
