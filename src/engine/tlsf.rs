@@ -1591,11 +1591,9 @@ mod tests {
         t.validate().unwrap();
     }
 
-    #[test]
-    fn a_bin_search_settles_after_eight_entries() {
-        // Bin [128, 132) units: eight blocks of 128 units, probed first, and one of 131
-        // units ninth, each between held units so none merge. A request for 130 units
-        // looks at eight entries of its own bin, then past it (the wilderness here).
+    /// Bin [128, 132) units: eight free blocks of 128 units, probed first, and one of 131
+    /// units ninth, each between held units so none merge; the blocks as allocated.
+    fn nine_in_one_bin() -> (TlsfRange, Vec<(u64, u32, u32)>) {
         let mut t = TlsfRange::new(1 << 20, 64).unwrap();
         let mut free = Vec::new();
         for units in [131, 128, 128, 128, 128, 128, 128, 128, 128] {
@@ -1607,6 +1605,14 @@ mod tests {
             t.free(k, o, tag).unwrap();
             t.unpark_all();
         }
+        (t, free)
+    }
+
+    #[test]
+    fn a_bin_search_settles_after_eight_entries() {
+        // A request for 130 units looks at eight entries of its own bin, then past it (the
+        // wilderness here).
+        let (mut t, free) = nine_in_one_bin();
         let (fl, sl) = mapping_insert(130);
         let order: Vec<u32> = t.list_from(t.heads[fl][sl]).collect();
         assert_eq!((order.len(), order[BIN_PROBES]), (9, free[0].1));
@@ -1632,16 +1638,7 @@ mod tests {
         // 131-unit block, ninth in the request's own bin, is the only one that holds 130
         // units. The good-fit search skips it; refusing then broke the promise of
         // `OutOfSpace` (footprint 8320 refused with a free range of 8384).
-        let mut t = TlsfRange::new(1 << 20, 64).unwrap();
-        let mut free = Vec::new();
-        for units in [131, 128, 128, 128, 128, 128, 128, 128, 128] {
-            free.push(alloc(&mut t, units << 6, 64).unwrap());
-            alloc(&mut t, 64, 64).unwrap();
-        }
-        for (o, k, tag) in free.iter().copied() {
-            t.free(k, o, tag).unwrap();
-            t.unpark_all();
-        }
+        let (mut t, free) = nine_in_one_bin();
         let tail = t.free_tail();
         alloc(&mut t, tail, 64).unwrap();
         assert_eq!(t.largest_free(), 131 << 6);
