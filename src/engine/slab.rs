@@ -307,8 +307,15 @@ impl SlabAllocator {
     }
 
     /// Adds a fresh page for `footprint` at `base` taken from the range engine.
+    ///
+    /// Only when [`alloc`](Self::alloc) refused that footprint: the class then lists no
+    /// page and sets none aside, so the fresh page is its one empty page.
     pub fn add_page(&mut self, footprint: u64, base: u64, range_key: u32, range_tag: u32) {
         let (class, footprint) = class_of(footprint);
+        debug_assert!(
+            self.classes[class].top == NIL && self.classes[class].cached_empty == NIL,
+            "a page is added only when the class has none with room"
+        );
         let (bytes, objects, _) = Self::page_shape(footprint);
         let idx = if self.vacant != NIL {
             let idx = self.vacant;
@@ -540,6 +547,14 @@ impl SlabAllocator {
             if listed != should_list || (cached && p.used != 0) {
                 return fail(format!("page {i} is misfiled (used {})", p.used));
             }
+            // One empty page per class: a second would be held until `trim`, which gives
+            // back only the page set aside and an empty page listed first.
+            if listed && p.used == 0 && (p.partial_pos != 1 || c.cached_empty != NIL) {
+                return fail(format!(
+                    "page {i} is a second empty page of class {}",
+                    p.class
+                ));
+            }
         }
         if held != self.held {
             return fail(format!("{held} pages held, counter says {}", self.held));
@@ -637,6 +652,17 @@ impl SlabAllocator {
 mod tests {
     use super::*;
 
+    /// Allocates as the engine does: a fresh page only when no page of the class has room,
+    /// the `pages + 1`-th, at `pages + 1` MiB with range key and tag `pages + 1`.
+    fn alloc_adding(s: &mut SlabAllocator, f: u64, tag: u32, pages: &mut u32) -> (u64, u32) {
+        if let Some(got) = s.alloc(f, tag) {
+            return got;
+        }
+        *pages += 1;
+        s.add_page(f, u64::from(*pages) << 20, *pages, *pages);
+        s.alloc(f, tag).expect("a fresh page has room")
+    }
+
     #[test]
     fn classes_round_up_by_less_than_an_eighth() {
         // Exact up to 1 KiB, then eight steps per doubling.
@@ -678,14 +704,14 @@ mod tests {
         let (bytes, objects, _) = SlabAllocator::page_shape(1024);
         assert_eq!((bytes, objects), (32 << 10, 32));
         assert!(s.alloc(1024, 1).is_none(), "no page yet");
-        s.add_page(1024, 1 << 20, 7, 9);
-        s.add_page(1024, 2 << 20, 8, 9);
+        let mut pages = 0;
         let mut live = vec![];
         for tag in 1..=2 * objects {
-            let (off, place) = s.alloc(1024, tag).unwrap();
+            let (off, place) = alloc_adding(&mut s, 1024, tag, &mut pages);
             live.push((off, place, tag));
             s.validate().unwrap();
         }
+        assert_eq!(pages, 2);
         assert!(s.alloc(1024, 99).is_none(), "both pages full");
         let offsets: std::collections::BTreeSet<u64> = live.iter().map(|l| l.0).collect();
         assert_eq!(offsets.len(), live.len());
@@ -748,24 +774,26 @@ mod tests {
         let f = 64 << 10;
         let class = class_of(f).0;
         let mut s = SlabAllocator::new(f);
-        // Page 0 alone, emptied: kept listed first.
-        s.add_page(f, 0, 1, 1);
-        let k = s.alloc(f, 1).unwrap();
-        s.free(k.0, k.1, 1).unwrap();
-        // Pages 1, 2 and 3, each filled (so each leaves the list), then one object of each
-        // freed: they come back above the kept page, 1 then 2 then 3.
-        let mut pages = vec![];
-        for page in 1..=3u32 {
-            s.add_page(f, u64::from(page) << 20, page + 1, page + 1);
-            let objs: Vec<_> = (0..4)
-                .map(|i| {
-                    let t = 10 * page + i;
-                    (s.alloc(f, t).unwrap(), t)
-                })
-                .collect();
-            assert!(objs.iter().all(|((_, p), _)| p >> SLOT_BITS == page));
-            pages.push(objs);
+        // Pages 0 to 3, each filled (so each leaves the list) before the next is added.
+        let mut added = 0;
+        let mut pages: Vec<Vec<_>> = (0..4u32)
+            .map(|page| {
+                let objs: Vec<_> = (0..4)
+                    .map(|i| {
+                        let t = 10 * page + i + 1;
+                        (alloc_adding(&mut s, f, t, &mut added), t)
+                    })
+                    .collect();
+                assert!(objs.iter().all(|((_, p), _)| p >> SLOT_BITS == page));
+                objs
+            })
+            .collect();
+        // Page 0 emptied alone in its list: kept listed first.
+        for ((o, p), t) in pages.remove(0) {
+            assert_eq!(s.free(o, p, t).unwrap(), None);
         }
+        // One object of each other page freed: they come back above the kept page, 1 then
+        // 2 then 3.
         for objs in &mut pages {
             let ((o, p), t) = objs.pop().unwrap();
             s.free(o, p, t).unwrap();
@@ -780,7 +808,7 @@ mod tests {
             s.validate().unwrap();
         }
         assert_eq!(released.len(), 1);
-        assert_eq!(released[0].base, 0);
+        assert_eq!(released[0].base, 1 << 20);
         assert_eq!(s.classes[class].pages(), &[1, 2]);
         assert_eq!(
             (s.classes[class].top, s.classes[class].cached_empty),
@@ -796,7 +824,7 @@ mod tests {
             }
         }
         let bases: Vec<u64> = released.iter().map(|r| r.base).collect();
-        assert_eq!(bases, [3 << 20, 2 << 20]);
+        assert_eq!(bases, [4 << 20, 3 << 20]);
         assert_eq!((s.page_count(), s.classes[class].cached_empty), (1, 1));
         assert_eq!(s.trim().len(), 1);
         assert_eq!(s.page_count(), 0);
@@ -808,10 +836,11 @@ mod tests {
         // 64 KiB objects: 4 per page, every tag in the record's first line.
         let f = 64 << 10;
         let mut s = SlabAllocator::new(f);
-        s.add_page(f, 0, 1, 1);
-        s.add_page(f, 1 << 20, 2, 2);
-        s.add_page(f, 2 << 20, 3, 3);
-        let live: Vec<_> = (1..=12).map(|t| (s.alloc(f, t).unwrap(), t)).collect();
+        let mut pages = 0;
+        let live: Vec<_> = (1..=12)
+            .map(|t| (alloc_adding(&mut s, f, t, &mut pages), t))
+            .collect();
+        assert_eq!(pages, 3);
         // Empty the three pages: one is cached, two go back and their records fall vacant.
         let mut released = vec![];
         for &((o, p), t) in &live {
@@ -819,12 +848,13 @@ mod tests {
         }
         assert_eq!(released.len(), 2);
         s.validate().unwrap();
-        // New pages take the vacant records rather than growing the table.
-        s.add_page(f, 5 << 20, 4, 4);
-        s.add_page(f, 6 << 20, 5, 5);
-        assert_eq!(s.pages.len(), 3);
+        // The cached page serves first, then new pages take the vacant records rather than
+        // growing the table.
+        let fresh: Vec<_> = (20..32)
+            .map(|t| (alloc_adding(&mut s, f, t, &mut pages), t))
+            .collect();
+        assert_eq!((pages, s.pages.len()), (5, 3));
         s.validate().unwrap();
-        let fresh: Vec<_> = (20..32).map(|t| (s.alloc(f, t).unwrap(), t)).collect();
         // A handle from a released page names a reused record: refused all the same.
         for &((o, p), t) in &live {
             assert!(s.free(o, p, t).is_err());
@@ -847,9 +877,10 @@ mod tests {
         let build = || {
             let f = 64 << 10;
             let mut s = SlabAllocator::new(f);
-            s.add_page(f, 0, 1, 1);
-            s.add_page(f, 1 << 20, 2, 2);
-            let objs: Vec<_> = (1..=8).map(|t| (s.alloc(f, t).unwrap(), t)).collect();
+            let mut pages = 0;
+            let objs: Vec<_> = (1..=8)
+                .map(|t| (alloc_adding(&mut s, f, t, &mut pages), t))
+                .collect();
             let mut released = 0;
             for &((o, p), t) in objs.iter().filter(|((_, p), _)| p >> SLOT_BITS == 0) {
                 released += s.free(o, p, t).unwrap().into_iter().count();
@@ -880,12 +911,10 @@ mod tests {
         // one emptied and given back (a vacant record).
         let build = || {
             let mut s = SlabAllocator::new(1024);
-            for (i, base) in [1u64 << 20, 2 << 20, 3 << 20].into_iter().enumerate() {
-                s.add_page(1024, base, i as u32, 9);
-            }
+            let mut added = 0;
             let mut by_page = std::collections::BTreeMap::<u32, Vec<_>>::new();
             for tag in 1..=96 {
-                let (o, place) = s.alloc(1024, tag).unwrap();
+                let (o, place) = alloc_adding(&mut s, 1024, tag, &mut added);
                 by_page
                     .entry(place >> SLOT_BITS)
                     .or_default()
@@ -910,7 +939,7 @@ mod tests {
         fn cached(s: &SlabAllocator) -> u32 {
             s.classes[usize::from(s.pages[partial(s)].class)].cached_empty
         }
-        let corruptions: [crate::engine::Drift<SlabAllocator>; 17] = [
+        let corruptions: [crate::engine::Drift<SlabAllocator>; 18] = [
             ("held counter", SlabAllocator::drift_for_test),
             ("byte counter", |s| s.page_bytes += 1024),
             ("free bit of a used object", |s| {
@@ -960,6 +989,13 @@ mod tests {
             ("cached page forgotten", |s| {
                 let c = s.pages[partial(s)].class as usize;
                 s.classes[c].cached_empty = NIL;
+            }),
+            // Every page filed where it belongs, but the class keeps two empty ones.
+            ("cached page listed behind the partly used one", |s| {
+                let (p, c) = (partial(s), cached(s));
+                let class = &mut s.classes[s.pages[p].class as usize];
+                class.cached_empty = NIL;
+                s.pages[c as usize].partial_pos = class.push(c);
             }),
             ("two pages over the same bytes", |s| {
                 let (p, c) = (partial(s), cached(s) as usize);
