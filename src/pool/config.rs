@@ -134,7 +134,17 @@ fn parse_size(v: &str) -> Option<u64> {
         ),
         None => (v.as_str(), 0),
     };
-    num.parse::<u64>().ok()?.checked_mul(1u64 << shift)
+    unsigned::<u64>(num)?.checked_mul(1u64 << shift)
+}
+
+/// A number in plain decimal digits: `u64::from_str` also takes a leading `+`, which no
+/// size or device id is written with.
+fn unsigned<T: std::str::FromStr>(v: &str) -> Option<T> {
+    let v = v.trim();
+    if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    v.parse().ok()
 }
 
 impl PoolConfig {
@@ -152,7 +162,9 @@ impl PoolConfig {
         }
     }
 
-    /// Parses a `key:value,key:value` string over the defaults.
+    /// Parses a `key:value,key:value` string over the defaults. Keys and named values are
+    /// read in any ASCII case (`Debug:ON`), as `PYTORCH_NPU_ALLOC_CONF`'s `True` and `False`
+    /// are; a record path is taken as written.
     pub fn parse(s: &str) -> Result<Self> {
         let mut c = Self::default();
         let mut large_set = false;
@@ -164,7 +176,9 @@ impl PoolConfig {
             let size = || {
                 parse_size(v).ok_or_else(|| Error::Config(format!("`{v}` is not a size for {k}")))
             };
-            match k.trim() {
+            // Named values in lower case; the record path keeps `v`.
+            let word = v.trim().to_ascii_lowercase();
+            match k.trim().to_ascii_lowercase().as_str() {
                 "chunk_size" => c.chunk_size = size()?,
                 "large_threshold" => {
                     c.large_threshold = size()?;
@@ -176,7 +190,7 @@ impl PoolConfig {
                 "release_threshold" => c.release_threshold = size()?,
                 "slab_max" => c.engine.slab_max = size()?,
                 "thread_cache" => {
-                    c.thread_cache = match v.trim() {
+                    c.thread_cache = match word.as_str() {
                         "off" | "false" => 0,
                         _ => size()?,
                     }
@@ -186,21 +200,21 @@ impl PoolConfig {
                     cache_max_set = true;
                 }
                 "debug" => {
-                    c.debug = match v.trim() {
+                    c.debug = match word.as_str() {
                         "1" | "true" | "on" => true,
                         "0" | "false" | "off" => false,
                         _ => return Err(Error::Config(format!("debug:{v} is not 0 or 1"))),
                     }
                 }
                 "range" => {
-                    c.engine.range = match v.trim() {
+                    c.engine.range = match word.as_str() {
                         "tlsf" => RangeTier::Tlsf,
                         "buddy" => RangeTier::Buddy,
                         _ => return Err(Error::Config(format!("range:{v} is not tlsf or buddy"))),
                     }
                 }
                 "policy" => {
-                    c.policy = match v.trim() {
+                    c.policy = match word.as_str() {
                         "huge_first" => MallocPolicy::HugeFirst,
                         "huge_only" => MallocPolicy::HugeOnly,
                         "normal_only" => MallocPolicy::NormalOnly,
@@ -214,10 +228,8 @@ impl PoolConfig {
                     }
                 }
                 "device" => {
-                    c.device = v
-                        .trim()
-                        .parse()
-                        .map_err(|_| Error::Config(format!("device:{v} is not a device id")))?
+                    c.device = unsigned(v)
+                        .ok_or_else(|| Error::Config(format!("device:{v} is not a device id")))?
                 }
                 "record" => {
                     let path = v.trim();
@@ -226,7 +238,7 @@ impl PoolConfig {
                     }
                     c.record = Some(path.into());
                 }
-                other => return Err(Error::Config(format!("unknown key `{other}`"))),
+                _ => return Err(Error::Config(format!("unknown key `{}`", k.trim()))),
             }
         }
         if !large_set {
@@ -404,6 +416,30 @@ mod tests {
     }
 
     #[test]
+    fn keys_and_named_values_in_any_case_and_the_record_path_as_written() {
+        let upper = PoolConfig::parse(
+            "Chunk_Size:64M, PADDING:0, Debug:ON, Range:Buddy, Policy:HUGE_ONLY_P2P, \
+             Thread_Cache:Off, RECORD:/tmp/A.jsonl",
+        )
+        .unwrap();
+        let lower = PoolConfig::parse(
+            "chunk_size:64m, padding:0, debug:on, range:buddy, policy:huge_only_p2p, \
+             thread_cache:off, record:/tmp/A.jsonl",
+        )
+        .unwrap();
+        assert_eq!(upper, lower);
+        assert_eq!(
+            upper.record.as_deref(),
+            Some(std::path::Path::new("/tmp/A.jsonl"))
+        );
+        // An unknown key is named as written.
+        assert!(matches!(
+            PoolConfig::parse("Chunk_Sise:64m"),
+            Err(Error::Config(m)) if m.contains("`Chunk_Sise`")
+        ));
+    }
+
+    #[test]
     fn parses_every_value_of_the_named_keys() {
         for (v, policy) in [
             ("huge_first", MallocPolicy::HugeFirst),
@@ -530,6 +566,12 @@ mod tests {
             "thread_cache_max:32m",
             "chunk_size:256g", // past the TLSF engine's (2^32 - 1) * 64 bytes
             "device:-1",
+            "device:+1",
+            "limit:+1g",
+            "padding:+32",
+            "chunk_size:-2m",
+            "limit:1_000",
+            "limit:m",
         ] {
             assert!(PoolConfig::parse(bad).is_err(), "{bad} was accepted");
         }
