@@ -198,7 +198,9 @@ ap_status ap_pool_create(ap_source source, const char *conf, ap_pool *out);
  * blocks such a stream may still write are kept from the source rather than returned. A stream the
  * runtime will not wait for when it is destroyed is kept, as ap_stream_destroy keeps one, and
  * waited for once more before the pool goes (as ap_pool_synchronize does); one still refused
- * then stays kept for good. In a
+ * then stays kept for good. In debug mode, an overwritten padding in a region freed here is
+ * AP_ERR_CORRUPTION (the first one in ap_last_error; everything is freed all the same), after a
+ * stream's failure if there is one. In a
  * child made by fork() after the pool was made, only the handle goes (nothing freed,
  * *freed_regions 0, AP_OK). */
 ap_status ap_pool_destroy(ap_pool pool, uint64_t *freed_regions);

@@ -955,6 +955,10 @@ pub unsafe extern "C" fn ap_pool_create(
 /// as [`ap_stream_destroy`] keeps one, and waited for once more by the pool's last
 /// [`Pool::synchronize`] here; one still refused then stays kept for good.
 ///
+/// In debug mode, an overwritten padding in a region freed here is [`Status::Corruption`]
+/// (the first one in [`ap_last_error`]; the regions are freed and the pool gone all the
+/// same), after a stream's failure if there is one.
+///
 /// # Safety
 /// `freed_regions` is NULL or valid for a write.
 #[no_mangle]
@@ -980,6 +984,9 @@ pub unsafe extern "C" fn ap_pool_destroy(pool: u64, freed_regions: *mut u64) -> 
         // No call that found the entry is still running after this.
         lookup::retire(pool);
         entry.alive.store(false, Ordering::Release);
+        // Overruns found before, which `ap_pool_take_corruption_reports` could have taken,
+        // go: what the list holds at the end is what this destroy found.
+        drop(entry.pool.take_corruption_reports());
         // Work still queued on a region runs first, so its free completes at once.
         let streams: Vec<_> = lock(&entry.streams).drain().map(|(_, s)| s).collect();
         let waited = streams.iter().try_for_each(|s| s.synchronize());
@@ -997,12 +1004,15 @@ pub unsafe extern "C" fn ap_pool_destroy(pool: u64, freed_regions: *mut u64) -> 
         // Frees that waited on the streams complete now, not in the pool's drop, which
         // would report them as still live.
         let settled = entry.pool.synchronize();
+        // An overrun in a region freed here has no later call to report it: the status does.
+        let found = entry.pool.take_corruption_reports();
         if let Some(out) = NonNull::new(freed_regions) {
             // SAFETY: non-null, and the caller gives a writable u64.
             unsafe { out.as_ptr().write(freed) };
         }
         drop(entry);
-        waited.and(settled).map_err(Failure::from)
+        waited.and(settled)?;
+        found.into_iter().next().map_or(Ok(()), |e| Err(e.into()))
     })
 }
 

@@ -696,6 +696,46 @@ fn an_overrun_into_the_padding_is_reported_on_free() {
     assert_eq!(destroy(pool), 0);
 }
 
+/// An overrun in a region the destroy freed was only printed: no call was left to report it.
+#[test]
+fn an_overrun_in_a_region_the_destroy_frees_is_its_status() {
+    let pool = pool_with("debug:1");
+    // One overrun freed and left in the list: the destroy's status is not about it.
+    let r = alloc(pool, KIND_HOST, 100).unwrap();
+    let stray = std::ptr::with_exposed_provenance_mut::<u8>(info(pool, r).addr as usize);
+    // SAFETY: inside the segment's footprint (ALIGN_UP(100, 32) + 32 = 160 bytes) in the
+    // pool's host block: the padding debug mode watches.
+    unsafe { stray.add(140).write(0xAB) };
+    assert_eq!(ap_free(pool, r), Status::Corruption);
+    assert_eq!(destroy(pool), 0);
+    // A live region overrun, and another left whole, when the pool goes.
+    let pool = pool_with("debug:1");
+    let whole = alloc(pool, KIND_HOST, 64).unwrap();
+    let r = alloc(pool, KIND_HOST, 100).unwrap();
+    let stray = std::ptr::with_exposed_provenance_mut::<u8>(info(pool, r).addr as usize);
+    // SAFETY: as above.
+    unsafe { stray.add(130).write(0xAB) };
+    let mut freed = 0;
+    // SAFETY: a writable count.
+    assert_eq!(
+        unsafe { ap_pool_destroy(pool, &mut freed) },
+        Status::Corruption
+    );
+    assert!(
+        last_error().contains("byte 130 past the start"),
+        "{}",
+        last_error()
+    );
+    // Both freed and the pool gone all the same.
+    assert_eq!(freed, 2);
+    assert_eq!(ap_free(pool, whole), Status::BadPool);
+    // SAFETY: a writable count.
+    assert_eq!(
+        unsafe { ap_pool_destroy(pool, &mut freed) },
+        Status::BadPool
+    );
+}
+
 /// C had no way to read the overruns the pool kept: only `ap_free`'s status told of one, and
 /// none told of an overrun found when no call could answer.
 #[test]
