@@ -187,6 +187,12 @@ fn drive(seed: u64, shapes: u64, steps: usize) {
                 assert_eq!(cache.drain_class(c), model.drain(c), "step {step}: drain");
             }
         }
+        // Under Miri the comparison, not the operations, took most of the time: the
+        // operations (the unsafe code Miri is for) run every step, the full check every
+        // eighth step and the last.
+        if cfg!(miri) && step % 8 != 7 && step + 1 != steps {
+            continue;
+        }
         cache.check().unwrap_or_else(|e| panic!("step {step}: {e}"));
         for c in 0..CLASSES {
             assert_eq!(
