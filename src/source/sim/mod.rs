@@ -10,8 +10,9 @@
 //!   `ACL_ERROR_RT_MEMORY_ALLOCATION` (207001). Device, align32, cached and DVPP memory of
 //!   one device share its capacity. Blocks are page-aligned (so 64- and 128-aligned)
 //!   anonymous mappings made with `MAP_NORESERVE`: a 64 GiB simulated device costs host
-//!   memory only for the pages actually touched. `aclrtMallocHost` takes no device: the
-//!   id given is recorded in the block but not checked.
+//!   memory only for the pages actually touched. `aclrtMallocHost` takes no device, but
+//!   the id given is checked like any other (pinned memory lives in a device's context),
+//!   and so is the one a host memory query names.
 //! - **Streams** run asynchronously: each has a worker thread that runs its queue in
 //!   order (copies, fills, delays, event records and waits). Events follow
 //!   `aclrtQueryEventStatus`: complete once the most recent record has been passed, and
@@ -906,13 +907,15 @@ impl SimSource {
     }
 
     fn info(&self, device: DeviceId, kind: MemKind) -> Result<(u64, u64), AclError> {
+        // Host memory too, as its allocation checks it: a query must not report room for
+        // memory that device can never get.
+        if !self.valid_device(device) {
+            return Err(AclError::RT_PARAM_INVALID);
+        }
         let mem = lock(&self.mem);
         let cfg = &self.config;
         if kind == MemKind::Host {
             return Ok((cfg.host_capacity - mem.host_used, cfg.host_capacity));
-        }
-        if !self.valid_device(device) {
-            return Err(AclError::RT_PARAM_INVALID);
         }
         let device_free = cfg.device_capacity - mem.device_used[device as usize];
         Ok(match kind {

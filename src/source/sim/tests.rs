@@ -155,6 +155,15 @@ fn bad_device_ids() {
             code(sim.mem_info(d, MemKind::Dvpp)).1,
             AclError::RT_PARAM_INVALID
         );
+        // Host memory checks the id too, in its query as in its allocation.
+        assert_eq!(
+            code(sim.alloc_block(d, MemKind::Host, 64)).1,
+            AclError::RT_PARAM_INVALID
+        );
+        assert_eq!(
+            code(sim.mem_info(d, MemKind::Host)),
+            ("aclrtGetMemInfo", AclError::RT_PARAM_INVALID)
+        );
     }
     // Events are recorded on streams of their own device; waits may cross devices.
     let s0 = sim.create_stream(0).unwrap();
