@@ -244,6 +244,11 @@ impl PoolConfig {
         if !large_set {
             c.large_threshold = c.chunk_size / 2;
         }
+        if !cache_max_set && c.large_threshold == 0 {
+            // Every request takes a dedicated chunk, and no footprint is below the threshold
+            // for a cache to keep: the caches are off, rather than a maximum refused.
+            c.thread_cache = 0;
+        }
         if !cache_max_set && c.thread_cache > 0 {
             // A small cache keeps segments up to its own size by default.
             c.thread_cache_max = c.thread_cache_max.min(c.thread_cache);
@@ -592,6 +597,12 @@ mod tests {
         let named = PoolConfig::parse("large_threshold:128k,thread_cache_max:64k").unwrap();
         assert_eq!(named.thread_cache_max, 64 << 10);
         assert!(PoolConfig::parse("large_threshold:128k,thread_cache_max:128k").is_err());
+        // At 0 no footprint is below it: the caches go off, and nothing the caller did not
+        // name is refused.
+        let zero = PoolConfig::parse("large_threshold:0").unwrap();
+        assert_eq!((zero.large_threshold, zero.thread_cache), (0, 0));
+        let off = PoolConfig::parse("large_threshold:0,thread_cache:off").unwrap();
+        assert_eq!(zero, off);
         // A large threshold leaves the default alone.
         let big = PoolConfig::parse("large_threshold:1m").unwrap();
         assert_eq!(big.thread_cache_max, PoolConfig::default().thread_cache_max);
