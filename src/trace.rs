@@ -44,9 +44,9 @@ use crate::kind::MemKind;
 /// [`RejectKind::SizeTooLarge`], and every replayer range gets this capacity.
 pub const DEFAULT_DEVICE_SIZE: u64 = 64 << 30;
 
-/// The longest line a [`TraceReader`] reads: an event takes under 200 bytes, and a longer
-/// line (a file that is not a trace, a line without its newline) is
-/// [`RejectKind::Malformed`] without being held in memory whole.
+/// The longest line a [`TraceReader`] reads, its line end (`\n` or `\r\n`) not counted: an
+/// event takes under 200 bytes, and a longer line (a file that is not a trace, a line
+/// without its newline) is [`RejectKind::Malformed`] without being held in memory whole.
 pub const MAX_LINE: usize = 1 << 20;
 
 /// Why a trace line was not replayed.
@@ -359,9 +359,11 @@ impl<R: BufRead> TraceReader<R> {
         }
     }
 
-    /// Reads the next line, newline included, into `buf`, keeping at most [`MAX_LINE`]
-    /// bytes of it: returns the bytes the line took from the input (0 at the end) and
-    /// whether `buf` holds all of them. A read interrupted by a signal is retried.
+    /// Reads the next line, line end included, into `buf`, keeping at most [`MAX_LINE`]
+    /// bytes of it and its line end: returns the bytes the line took from the input (0 at
+    /// the end) and whether `buf` holds all of them, and they are at most [`MAX_LINE`]
+    /// bytes before the line end (so a CRLF file reads as its LF twin). A read
+    /// interrupted by a signal is retried.
     fn read_line(&mut self) -> io::Result<(usize, bool)> {
         let (mut taken, mut whole) = (0, true);
         loop {
@@ -371,13 +373,13 @@ impl<R: BufRead> TraceReader<R> {
                 Err(e) => return Err(e),
             };
             if available.is_empty() {
-                return Ok((taken, whole));
+                break;
             }
             let (n, end) = match available.iter().position(|&b| b == b'\n') {
                 Some(i) => (i + 1, true),
                 None => (available.len(), false),
             };
-            let room = MAX_LINE - self.buf.len();
+            let room = MAX_LINE + 2 - self.buf.len();
             if n > room {
                 whole = false;
             }
@@ -385,9 +387,15 @@ impl<R: BufRead> TraceReader<R> {
             self.input.consume(n);
             taken += n;
             if end {
-                return Ok((taken, whole));
+                break;
             }
         }
+        let line_end = match self.buf.as_slice() {
+            [.., b'\r', b'\n'] => 2,
+            [.., b'\n'] => 1,
+            _ => 0,
+        };
+        Ok((taken, whole && self.buf.len() - line_end <= MAX_LINE))
     }
 
     fn parse_line(&mut self) -> Result<TraceOp, RejectKind> {
@@ -1763,7 +1771,8 @@ not json
     }
 
     /// A line longer than `MAX_LINE` is malformed, read past without being held whole, and
-    /// the lines after it are read as usual; one of exactly `MAX_LINE` bytes is read whole.
+    /// the lines after it are read as usual; one of exactly `MAX_LINE` bytes is read whole,
+    /// with either line end or none.
     #[test]
     fn an_overlong_line_is_malformed_and_reading_goes_on() {
         let event = r#"{"op":"alloc","id":1,"size":1,"mem":"host"}"#;
@@ -1772,7 +1781,7 @@ not json
             "{}{}\n{}{}",
             padded(MAX_LINE),
             "x".repeat(3 * MAX_LINE + 5),
-            padded(MAX_LINE + 1).replace("\"id\":1", "\"id\":2"),
+            padded(MAX_LINE + 2).replace("\"id\":1", "\"id\":2"),
             "y".repeat(MAX_LINE + 1),
         );
         // Small reads, so that a line spans many of them.
@@ -1796,7 +1805,29 @@ not json
         );
         assert_eq!(r.lines(), 4);
         assert_eq!(r.bytes_read(), text.len() as u64);
-        assert!(r.buf.len() <= MAX_LINE);
+        assert!(r.buf.len() <= MAX_LINE + 2);
+    }
+
+    /// The line end is not part of the line's length: `MAX_LINE` bytes of event are read
+    /// whole before `\n`, before `\r\n` and at the end of the input, one byte more in none.
+    #[test]
+    fn the_line_limit_leaves_the_line_end_out() {
+        let event = r#"{"op":"alloc","id":1,"size":10,"mem":"host"}"#;
+        let line = |len: usize| format!("{event}{}", " ".repeat(len - event.len()));
+        let malformed = |text: String| {
+            let mut r = TraceReader::new(text.as_bytes(), TraceConfig::default());
+            while let Some(i) = r.next_item() {
+                i.unwrap();
+            }
+            r.errors().get(RejectKind::Malformed)
+        };
+        for end in ["", "\n", "\r\n"] {
+            assert_eq!(malformed(line(MAX_LINE) + end), 0, "{end:?}");
+            assert_eq!(malformed(line(MAX_LINE - 1) + end), 0, "{end:?}");
+            assert_eq!(malformed(line(MAX_LINE + 1) + end), 1, "{end:?}");
+        }
+        // A carriage return alone is no line end.
+        assert_eq!(malformed(line(MAX_LINE) + "\r"), 1);
     }
 
     /// A read interrupted by a signal is retried: the line after it is read whole.
