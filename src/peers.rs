@@ -110,6 +110,9 @@ impl ReplayerFactory for OffsetAllocatorFactory {
 /// simulator's lazy mapping, reused.
 #[derive(Debug)]
 struct Reservation {
+    /// `MAX_ALIGN`-aligned, so that an offset from it is as aligned as its address: rlsf
+    /// aligns addresses, the replay checks offsets (a page-aligned base put 1 GiB-aligned
+    /// requests at offsets that were not).
     base: NonNull<u8>,
     len: usize,
     _mapping: crate::source::sim::mapping::Mapping,
@@ -117,16 +120,24 @@ struct Reservation {
 
 impl Reservation {
     fn new(len: usize) -> Result<Self, String> {
-        let mapping = crate::source::sim::mapping::Mapping::new(len).ok_or_else(|| {
+        const MAX_ALIGN: usize = crate::align::MAX_ALIGN as usize;
+        let mapped = len
+            .checked_add(MAX_ALIGN)
+            .ok_or_else(|| format!("a reservation of {len} bytes passes the address space"))?;
+        let mapping = crate::source::sim::mapping::Mapping::new(mapped).ok_or_else(|| {
             format!(
-                "mmap of {len} bytes failed: {}",
+                "mmap of {mapped} bytes failed: {}",
                 std::io::Error::last_os_error()
             )
         })?;
-        let base = NonNull::new(mapping.addr() as *mut u8).ok_or("mmap returned null")?;
+        let skip = mapping.addr().next_multiple_of(MAX_ALIGN) - mapping.addr();
+        // SAFETY: `skip` < MAX_ALIGN, so the base and the `len` bytes after it lie inside
+        // the mapping.
+        let base = unsafe { (mapping.addr() as *mut u8).add(skip) };
+        let base = NonNull::new(base).ok_or("mmap returned null")?;
         Ok(Self {
             base,
-            len: mapping.len(),
+            len,
             _mapping: mapping,
         })
     }
@@ -407,6 +418,22 @@ mod tests {
             }
             assert_eq!(r.high_water(), max_end);
         }
+    }
+
+    /// Offsets keep the request's alignment up to the largest a rule takes: rlsf aligns
+    /// addresses, so its range starts on a `MAX_ALIGN` boundary.
+    #[test]
+    fn large_alignments_hold_in_offsets() {
+        // rlsf searches for a free block of the footprint plus the alignment.
+        let mut r = RlsfRange::new(8 << 30).unwrap();
+        for align in [2 << 20, 1 << 30, 4096] {
+            let rule = CarveRule::default().with_align(align).unwrap();
+            for _ in 0..2 {
+                let (off, _) = r.alloc(100, rule).unwrap_or_else(|| panic!("no room at {align}"));
+                assert_eq!(off % align, 0, "{align}");
+            }
+        }
+        assert!(r.high_water() <= 8 << 30);
     }
 
     #[test]
