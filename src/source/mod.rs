@@ -124,9 +124,10 @@ pub trait BlockSource: Send + Sync + std::fmt::Debug {
     }
 
     /// Gives back memory past the first `new_size` bytes of `block` where the source can
-    /// (whole granules) and returns the block as kept: of `new_size` bytes when it shrank,
-    /// unchanged when it cannot (the default). A `new_size` of 0 is refused where the
-    /// source can shrink (free the block instead). On an error nothing changed.
+    /// (whole granules) and returns the block as kept: at least `new_size` bytes, more where
+    /// memory past them stays mapped (a granule straddling the new end), unchanged when it
+    /// cannot shrink (the default). A `new_size` of 0 is refused where the source can shrink
+    /// (free the block instead). On an error nothing changed.
     fn shrink_block(&self, block: Block, new_size: u64) -> Result<Block> {
         let _ = new_size;
         Ok(block)

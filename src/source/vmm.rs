@@ -172,10 +172,11 @@ struct VirtualBlock {
 ///
 /// Invariants: blocks do not overlap and lie inside the reservation; the extents inside
 /// `addr..addr + mapped` of a block tile that range exactly, and no extent lies outside a
-/// block; `size <= mapped` and `mapped == align_up(size, granule)` unless a shrink kept an
-/// extent straddling the new end, or extents past it that it could not map back (a refused
-/// free that lost its tail maps new memory under it, and retires the block when that fails
-/// too); `orphans` hold unmapped physical memory whose free failed.
+/// block; `mapped == align_up(size, granule)`: a shrink keeps as the block's size what
+/// stays mapped, up to the old size (an extent straddling the new end, or extents past it
+/// that it could not map back), a refused free that lost its tail maps new memory under
+/// it, and retires the block when that fails too (its size cut to what it maps); `orphans`
+/// hold unmapped physical memory whose free failed.
 #[derive(Debug, Default)]
 struct VmmState {
     blocks: BTreeMap<usize, VirtualBlock>,
@@ -368,7 +369,7 @@ impl<R: VmmRuntime> VmmSource<R> {
                     "block {addr:#x} overlaps or leaves the reservation"
                 ));
             }
-            if b.size > b.mapped || b.mapped % self.granule != 0 {
+            if Some(b.mapped) != align_up(b.size, self.granule) {
                 return bad(format!(
                     "block {addr:#x}: size {} mapped {}",
                     b.size, b.mapped
@@ -775,7 +776,10 @@ impl<R: VmmRuntime + 'static> BlockSource for VmmSource<R> {
             }
         }
         let entry = s.blocks.get_mut(&block.addr).expect("checked above");
-        entry.size = new_size;
+        // What stays mapped stays the holder's to use and to count: an extent straddling
+        // the new end, or a tail the runtime would not unmap (the pool counted only the
+        // bytes it asked to keep, less than the source maps).
+        entry.size = new_size.max(entry.mapped.min(block.size));
         Ok(Block {
             size: entry.size,
             ..block
