@@ -429,7 +429,9 @@ mod tests {
         for align in [2 << 20, 1 << 30, 4096] {
             let rule = CarveRule::default().with_align(align).unwrap();
             for _ in 0..2 {
-                let (off, _) = r.alloc(100, rule).unwrap_or_else(|| panic!("no room at {align}"));
+                let (off, _) = r
+                    .alloc(100, rule)
+                    .unwrap_or_else(|| panic!("no room at {align}"));
                 assert_eq!(off % align, 0, "{align}");
             }
         }

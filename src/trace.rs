@@ -2219,7 +2219,8 @@ not json
     /// it asked to keep, and `validate` found the two apart).
     #[test]
     fn a_trimmed_chunk_counts_what_the_source_still_maps() {
-        let trace: &[u8] = br#"{"op":"alloc","id":13,"size":73400320,"mem":"cached","align":2097152}
+        let trace: &[u8] =
+            br#"{"op":"alloc","id":13,"size":73400320,"mem":"cached","align":2097152}
 {"op":"alloc","id":14,"size":4096,"mem":"cached"}
 {"op":"free","id":14}
 {"op":"free","id":13}
