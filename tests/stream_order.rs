@@ -1404,6 +1404,33 @@ fn model_input_on_a_stream_is_reused_at_once_and_stays_128_aligned() {
     every_free_completes(&pool);
 }
 
+/// Nor a freed segment whose start happens to be 128-aligned but whose footprint is the
+/// 64-aligned rule's, short of the 128-aligned one's (4,160 bytes for 4,096 against 4,224):
+/// taken over, it went into the thread cache's bin for its shape when freed, where every
+/// take refused it.
+#[test]
+fn model_input_on_a_stream_takes_no_segment_short_of_its_footprint() {
+    let sim = sim(0);
+    let pool = pool_over(&sim);
+    let s = pool.create_stream().unwrap();
+    let hold = sim.hold_stream(s.handle()).unwrap();
+    let mut device: Vec<_> = (0..2)
+        .map(|_| pool.alloc_device_on(4096, &s).unwrap())
+        .collect();
+    let aligned = device.iter().find(|r| r.addr() % 128 == 0).unwrap().addr();
+    for r in &mut device {
+        pool.memset_async(r, 0, 1, 4096, &s).unwrap();
+    }
+    drop(device);
+    let input = pool.alloc_model_input_on(4096, &s).unwrap();
+    assert_eq!(input.addr() % 128, 0);
+    assert_ne!(input.addr(), aligned, "a 4,160-byte segment is no 4,224-byte one");
+    pool.validate().unwrap();
+    hold.release();
+    drop(input);
+    every_free_completes(&pool);
+}
+
 /// A `Stream` whose synchronize the runtime refuses on drop may still have work queued:
 /// it is not destroyed under that work. It used to be (the simulator drains a destroyed
 /// stream, but takes its handle out first), so a region freed meanwhile, whose free could

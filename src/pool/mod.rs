@@ -1466,11 +1466,17 @@ impl PoolInner {
     ) -> Result<(RawSegment, Owner, Option<EventHandle>)> {
         self.ours()?;
         let rule = self.rule(kind, align)?;
-        rule.footprint(len)?;
+        let footprint = rule.footprint(len)?;
         let mut k = self.kinds[kind.index()].lock();
+        // The rule's whole footprint too: a segment carved for a smaller alignment whose
+        // start happens to be aligned would be short of it, and once freed into a thread
+        // cache's bin for this shape, refused by every take there.
         let found = k.pending.iter().position(|p| {
             let e = &k.live[p.key];
-            p.only_on == Some(stream) && e.alloc.len() == len && e.addr % align as usize == 0
+            p.only_on == Some(stream)
+                && e.alloc.len() == len
+                && e.addr % align as usize == 0
+                && e.alloc.footprint() >= footprint
         });
         if let Some(i) = found {
             let p = k.pending.swap_remove(i);
