@@ -402,6 +402,11 @@ impl<R: BufRead> TraceReader<R> {
         // UTF-8 checked for the whole line: `from_slice` lets bytes that are not UTF-8
         // through inside a string it skips (a field the reader does not know).
         let text = std::str::from_utf8(&self.buf).map_err(|_| RejectKind::Malformed)?;
+        // A byte order mark some editors write before the first line is no event's.
+        let text = match self.line {
+            1 => text.strip_prefix('\u{feff}').unwrap_or(text),
+            _ => text,
+        };
         let raw: RawEvent<'_> = serde_json::from_str(text).map_err(|_| RejectKind::Malformed)?;
         let id = raw.id.ok_or(RejectKind::Malformed)?;
         match raw.op.as_ref() {
@@ -1806,6 +1811,19 @@ not json
         assert_eq!(r.lines(), 4);
         assert_eq!(r.bytes_read(), text.len() as u64);
         assert!(r.buf.len() <= MAX_LINE + 2);
+    }
+
+    /// A byte order mark before the first line is skipped; anywhere else it is malformed.
+    #[test]
+    fn a_byte_order_mark_starts_a_trace() {
+        let event = |id: u32| format!(r#"{{"op":"alloc","id":{id},"size":10,"mem":"host"}}"#);
+        let text = format!("\u{feff}{}\n\u{feff}{}\n", event(1), event(2));
+        let mut r = TraceReader::new(text.as_bytes(), TraceConfig::default());
+        let mut ops = 0;
+        while let Some(i) = r.next_item() {
+            ops += u32::from(matches!(i.unwrap(), TraceItem::Op(_)));
+        }
+        assert_eq!((ops, r.errors().get(RejectKind::Malformed)), (1, 1));
     }
 
     /// The line end is not part of the line's length: `MAX_LINE` bytes of event are read

@@ -1424,7 +1424,11 @@ fn model_input_on_a_stream_takes_no_segment_short_of_its_footprint() {
     drop(device);
     let input = pool.alloc_model_input_on(4096, &s).unwrap();
     assert_eq!(input.addr() % 128, 0);
-    assert_ne!(input.addr(), aligned, "a 4,160-byte segment is no 4,224-byte one");
+    assert_ne!(
+        input.addr(),
+        aligned,
+        "a 4,160-byte segment is no 4,224-byte one"
+    );
     pool.validate().unwrap();
     hold.release();
     drop(input);
