@@ -65,10 +65,13 @@ struct Window {
 }
 
 /// Whether one window still takes the writes queued into it. A write looks as it lands,
-/// holding the flag shared; deregistration clears it exclusively, so it waits only for a
-/// write landing at that moment, never for one still queued (which may wait for a
-/// notification only the deregistering thread would record): that one is dropped when its
-/// turn comes, as the runtime fails a write into memory deregistered meanwhile.
+/// holding the flag shared; deregistration, and a free or unmap of the memory under the
+/// window, clear it exclusively, so they wait only for a write landing at that moment,
+/// never for one still queued (which may wait for a notification only the deregistering
+/// or freeing rank would record): that one is dropped when its turn comes, as the runtime
+/// fails a write into memory deregistered or let go of meanwhile. A queued write does not
+/// keep the window's memory mapped: the flag, cleared before that memory goes, is what
+/// keeps it from landing there after.
 #[derive(Debug)]
 struct Landing {
     open: RwLock<bool>,
@@ -87,6 +90,13 @@ impl Inbound {
             write();
         }
         *open
+    }
+}
+
+impl Landing {
+    /// Takes no more writes: waits for one landing at this moment, none queued.
+    fn close(&self) {
+        *self.open.write().unwrap_or_else(PoisonError::into_inner) = false;
     }
 }
 
@@ -159,7 +169,8 @@ impl CommState {
         }
     }
 
-    /// Deregisters every window that overlaps `addr..addr + len`: memory let go of.
+    /// Deregisters every window that overlaps `addr..addr + len`: memory let go of. Writes
+    /// queued into them land nowhere (see [`Landing`]); called before that memory goes.
     pub(super) fn drop_windows_in(&mut self, addr: usize, len: u64) {
         let end = (addr as u64).saturating_add(len);
         let gone: Vec<usize> = self
@@ -170,7 +181,10 @@ impl CommState {
             .map(|(&s, _)| s)
             .collect();
         for s in gone {
-            self.windows.remove(&s);
+            if let Some(w) = self.windows.remove(&s) {
+                // No lock a landing write takes is held by it (it copies bytes only).
+                w.landing.close();
+            }
         }
     }
 
@@ -188,7 +202,8 @@ impl SimSource {
     /// Registers `len` bytes at `addr`, device memory of `device`, as a window other ranks
     /// may write with [`BlockSource::write_on_thread`]. The window lasts until
     /// [`deregister_window`](Self::deregister_window), or until the memory under it is
-    /// freed or unmapped: later writes are refused, whatever is allocated there next.
+    /// freed or unmapped: later writes are refused, whatever is allocated there next, and
+    /// writes queued but not yet run land nowhere (their tasks fail), as on deregistration.
     ///
     /// The simulator sees blocks, not what a pool carves from them: a pool's region is
     /// registered with [`Pool::register_window`](crate::Pool::register_window), which keeps
@@ -273,11 +288,7 @@ impl SimSource {
             .ok_or_else(|| Error::Invalid(format!("no window is registered at {addr:#x}")))?;
         // Held by a write while it lands: taken once none is landing, and cleared for the
         // writes still queued. No other lock is held here.
-        *window
-            .landing
-            .open
-            .write()
-            .unwrap_or_else(PoisonError::into_inner) = false;
+        window.landing.close();
         Ok(())
     }
 
@@ -409,7 +420,10 @@ impl SimSource {
                     .ok_or(AclError::HCCL_E_PARA)?;
                 mem.range(src, len, true, &mut keep)
                     .map_err(|_| AclError::HCCL_E_PARA)?;
-                mem.range(dst, len, true, &mut keep)
+                // The window's memory is checked, not kept mapped: a free or unmap of it
+                // closes the window first, and would otherwise wait for this write, which
+                // may wait for a notification only the freeing rank would record.
+                mem.range(dst, len, true, &mut Vec::new())
                     .map_err(|_| AclError::HCCL_E_PARA)?;
                 // Every byte on its rank's device, not just the first: a run of mappings
                 // may join memory of several devices.

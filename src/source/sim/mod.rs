@@ -64,7 +64,8 @@
 //!
 //! A freed block is removed from the source at once, but its mapping stays alive until
 //! every copy or fill already queued on it has run, so a free racing with queued work is
-//! never a use-after-unmap. Host-side ranges remain the caller's responsibility, as the
+//! never a use-after-unmap. A one-sided write into a window is the exception: the free
+//! closes the window first, and the write, when its turn comes, lands nowhere. Host-side ranges remain the caller's responsibility, as the
 //! `unsafe` contracts of [`BlockSource::memcpy`] and friends say.
 //!
 //! # Limits of the simulation
@@ -898,8 +899,8 @@ impl SimSource {
         u.blocks -= 1;
         u.rounded_bytes -= rec.rounded;
         u.requested_bytes -= rec.size;
-        // A window registered on the block goes with it: writes already queued still land
-        // (the block's mapping outlives them), later ones are refused.
+        // A window registered on the block goes with it: writes queued into it land nowhere
+        // (their tasks fail), later ones are refused.
         lock(&self.comm).drop_windows_in(block.addr, rec.rounded);
         // The mapping is unmapped here, or when the last queued op holding it has run.
         drop(rec);

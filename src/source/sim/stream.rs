@@ -34,7 +34,8 @@ pub(super) enum Op {
         src: usize,
         count: usize,
         cost: Duration,
-        /// The simulator blocks the copy touches, kept mapped until it has run.
+        /// The simulator blocks the copy touches, kept mapped until it has run (but a
+        /// one-sided write's window, which `inbound` guards instead).
         keep: Vec<Arc<Mapping>>,
         /// A one-sided write's window: the bytes land only while it is registered.
         inbound: Option<Inbound>,
@@ -82,8 +83,11 @@ impl Op {
             } => {
                 sleep(cost);
                 // SAFETY: the simulator checked at enqueue time that every device-side range
-                // lies inside a live block, and `keep` holds those blocks mapped until now;
-                // host-side ranges are valid by the `memcpy_async` contract the caller accepted.
+                // lies inside a live block, and `keep` holds those blocks mapped until now,
+                // but a window's: that write runs only while its window is registered (under
+                // `land`), and the memory under a window is freed or unmapped only after the
+                // window is closed; host-side ranges are valid by the `memcpy_async` contract
+                // the caller accepted.
                 let copy = || unsafe { copy_bytes(dst, src, count) };
                 let landed = match &inbound {
                     Some(window) => window.land(copy),
