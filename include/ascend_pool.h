@@ -318,7 +318,8 @@ ap_status ap_write_remote(ap_pool pool, uint64_t thread, ap_stream stream, uint6
  * as ap_pool_snapshot_json answers) that another process passes to ap_share_open to map the
  * same physical memory. pids lists the npids processes let in, their ids
  * from ap_share_process_id in each; NULL lets any process in. Whether importers are checked
- * is fixed by the first publish of the memory behind a region. Other pools get
+ * is fixed by the first publish of the memory behind a region, once it has exported it (a
+ * publish the runtime refuses the whitelist of has). Other pools get
  * AP_ERR_NOT_SUPPORTED, other kinds AP_ERR_WRONG_KIND. Unlike the other answers by size, the
  * call that gets AP_ERR_BUFFER_TOO_SMALL has published already (an export cannot be taken
  * back): the processes are let in and the access is fixed; the same call again with room
@@ -391,8 +392,9 @@ ap_status ap_mbuf_get_user_data(ap_pool pool, ap_mbuf mbuf, uint64_t offset, voi
  * the same descriptor opened with ap_share_open can be written. */
 ap_status ap_mbuf_publish(ap_pool pool, ap_mbuf mbuf, const int32_t *pids, size_t npids,
                           char *buf, size_t cap, size_t *needed);
-/* Opens a published buffer in this process; memory that is not a buffer gets
- * AP_ERR_INVALID_ARGUMENT, the rest as ap_share_open. */
+/* Opens a published buffer in this process; memory that is not a buffer, or not the buffer
+ * published (freed since, or another allocated there since), gets AP_ERR_INVALID_ARGUMENT,
+ * the rest as ap_share_open. */
 ap_status ap_shared_mbuf_open(ap_source source, int32_t device, const char *descriptor,
                               ap_shared_mbuf *out);
 

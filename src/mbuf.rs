@@ -10,6 +10,7 @@
 //! | 8..16 | data size (little-endian `u64`) |
 //! | 16..24 | valid data length (`acltdtSetBufDataLen`) |
 //! | 24..28 | kind: 0 normal, 1 DVPP |
+//! | 28..32 | the buffer's id (little-endian `u32`, never 0) |
 //! | 32..128 | user data, 96 bytes (`acltdtSetBufUserData`) |
 //!
 //! Cloning an [`Mbuf`] is `acltdtCopyBufRef`: another handle on the same data; the region goes
@@ -27,6 +28,14 @@
 //! write it. So a valid data length past the buffer's size, on either side, is refused with
 //! [`Error::OutOfBounds`] (as [`Mbuf::set_data_len`] refuses it), and [`SharedMbuf::open`]
 //! takes the size only when it matches what was published.
+//!
+//! A descriptor names one buffer, not its memory: [`Mbuf::publish`] puts the buffer's id
+//! in it, and [`SharedMbuf::open`] refuses memory whose header does not carry that id (a
+//! buffer allocated since at the same address). When the last handle goes, the magic is
+//! cleared before the memory goes back, so a descriptor of a buffer freed is refused
+//! before that memory is reused too. Ids repeat after 2^32 buffers of a process. A buffer
+//! already opened reads whatever its memory holds, freed or not: the primary keeps a
+//! buffer for as long as its secondaries read it.
 //!
 //! ```
 //! use ascend_pool::mbuf::{Mbuf, MbufKind};
@@ -61,7 +70,20 @@ pub const USER_DATA_LEN: usize = 96;
 /// Bytes of header before the data (keeps the data 128-aligned).
 pub const HEADER_LEN: u64 = 128;
 const MAGIC: &[u8; 8] = b"APMBUF01";
+const ID_AT: usize = 28;
 const USER_DATA_AT: u64 = 32;
+
+/// The next buffer's id (see the module docs); 0 is never one.
+static NEXT_ID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
+
+fn next_id() -> u32 {
+    loop {
+        let id = NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if id != 0 {
+            return id;
+        }
+    }
+}
 
 /// Which memory a buffer is made of (`acltdtAllocBuf`'s type).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,17 +100,68 @@ enum MbufRegion {
     Dvpp(DvppRegion),
 }
 
+/// Why a handle finds the region: only the last handle's drop or free takes it out.
+const HELD: &str = "a buffer's region stays until its last handle goes";
+
+impl MbufRegion {
+    fn addr(&self) -> usize {
+        match self {
+            MbufRegion::Normal(r) => r.addr(),
+            MbufRegion::Dvpp(r) => r.addr(),
+        }
+    }
+}
+
 #[derive(Debug)]
 struct MbufInner {
     /// Header then `size` bytes of data; locked for each copy (the region API takes `&mut`).
-    /// Declared before `pool`, so a drop gives it back before the pool handle goes (the
-    /// pool's last handle would otherwise report it as a live region).
-    region: Mutex<MbufRegion>,
+    /// Given back before the pool handle goes (the pool's last handle would otherwise
+    /// report it as a live region): by the drop, or by [`Mbuf::free`], which takes it out.
+    /// `None` only then, when no handle is left.
+    region: Mutex<Option<MbufRegion>>,
     pool: Arc<Pool>,
     kind: MbufKind,
+    /// Written in the header at alloc, and in the descriptors the buffer publishes.
+    id: u32,
     /// Bytes of data, as written in the header at alloc: the bound every length is checked
     /// against, never read back from the header (which other processes can write).
     size: u64,
+}
+
+impl MbufInner {
+    /// The region, for the pool, with the header's magic cleared first: a descriptor of
+    /// this buffer is refused from then on (see the module docs).
+    fn take_region(&self) -> Option<MbufRegion> {
+        let region = self
+            .region
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()?;
+        let zeros = [0u8; MAGIC.len()];
+        // Not through the region's copy, which would wait for the streams the buffer was
+        // recorded on, and so hold its free up. A failure leaves the id check alone to
+        // refuse stale descriptors.
+        // SAFETY: the region is live (taken here, given back after), and its first 8 bytes
+        // are the header's, which no stream work writes or reads: `record_stream` covers
+        // the data area, after the header, and no handle is left to touch the header.
+        let _ = unsafe {
+            self.pool.source().memcpy(
+                region.addr(),
+                zeros.len() as u64,
+                zeros.as_ptr() as usize,
+                zeros.len() as u64,
+                crate::source::MemcpyKind::HostToDevice,
+            )
+        };
+        Some(region)
+    }
+}
+
+impl Drop for MbufInner {
+    fn drop(&mut self) {
+        // The region goes back here, before the pool handle (a field, dropped after).
+        drop(self.take_region());
+    }
 }
 
 /// A shared buffer; clones are references to the same data (see the module docs).
@@ -138,27 +211,29 @@ impl Mbuf {
         };
         let buf = Self {
             inner: Arc::new(MbufInner {
-                region: Mutex::new(region),
+                region: Mutex::new(Some(region)),
                 pool: Arc::clone(pool),
                 kind,
                 size,
+                id: next_id(),
             }),
         };
         let mut header = [0u8; HEADER_LEN as usize];
         header[..8].copy_from_slice(MAGIC);
         header[8..16].copy_from_slice(&size.to_le_bytes());
         header[24..28].copy_from_slice(&u32::from(kind == MbufKind::Dvpp).to_le_bytes());
+        header[ID_AT..ID_AT + 4].copy_from_slice(&buf.inner.id.to_le_bytes());
         buf.put(0, &header)?;
         Ok(buf)
     }
 
-    fn region(&self) -> MutexGuard<'_, MbufRegion> {
+    fn region(&self) -> MutexGuard<'_, Option<MbufRegion>> {
         self.inner.region.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn put(&self, at: u64, data: &[u8]) -> Result<()> {
         let pool = &self.inner.pool;
-        match &mut *self.region() {
+        match self.region().as_mut().expect(HELD) {
             MbufRegion::Normal(r) => pool.copy_from_host(r, at, data),
             MbufRegion::Dvpp(r) => pool.copy_from_host(r, at, data),
         }
@@ -166,7 +241,7 @@ impl Mbuf {
 
     fn get(&self, at: u64, out: &mut [u8]) -> Result<()> {
         let pool = &self.inner.pool;
-        match &*self.region() {
+        match self.region().as_ref().expect(HELD) {
             MbufRegion::Normal(r) => pool.copy_to_host(r, at, out),
             MbufRegion::Dvpp(r) => pool.copy_to_host(r, at, out),
         }
@@ -186,10 +261,7 @@ impl Mbuf {
 
     /// The data area: device address and size (`acltdtGetBufData`).
     pub fn data(&self) -> (usize, u64) {
-        let addr = match &*self.region() {
-            MbufRegion::Normal(r) => r.addr(),
-            MbufRegion::Dvpp(r) => r.addr(),
-        };
+        let addr = self.region().as_ref().expect(HELD).addr();
         (addr + HEADER_LEN as usize, self.inner.size)
     }
 
@@ -236,7 +308,7 @@ impl Mbuf {
     /// it. Call it before queuing the work. A stream of another source or device is refused
     /// with [`Error::ForeignHandle`], as for a region.
     pub fn record_stream(&self, stream: &Stream) -> Result<()> {
-        match &*self.region() {
+        match self.region().as_ref().expect(HELD) {
             MbufRegion::Normal(r) => r.record_stream(stream),
             MbufRegion::Dvpp(r) => r.record_stream(stream),
         }
@@ -265,21 +337,28 @@ impl Mbuf {
     pub fn free(self) -> Result<()> {
         // Of handles let go through `free` at once, exactly one gets the buffer; a handle
         // dropped meanwhile may be the last instead, and its drop reports to the pool.
-        let Some(MbufInner { region, pool, .. }) = Arc::into_inner(self.inner) else {
+        let Some(inner) = Arc::into_inner(self.inner) else {
             return Ok(());
         };
-        let freed = match region.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        let region = inner.take_region().expect(HELD);
+        let freed = match region {
             MbufRegion::Normal(r) => r.free(),
             MbufRegion::Dvpp(r) => r.free(),
         };
         // The pool handle goes after the region, as in a drop (see `MbufInner::region`).
-        drop(pool);
+        drop(inner);
         freed
     }
 
     /// Handles on this buffer alive (this one included).
     pub fn refs(&self) -> usize {
         Arc::strong_count(&self.inner)
+    }
+
+    /// Whether `other` is a handle on this buffer (a clone of this one, or of one it was
+    /// cloned from). Locks nothing: a handle busy with a copy does not hold it up.
+    pub fn same_buffer(&self, other: &Mbuf) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
     }
 
     /// Authorises other processes to read the buffer: `vmm` must be the source of the pool
@@ -289,8 +368,11 @@ impl Mbuf {
         vmm: &VmmSource<R>,
         access: &Access,
     ) -> Result<ShareDescriptor> {
-        match &*self.region() {
-            MbufRegion::Normal(r) => vmm.publish_region(r, access),
+        match self.region().as_ref().expect(HELD) {
+            MbufRegion::Normal(r) => vmm.publish_region(r, access).map(|d| ShareDescriptor {
+                buffer: u64::from(self.inner.id),
+                ..d
+            }),
             // DVPP memory cannot be shared between processes.
             MbufRegion::Dvpp(r) => Err(Error::WrongKind {
                 expected: "device",
@@ -311,18 +393,24 @@ pub struct SharedMbuf<R: VmmRuntime> {
 
 impl<R: VmmRuntime> SharedMbuf<R> {
     /// Opens what [`Mbuf::publish`] described. Memory that is not a buffer (no header, or a
-    /// header whose size does not match what was published) is refused with
-    /// [`Error::ForeignHandle`], and nothing stays imported.
+    /// header whose size does not match what was published), or not the buffer published
+    /// (freed since, or another allocated there since: the header's id is not the
+    /// descriptor's), is refused with [`Error::ForeignHandle`], and nothing stays imported.
     pub fn open(runtime: Arc<R>, device: DeviceId, desc: &ShareDescriptor) -> Result<Self> {
         let mapping = SharedMapping::open(runtime, device, desc)?;
-        let mut head = [0u8; 16];
+        let mut head = [0u8; ID_AT + 4];
         // A buffer holds at least one byte of data after its header.
         if mapping.len() <= HEADER_LEN {
             return Err(Error::ForeignHandle);
         }
         mapping.read(0, &mut head)?;
         let size = u64::from_le_bytes(head[8..16].try_into().expect("8 bytes"));
-        if &head[..8] != MAGIC || size.checked_add(HEADER_LEN) != Some(mapping.len()) {
+        let id = u32::from_le_bytes(head[ID_AT..].try_into().expect("4 bytes"));
+        if &head[..8] != MAGIC
+            || size.checked_add(HEADER_LEN) != Some(mapping.len())
+            || desc.buffer == 0
+            || u64::from(id) != desc.buffer
+        {
             return Err(Error::ForeignHandle);
         }
         Ok(Self { mapping, size })

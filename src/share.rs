@@ -57,8 +57,11 @@ use crate::source::{DeviceId, MemcpyKind};
 /// let in by one publish may import the whole allocation behind it (a chunk's granules), so
 /// every region published from the same allocation is open to it too, and whitelists only
 /// grow. Whether importers are checked at all is fixed by the first publish of an
-/// allocation: publishing it later under the other kind of access is refused with
-/// [`Error::ShareAccessFixed`]. Keep memory for different readers in different pools.
+/// allocation, once it has exported it: publishing it later under the other kind of access
+/// is refused with [`Error::ShareAccessFixed`]. The runtime cannot take an export back, so
+/// a publish that fails after exporting (a whitelist the runtime refused) fixes it too:
+/// retry with the same kind of access. Keep memory for different readers in different
+/// pools.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Access {
     /// Only these processes (ids from [`VmmRuntime::bare_tgid`] in each of them); at least
@@ -94,6 +97,11 @@ pub struct ShareDescriptor {
     pub offset: u64,
     /// Bytes published.
     pub len: u64,
+    /// The id of the shared buffer published ([`Mbuf::publish`](crate::mbuf::Mbuf::publish)),
+    /// which [`SharedMbuf::open`](crate::mbuf::SharedMbuf::open) finds in its header only
+    /// while that buffer lives; 0 for memory published as a range or region.
+    #[serde(default)]
+    pub buffer: u64,
 }
 
 impl ShareDescriptor {
@@ -138,9 +146,12 @@ impl<R: VmmRuntime + 'static> VmmSource<R> {
                 side: None,
             });
         }
+        // Asked before anything is exported: nothing after the export may fail but the
+        // whitelist (see `Access`).
+        let exporter = self.runtime().bare_tgid()?;
         // Refused before anything is exported if the pieces do not cover the range.
         let pieces = self.export_extents(Some((addr, len)), flags(access)?)?;
-        self.describe(pieces, Some((addr, len)), access)
+        self.describe(exporter, pieces, Some((addr, len)), access)
     }
 
     /// Publishes every byte this source has mapped (every chunk of the pool over it), but
@@ -149,6 +160,7 @@ impl<R: VmmRuntime + 'static> VmmSource<R> {
     /// It waits for nothing, as [`publish_range`](Self::publish_range): bytes streams still
     /// write are published as they are.
     pub fn publish_all(&self, access: &Access) -> Result<ShareDescriptor> {
+        let exporter = self.runtime().bare_tgid()?;
         let pieces = self.export_extents(None, flags(access)?)?;
         if pieces.is_empty() {
             return Err(Error::OutOfBounds {
@@ -158,11 +170,12 @@ impl<R: VmmRuntime + 'static> VmmSource<R> {
                 side: None,
             });
         }
-        self.describe(pieces, None, access)
+        self.describe(exporter, pieces, None, access)
     }
 
     fn describe(
         &self,
+        exporter: i32,
         pieces: Vec<(usize, u64, u64)>,
         window: Option<(usize, u64)>,
         access: &Access,
@@ -180,7 +193,7 @@ impl<R: VmmRuntime + 'static> VmmSource<R> {
             None => (0, span),
         };
         Ok(ShareDescriptor {
-            exporter: self.runtime().bare_tgid()?,
+            exporter,
             base,
             span,
             pieces: pieces
@@ -193,6 +206,7 @@ impl<R: VmmRuntime + 'static> VmmSource<R> {
                 .collect(),
             offset,
             len,
+            buffer: 0,
         })
     }
 }

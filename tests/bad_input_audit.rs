@@ -55,6 +55,7 @@ fn share_descriptor_with_an_overflowing_piece_is_refused() {
         ],
         offset: 0,
         len: g,
+        buffer: 0,
     };
     let sim = sim(256 * MIB);
     assert!(matches!(

@@ -21,6 +21,7 @@ fn pool() -> Arc<Pool> {
 #[test]
 fn buffers_carry_data_length_and_user_data_and_share_them_between_references() {
     let pool = pool();
+    let ids = std::cell::RefCell::new(Vec::new());
     for (kind, mem) in [
         (MbufKind::Normal, MemKind::DEVICE),
         (MbufKind::Dvpp, MemKind::Dvpp),
@@ -83,10 +84,12 @@ fn buffers_carry_data_length_and_user_data_and_share_them_between_references() {
         header[24] = u8::from(kind == MbufKind::Dvpp);
         header[32..48].fill(1);
         header[112..128].fill(2);
-        assert_eq!(
-            common_device::read(pool.source().as_ref(), addr - HEADER_LEN as usize, 128),
-            header
-        );
+        let got = common_device::read(pool.source().as_ref(), addr - HEADER_LEN as usize, 128);
+        // The buffer's id: never 0, and another buffer's is another.
+        assert_ne!(got[28..32], [0; 4]);
+        assert_ne!(got[28..32], ids.replace(got[28..32].to_vec()));
+        header[28..32].copy_from_slice(&got[28..32]);
+        assert_eq!(got, header);
         let last = common_device::read(pool.source().as_ref(), addr + size as usize - 5, 5);
         assert_eq!(last, b"frame", "the data area starts where data() says");
         drop(copy);
@@ -247,4 +250,16 @@ fn a_padding_overrun_is_reported_when_the_last_handle_lets_go() {
         }
     }
     pool.validate().unwrap();
+}
+
+/// `same_buffer` tells handles on one buffer from handles on another, as `refs` counts them.
+#[test]
+fn handles_tell_their_buffer_apart() {
+    let pool = pool();
+    let a = Mbuf::alloc(&pool, 64, MbufKind::Normal).unwrap();
+    let b = Mbuf::alloc(&pool, 64, MbufKind::Normal).unwrap();
+    let a2 = a.clone();
+    assert!(a.same_buffer(&a2) && a2.same_buffer(&a));
+    assert!(!a.same_buffer(&b));
+    assert_eq!((a.refs(), b.refs()), (2, 1));
 }

@@ -555,6 +555,85 @@ fn an_opened_buffer_reads_only_what_its_header_describes() {
     drop((buf, pool, vmm));
 }
 
+/// A descriptor names a buffer, not its memory: once the buffer is freed it is refused,
+/// before the memory is reused and after a buffer of the same size is allocated there
+/// (which it used to open, reading the new owner's data).
+#[test]
+#[cfg_attr(
+    miri,
+    ignore = "virtual memory reserves addresses with PROT_NONE, which Miri refuses"
+)]
+fn a_descriptor_of_a_freed_buffer_is_refused() {
+    let _objects = Counted::begin();
+    let (sim, vmm, pool) = exporter();
+    let pool = Arc::new(pool);
+    let refused = |desc: &ascend_pool::share::ShareDescriptor| {
+        matches!(
+            SharedMbuf::open(Arc::clone(&sim), 0, desc),
+            Err(Error::ForeignHandle)
+        )
+    };
+    // Freed, through `free` or a drop, and nothing allocated there since.
+    for by_free in [true, false] {
+        let buf = Mbuf::alloc(&pool, 1000, MbufKind::Normal).unwrap();
+        let desc = buf.publish(&vmm, &Access::AnyProcess).unwrap();
+        SharedMbuf::open(Arc::clone(&sim), 0, &desc).unwrap();
+        if by_free {
+            buf.free().unwrap();
+        } else {
+            drop(buf);
+        }
+        assert!(
+            refused(&desc),
+            "freed by {}",
+            ["drop", "free"][usize::from(by_free)]
+        );
+    }
+    // Another buffer of the same size at the same address.
+    let old = Mbuf::alloc(&pool, 1000, MbufKind::Normal).unwrap();
+    let (addr, _) = old.data();
+    let desc = old.publish(&vmm, &Access::AnyProcess).unwrap();
+    drop(old);
+    let new = Mbuf::alloc(&pool, 1000, MbufKind::Normal).unwrap();
+    assert_eq!(new.data().0, addr, "the memory was reused");
+    new.set_user_data(b"owner=B", 0).unwrap();
+    assert!(refused(&desc));
+    let fresh = new.publish(&vmm, &Access::AnyProcess).unwrap();
+    let mut tag = [0u8; 7];
+    let opened = SharedMbuf::open(Arc::clone(&sim), 0, &fresh).unwrap();
+    opened.user_data(&mut tag, 0).unwrap();
+    assert_eq!(&tag, b"owner=B");
+    drop((opened, new));
+    assert_eq!(pool.stats(MemKind::DEVICE).live_regions, 0);
+    pool.validate().unwrap();
+}
+
+/// A publish whose process id the runtime will not give exports nothing, so the access is
+/// not fixed by it: it used to export first, and the next publish under the other access
+/// was refused with `ShareAccessFixed`.
+#[test]
+#[cfg_attr(
+    miri,
+    ignore = "virtual memory reserves addresses with PROT_NONE, which Miri refuses"
+)]
+fn a_publish_refused_its_process_id_fixes_no_access() {
+    let _objects = Counted::begin();
+    let (sim, vmm, pool) = exporter();
+    let region = pool.alloc_device(4096).unwrap();
+    let me = sim.bare_tgid().unwrap();
+    sim.inject_fault(Fault::next(
+        AclFunc::DeviceGetBareTgid,
+        AclError::RT_FAILURE,
+        1,
+    ));
+    assert!(vmm.publish_region(&region, &Access::AnyProcess).is_err());
+    let desc = vmm
+        .publish_region(&region, &Access::Processes(vec![me]))
+        .unwrap();
+    assert_eq!(desc.exporter, me);
+    drop((region, pool, vmm));
+}
+
 /// The header lives in device memory any holder of the descriptor can write (a
 /// `SharedMapping` of it): a valid data length past the buffer's data is refused, on either
 /// side, as setting it is, and never reaches a caller as a length it could size a read by.
@@ -769,6 +848,7 @@ fn descriptors_that_do_not_add_up_are_refused_before_anything_is_reserved() {
         pieces,
         offset,
         len,
+        buffer: 0,
     };
     let cases = [
         ("no bytes", desc(vec![piece(0, g)], g, 0, 0)),

@@ -152,10 +152,11 @@ pub unsafe extern "C" fn ap_mbuf_get_info(pool: u64, mbuf: u64, out: *mut MbufIn
         let m = e.mbuf(mbuf)?;
         let (data, size) = m.data();
         // The handles filed for this buffer: other calls in flight hold clones of it too,
-        // which `Mbuf::refs` would count.
+        // which `Mbuf::refs` would count. Compared without locking them: a buffer whose
+        // copy waits for its stream would hold this call, and the table, up.
         let refs = lock(&e.mbufs)
             .values()
-            .filter(|h| h.data().0 == data)
+            .filter(|h| h.same_buffer(&m))
             .count();
         let info = MbufInfo {
             data: data as u64,
