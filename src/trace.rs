@@ -49,6 +49,9 @@ pub const DEFAULT_DEVICE_SIZE: u64 = 64 << 30;
 /// without its newline) is [`RejectKind::Malformed`] without being held in memory whole.
 pub const MAX_LINE: usize = 1 << 20;
 
+/// UTF-8's byte order mark, skipped before a trace's first line.
+const BOM: &[u8] = "\u{feff}".as_bytes();
+
 /// Why a trace line was not replayed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -360,10 +363,10 @@ impl<R: BufRead> TraceReader<R> {
     }
 
     /// Reads the next line, line end included, into `buf`, keeping at most [`MAX_LINE`]
-    /// bytes of it and its line end: returns the bytes the line took from the input (0 at
-    /// the end) and whether `buf` holds all of them, and they are at most [`MAX_LINE`]
-    /// bytes before the line end (so a CRLF file reads as its LF twin). A read
-    /// interrupted by a signal is retried.
+    /// bytes of it, its line end and, on the first line, a byte order mark (which it drops):
+    /// returns the bytes the line took from the input (0 at the end) and whether `buf`
+    /// holds all of them, and they are at most [`MAX_LINE`] bytes before the line end (so
+    /// a CRLF file reads as its LF twin). A read interrupted by a signal is retried.
     fn read_line(&mut self) -> io::Result<(usize, bool)> {
         let (mut taken, mut whole) = (0, true);
         loop {
@@ -379,7 +382,7 @@ impl<R: BufRead> TraceReader<R> {
                 Some(i) => (i + 1, true),
                 None => (available.len(), false),
             };
-            let room = MAX_LINE + 2 - self.buf.len();
+            let room = MAX_LINE + BOM.len() + 2 - self.buf.len();
             if n > room {
                 whole = false;
             }
@@ -395,6 +398,10 @@ impl<R: BufRead> TraceReader<R> {
             [.., b'\n'] => 1,
             _ => 0,
         };
+        // A byte order mark some editors write before the first line is no event's.
+        if self.line == 0 && self.buf.starts_with(BOM) {
+            self.buf.drain(..BOM.len());
+        }
         Ok((taken, whole && self.buf.len() - line_end <= MAX_LINE))
     }
 
@@ -402,11 +409,6 @@ impl<R: BufRead> TraceReader<R> {
         // UTF-8 checked for the whole line: `from_slice` lets bytes that are not UTF-8
         // through inside a string it skips (a field the reader does not know).
         let text = std::str::from_utf8(&self.buf).map_err(|_| RejectKind::Malformed)?;
-        // A byte order mark some editors write before the first line is no event's.
-        let text = match self.line {
-            1 => text.strip_prefix('\u{feff}').unwrap_or(text),
-            _ => text,
-        };
         let raw: RawEvent<'_> = serde_json::from_str(text).map_err(|_| RejectKind::Malformed)?;
         let id = raw.id.ok_or(RejectKind::Malformed)?;
         match raw.op.as_ref() {
@@ -1810,20 +1812,30 @@ not json
         );
         assert_eq!(r.lines(), 4);
         assert_eq!(r.bytes_read(), text.len() as u64);
-        assert!(r.buf.len() <= MAX_LINE + 2);
+        assert!(r.buf.len() <= MAX_LINE + BOM.len() + 2);
     }
 
     /// A byte order mark before the first line is skipped; anywhere else it is malformed.
     #[test]
     fn a_byte_order_mark_starts_a_trace() {
         let event = |id: u32| format!(r#"{{"op":"alloc","id":{id},"size":10,"mem":"host"}}"#);
-        let text = format!("\u{feff}{}\n\u{feff}{}\n", event(1), event(2));
-        let mut r = TraceReader::new(text.as_bytes(), TraceConfig::default());
-        let mut ops = 0;
-        while let Some(i) = r.next_item() {
-            ops += u32::from(matches!(i.unwrap(), TraceItem::Op(_)));
-        }
-        assert_eq!((ops, r.errors().get(RejectKind::Malformed)), (1, 1));
+        let read = |text: String| {
+            let mut r = TraceReader::new(text.as_bytes(), TraceConfig::default());
+            let mut ops = 0;
+            while let Some(i) = r.next_item() {
+                ops += u32::from(matches!(i.unwrap(), TraceItem::Op(_)));
+            }
+            (ops, r.errors().get(RejectKind::Malformed))
+        };
+        assert_eq!(
+            read(format!("\u{feff}{}\n\u{feff}{}\n", event(1), event(2))),
+            (1, 1)
+        );
+        // Before a blank first line too, which is skipped as any blank line is; and it is
+        // not part of the line's length.
+        assert_eq!(read(format!("\u{feff}\n{}\n", event(1))), (1, 0));
+        let long = format!("{}{}", event(1), " ".repeat(MAX_LINE - event(1).len()));
+        assert_eq!(read(format!("\u{feff}{long}\n")), (1, 0));
     }
 
     /// The line end is not part of the line's length: `MAX_LINE` bytes of event are read

@@ -169,6 +169,7 @@ impl PoolConfig {
         let mut c = Self::default();
         let mut large_set = false;
         let mut cache_max_set = false;
+        let mut cache_set = false;
         for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
             let (k, v) = item
                 .split_once(':')
@@ -193,7 +194,8 @@ impl PoolConfig {
                     c.thread_cache = match word.as_str() {
                         "off" | "false" => 0,
                         _ => size()?,
-                    }
+                    };
+                    cache_set = true;
                 }
                 "thread_cache_max" => {
                     c.thread_cache_max = size()?;
@@ -244,9 +246,10 @@ impl PoolConfig {
         if !large_set {
             c.large_threshold = c.chunk_size / 2;
         }
-        if !cache_max_set && c.large_threshold == 0 {
+        if !cache_set && !cache_max_set && c.large_threshold == 0 {
             // Every request takes a dedicated chunk, and no footprint is below the threshold
-            // for a cache to keep: the caches are off, rather than a maximum refused.
+            // for a cache to keep: the caches are off, rather than a maximum refused. A cache
+            // the caller named is not dropped in silence: that clash is refused below.
             c.thread_cache = 0;
         }
         if !cache_max_set && c.thread_cache > 0 {
@@ -603,6 +606,7 @@ mod tests {
         assert_eq!((zero.large_threshold, zero.thread_cache), (0, 0));
         let off = PoolConfig::parse("large_threshold:0,thread_cache:off").unwrap();
         assert_eq!(zero, off);
+        assert!(PoolConfig::parse("large_threshold:0,thread_cache:4m").is_err());
         // A large threshold leaves the default alone.
         let big = PoolConfig::parse("large_threshold:1m").unwrap();
         assert_eq!(big.thread_cache_max, PoolConfig::default().thread_cache_max);
