@@ -498,12 +498,15 @@ impl TlsfRange {
     /// and a run that reaches `top` joins the wilderness. Parking is a shortcut for reuse,
     /// not fragmentation: counted block by block, an emptied range whose frees were parked
     /// read 11 fragments instead of 1. [`TlsfRange::largest_free`] stays the cheap figure
-    /// that counts parked blocks apart.
+    /// that counts parked blocks apart. For the same reason `top` is the end of the highest
+    /// block in use, not the tier's `top`, which a parked block below it still holds up.
     pub fn stats(&self) -> RangeStats {
         let mut fragments = 0u64;
         let mut largest = 0u64;
         // Units of the free run being walked (0: the last node was used).
         let mut run = 0u64;
+        // End of the last used node walked (units).
+        let mut in_use = 0u64;
         let mut i = if self.top == 0 {
             NIL
         } else {
@@ -522,6 +525,7 @@ impl TlsfRange {
             } else {
                 largest = largest.max(run);
                 run = 0;
+                in_use = n.end();
             }
             i = n.next_phys;
             steps += 1;
@@ -536,7 +540,7 @@ impl TlsfRange {
             largest_free: largest << self.unit_shift,
             free_fragments: fragments,
             high_water: self.high_water(),
-            top: self.top << self.unit_shift,
+            top: in_use << self.unit_shift,
         }
     }
 
@@ -1289,6 +1293,25 @@ mod tests {
     }
 
     #[test]
+    fn top_is_the_end_of_the_highest_block_in_use_with_the_one_above_parked() {
+        // `b` is freed last and parked at the top: the stats counted it free (one run with
+        // the wilderness) and in use (`top` at its end) at once.
+        let mut t = TlsfRange::new(1 << 20, 64).unwrap();
+        let (a, _, _) = alloc(&mut t, 4096, 64).unwrap();
+        let (b, kb, tb) = alloc(&mut t, 8192, 64).unwrap();
+        t.free(kb, b, tb).unwrap();
+        assert!(t.parked_slots != 0, "the block stays parked");
+        let st = t.stats();
+        assert_eq!(st.top, a + 4096);
+        assert_eq!((st.free_fragments, st.largest_free), (1, (1 << 20) - 4096));
+        assert_eq!(st.largest_free, st.capacity - st.top);
+        // Merged, it says the same.
+        t.unpark_all();
+        assert_eq!(t.stats(), st);
+        t.validate().unwrap();
+    }
+
+    #[test]
     fn blocks_of_different_lengths_park_side_by_side() {
         // 4096 and 8192 bytes are 64 and 128 units: two slots of the table.
         assert_ne!(park_slot(64), park_slot(128));
@@ -1508,9 +1531,10 @@ mod tests {
                 (1, 8 << 20, 8 << 20),
                 "{order:?}"
             );
-            // Merging changes nothing the free figures say (only `top` falls to 0).
+            // Merging changes nothing the figures say: nothing is in use, parked or not.
+            assert_eq!(st.top, 0, "{order:?}");
             t.unpark_all();
-            assert_eq!(RangeStats { top: 0, ..st }, t.stats(), "{order:?}");
+            assert_eq!(st, t.stats(), "{order:?}");
         }
     }
 
