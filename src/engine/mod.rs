@@ -394,9 +394,11 @@ impl Range {
             Self::Buddy(b) => b.grow(additional),
         }
     }
+    /// Free space at the end, blocks the TLSF tier parked there included: with nothing
+    /// parked (after [`unpark`](Self::unpark)), what [`shrink`](Self::shrink) may cut.
     fn free_tail(&self) -> u64 {
         match self {
-            Self::Tlsf(t) => t.free_tail(),
+            Self::Tlsf(t) => t.free_tail_merged(),
             Self::Buddy(b) => b.free_tail(),
         }
     }
@@ -797,7 +799,9 @@ impl CarveEngine {
     }
 
     /// Bytes of free space at the end of the range (not counting cached empty slab pages
-    /// there): what a request no free range fits can reuse when the range grows in place.
+    /// there; counting segments freed there that the TLSF tier keeps parked, which any
+    /// search merges first): what a request no free range fits can reuse when the range
+    /// grows in place.
     pub fn free_tail(&self) -> u64 {
         self.range.free_tail()
     }
@@ -1043,6 +1047,32 @@ mod tests {
             e.grow(4096).unwrap();
             e.alloc(4000, CarveRule::default()).unwrap();
             e.validate().unwrap();
+        }
+    }
+
+    #[test]
+    fn the_free_tail_counts_a_freed_top_segment_still_parked() {
+        // The TLSF tier parks the top segment when it is freed: the free tail, which the
+        // pool grows a chunk by, read as if it were still in use until a search merged it.
+        let rule = CarveRule::default();
+        for cfg in both_tiers() {
+            let mut e = CarveEngine::new(4 << 20, cfg).unwrap();
+            // Range-tier segments (past the slabs) of under 1 MiB: one buddy block each.
+            let [a, b, c] = [0; 3].map(|_| e.alloc(900 << 10, rule).unwrap());
+            e.free(b).unwrap();
+            e.free(c).unwrap();
+            let end = a.offset() + a.footprint();
+            assert_eq!(e.free_tail(), (4 << 20) - end, "{cfg:?}");
+            assert_eq!(e.stats().range.top, end, "{cfg:?}");
+            e.validate().unwrap();
+            if cfg.range == RangeTier::Tlsf {
+                // What it promised is what a request reaching past the end may use.
+                e.grow(1 << 20).unwrap();
+                let d = e.alloc((5 << 20) - end - 64, rule).unwrap();
+                assert_eq!(d.offset(), end);
+                assert_eq!(e.free_tail(), 0);
+                e.validate().unwrap();
+            }
         }
     }
 

@@ -455,6 +455,27 @@ impl TlsfRange {
         (self.capacity - self.top) << self.unit_shift
     }
 
+    /// Bytes of free space at the end of the range as its user sees it: the wilderness and
+    /// the blocks parked below it that reach it, with the free ones between them (any
+    /// search merges them into the wilderness first). [`TlsfRange::free_tail`] is the
+    /// wilderness alone, what [`TlsfRange::shrink`] may cut.
+    pub fn free_tail_merged(&self) -> u64 {
+        let mut tail = self.capacity - self.top;
+        let mut i = self.last;
+        // At most one step per slot, so a corrupt list cannot hold the walk.
+        let mut steps = 0;
+        while let Some(n) = self
+            .nodes
+            .get(i as usize)
+            .filter(|n| (n.is_free() || n.tag == PARKED) && steps < self.nodes.len())
+        {
+            tail += n.len();
+            i = n.prev_phys;
+            steps += 1;
+        }
+        tail << self.unit_shift
+    }
+
     /// Cuts `bytes` (a multiple of the unit, at most [`TlsfRange::free_tail`]) off the end;
     /// more than the free tail cuts the free tail, and a part unit is not cut.
     pub fn shrink(&mut self, bytes: u64) {
@@ -1305,9 +1326,14 @@ mod tests {
         assert_eq!(st.top, a + 4096);
         assert_eq!((st.free_fragments, st.largest_free), (1, (1 << 20) - 4096));
         assert_eq!(st.largest_free, st.capacity - st.top);
+        // The free tail the user sees reaches down to `a`; the wilderness, what a shrink may
+        // cut, starts above `b` until a merge.
+        assert_eq!(t.free_tail_merged(), st.capacity - st.top);
+        assert_eq!(t.free_tail(), st.capacity - b - 8192);
         // Merged, it says the same.
         t.unpark_all();
         assert_eq!(t.stats(), st);
+        assert_eq!(t.free_tail(), t.free_tail_merged());
         t.validate().unwrap();
     }
 
