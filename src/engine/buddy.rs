@@ -391,6 +391,14 @@ impl BuddyRange {
         if indexed != runs {
             return fail(format!("{indexed} runs indexed by order, {runs} exist"));
         }
+        // Live blocks are whole minimum blocks, ending within what a u64 holds: checked
+        // before the tiling, which adds their lengths (a wrapped end is a drift to report,
+        // not an overflow to panic on), and sees only where they end.
+        for (&start, &(len, _)) in self.live.iter() {
+            if len == 0 || len % unit != 0 || start.checked_add(len).is_none() {
+                return fail(format!("live block at {start} of {len} bytes"));
+            }
+        }
         let mut spans: Vec<(u64, u64, bool)> = self.runs().map(|(a, b)| (a, b, true)).collect();
         spans.extend(self.live.iter().map(|(&s, &(l, _))| (s, s + l, false)));
         spans.sort_unstable();
@@ -405,12 +413,6 @@ impl BuddyRange {
             }
             cursor = e;
             after_free = free;
-        }
-        // Live blocks are whole minimum blocks (the tiling above sees only where they end).
-        for (&start, &(len, _)) in self.live.iter() {
-            if len == 0 || len % unit != 0 {
-                return fail(format!("live block at {start} of {len} bytes"));
-            }
         }
         // The end of the highest block in use never passes the highest ever in use.
         if cursor == self.capacity && self.capacity - self.free_tail() > self.high_water {
@@ -713,7 +715,7 @@ mod tests {
             b.validate().unwrap();
             b
         };
-        let corruptions: [crate::engine::Drift<BuddyRange>; 10] = [
+        let corruptions: [crate::engine::Drift<BuddyRange>; 11] = [
             ("free counter", |b| b.free_bytes += 64),
             ("lowest cache", |b| b.lowest[0] = 4096),
             ("nonempty bit", BuddyRange::drift_for_test),
@@ -736,6 +738,10 @@ mod tests {
                 b.live.insert(192, (0, 9));
             }),
             ("high water below the blocks in use", |b| b.high_water = 64),
+            // Its end wraps past u64::MAX: the tiling's sum panicked instead of reporting.
+            ("live block past the last offset", |b| {
+                b.live.insert(u64::MAX - 63, (128, 9));
+            }),
         ];
         crate::engine::assert_each_drift_reported(build, &corruptions, BuddyRange::validate);
     }

@@ -507,14 +507,20 @@ impl SlabAllocator {
             if on_chain[i] {
                 return fail(format!("held page {i} is on the vacancy chain"));
             }
+            // A footprint `class_of` takes (it asserts a non-zero multiple of the granule),
+            // of a class this layer has (its list is read below).
+            let footprint = u64::from(p.footprint);
             if usize::from(p.objects) > SLOTS
                 || p.free_bits >> (p.objects - 1) > 1
-                || class_of(u64::from(p.footprint))
-                    != (usize::from(p.class), u64::from(p.footprint))
+                || footprint == 0
+                || footprint % CLASS_GRANULE != 0
+                || footprint > MAX_SLAB_FOOTPRINT
+                || usize::from(p.class) >= self.classes.len()
+                || class_of(footprint) != (usize::from(p.class), footprint)
             {
                 return fail(format!(
-                    "page {i}: {} objects, free map {:#x}",
-                    p.objects, p.free_bits
+                    "page {i}: {} objects of {footprint} bytes (class {}), free map {:#x}",
+                    p.objects, p.class, p.free_bits
                 ));
             }
             // The page is the range block `page_shape` asked for, and a live one (a range
@@ -939,7 +945,7 @@ mod tests {
         fn cached(s: &SlabAllocator) -> u32 {
             s.classes[usize::from(s.pages[partial(s)].class)].cached_empty
         }
-        let corruptions: [crate::engine::Drift<SlabAllocator>; 18] = [
+        let corruptions: [crate::engine::Drift<SlabAllocator>; 20] = [
             ("held counter", SlabAllocator::drift_for_test),
             ("byte counter", |s| s.page_bytes += 1024),
             ("free bit of a used object", |s| {
@@ -1008,6 +1014,24 @@ mod tests {
             ("a page with no range tag", |s| {
                 let p = partial(s);
                 s.pages[p].range_tag = 0;
+            }),
+            // `class_of` asserted on it: a panic in debug builds, not a report.
+            ("a page of no footprint", |s| {
+                let p = partial(s);
+                s.pages[p].footprint = 0;
+            }),
+            // Filed in its own class, shaped as that class's pages are, but a class past
+            // this layer's last: reading its list panicked.
+            ("a page of a class past the slabs' largest", |s| {
+                let c = cached(s) as usize;
+                let (class, footprint) = class_of(2048);
+                let (bytes, objects, _) = SlabAllocator::page_shape(footprint);
+                s.page_bytes = s.page_bytes - s.pages[c].bytes() + bytes;
+                let page = &mut s.pages[c];
+                page.footprint = footprint as u32;
+                page.class = class as u16;
+                page.objects = objects as u8;
+                page.free_bits = !0 >> (64 - objects);
             }),
             // Counts, bits and bytes agree with each other, not with the page's shape.
             ("a page of another shape", |s| {
