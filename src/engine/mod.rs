@@ -538,7 +538,9 @@ impl CarveEngine {
                     let (bytes, _, page_align) = slab::SlabAllocator::page_shape(footprint);
                     match self.range.alloc(bytes, page_align, tag, thorough) {
                         Some((base, key)) => {
-                            self.slabs.add_page(footprint, base, key, tag);
+                            // The slabs serve this footprint (above): the page is taken.
+                            let added = self.slabs.add_page(footprint, base, key, tag);
+                            debug_assert!(added, "a footprint the slabs serve has a class");
                             self.slabs.alloc(footprint, stag)
                         }
                         None => None,

@@ -277,11 +277,13 @@ impl SlabAllocator {
     }
 
     /// Takes an object of `footprint` bytes if a page has room: (offset, place), where
-    /// place is `page << SLOT_BITS | slot`.
+    /// place is `page << SLOT_BITS | slot`. `None` too for a footprint past the slabs'
+    /// largest, which no class holds.
     #[inline(always)]
     pub fn alloc(&mut self, footprint: u64, tag: u32) -> Option<(u64, u32)> {
         let (class, footprint) = class_of(footprint);
-        let c = &mut self.classes[class];
+        // The index's own bounds check, a refusal rather than a panic.
+        let c = self.classes.get_mut(class)?;
         let page_idx = if c.top != NIL {
             c.top
         } else {
@@ -309,9 +311,13 @@ impl SlabAllocator {
     /// Adds a fresh page for `footprint` at `base` taken from the range engine.
     ///
     /// Only when [`alloc`](Self::alloc) refused that footprint: the class then lists no
-    /// page and sets none aside, so the fresh page is its one empty page.
-    pub fn add_page(&mut self, footprint: u64, base: u64, range_key: u32, range_tag: u32) {
+    /// page and sets none aside, so the fresh page is its one empty page. Whether the page
+    /// was taken: a footprint past the slabs' largest has no class, and its page is not.
+    pub fn add_page(&mut self, footprint: u64, base: u64, range_key: u32, range_tag: u32) -> bool {
         let (class, footprint) = class_of(footprint);
+        if class >= self.classes.len() {
+            return false;
+        }
         debug_assert!(
             self.classes[class].top == NIL && self.classes[class].cached_empty == NIL,
             "a page is added only when the class has none with room"
@@ -346,6 +352,7 @@ impl SlabAllocator {
         };
         self.held += 1;
         self.page_bytes += bytes;
+        true
     }
 
     /// Frees the object at `place` (`page << SLOT_BITS | slot`); returns a page to hand
@@ -751,6 +758,24 @@ mod tests {
         s.free(o2, p2, 500).unwrap();
         assert_eq!(s.trim().len(), 1);
         assert_eq!((s.page_count(), s.page_bytes()), (0, 0));
+        s.validate().unwrap();
+    }
+
+    #[test]
+    fn a_footprint_past_the_largest_is_refused_not_a_panic() {
+        // Both are public: `alloc` indexed the class list past its end, and `add_page`
+        // after the refusal its doc asks for did the same.
+        let mut s = SlabAllocator::new(1024);
+        assert_eq!(s.alloc(2048, 1), None);
+        assert!(!s.add_page(2048, 0, 1, 1));
+        assert_eq!(
+            (s.alloc(2048, 1), s.page_count(), s.page_bytes()),
+            (None, 0, 0)
+        );
+        s.validate().unwrap();
+        // The largest it serves still takes a page.
+        assert!(s.add_page(1024, 0, 1, 1));
+        assert_eq!(s.alloc(1024, 2), Some((0, 0)));
         s.validate().unwrap();
     }
 
