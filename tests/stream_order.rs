@@ -13,7 +13,7 @@
 
 use ascend_pool::region::{streams_kept_on, DeviceRegion, HostRegion, Region};
 use ascend_pool::source::sim::{AclFunc, Fault, SimConfig, SimSource, SimStats};
-use ascend_pool::source::BlockSource;
+use ascend_pool::source::{BlockSource, MemcpyKind};
 use ascend_pool::{AclError, Error, MemKind, Pool, PoolConfig, Stream};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
@@ -1929,4 +1929,44 @@ fn a_trim_whose_source_panics_recording_the_probe_keeps_the_probe() {
         (0, 0),
         "the probe was lost"
     );
+}
+
+/// In debug mode a padding overrun is reported once, by the region that made it: a region
+/// whose free waited for its stream and was reported there, taken over on that stream by a
+/// new region that writes only its own bytes, gives the new region a fresh canary.
+#[test]
+fn a_segment_taken_over_on_its_stream_gets_a_fresh_canary() {
+    let sim = sim(0);
+    let source: Arc<dyn BlockSource> = Arc::clone(&sim) as Arc<dyn BlockSource>;
+    let pool = Pool::new(source, PoolConfig::default().with_debug(true)).unwrap();
+    let s = pool.create_stream().unwrap();
+    let hold = sim.hold_stream(s.handle()).unwrap();
+    let a = pool.alloc_device_on(100, &s).unwrap();
+    let a_addr = a.addr();
+    let junk = [0x55u8; 8];
+    // SAFETY: bytes 130..138 of a 100-byte segment lie in its padding (128..192).
+    unsafe {
+        pool.source()
+            .memcpy(a_addr + 130, 8, junk.as_ptr() as usize, 8, MemcpyKind::HostToDevice)
+            .unwrap();
+    }
+    assert!(matches!(a.free(), Err(Error::Corruption { .. })));
+    assert_eq!(pool.stats(MemKind::DEVICE).pending_frees, 1);
+    assert_eq!(pool.take_corruption_reports().len(), 1);
+
+    let b = pool.alloc_device_on(100, &s).unwrap();
+    assert_eq!(b.addr(), a_addr, "taken over on the same stream");
+    // `b` never wrote past its end: its free finds nothing.
+    let freed = b.free();
+    assert!(freed.is_ok(), "{freed:?}");
+    assert!(pool.take_corruption_reports().is_empty());
+    // A segment whose canary cannot be written is not taken over: a fresh one serves.
+    sim.inject_fault(Fault::next(AclFunc::Memset, AclError::RT_FAILURE, 1));
+    let c = pool.alloc_device_on(100, &s).unwrap();
+    assert_ne!(c.addr(), a_addr);
+    assert_eq!(pool.stats(MemKind::DEVICE).pending_frees, 1);
+    assert!(c.free().is_ok());
+    drop(hold);
+    pool.synchronize().unwrap();
+    pool.validate().unwrap();
 }

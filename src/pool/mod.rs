@@ -1478,6 +1478,19 @@ impl PoolInner {
                 && e.addr % align as usize == 0
                 && e.alloc.footprint() >= footprint
         });
+        // In debug mode the new owner gets a fresh canary, as a carve or a thread-cache hit
+        // gives it: the old one was checked (and any overrun reported) when the old region
+        // let go, and left as it was, the new region's free would report that overrun
+        // again, as its own. Without a canary, a fresh segment serves instead.
+        let found = found.filter(|&i| {
+            !self.config.debug || {
+                let e = &k.live[k.pending[i].key];
+                // SAFETY: the segment lies in a live block of this source and no region
+                // holds it; the padding is the pool's (the old work queued on `stream` has
+                // its first `len` bytes, and a write of it past them is what the canary is for).
+                unsafe { self.arm_canary(e.addr, len, e.alloc.footprint()) }.is_ok()
+            }
+        });
         if let Some(i) = found {
             let p = k.pending.swap_remove(i);
             let kind = k.kind;
