@@ -1947,7 +1947,13 @@ fn a_segment_taken_over_on_its_stream_gets_a_fresh_canary() {
     // SAFETY: bytes 130..138 of a 100-byte segment lie in its padding (128..192).
     unsafe {
         pool.source()
-            .memcpy(a_addr + 130, 8, junk.as_ptr() as usize, 8, MemcpyKind::HostToDevice)
+            .memcpy(
+                a_addr + 130,
+                8,
+                junk.as_ptr() as usize,
+                8,
+                MemcpyKind::HostToDevice,
+            )
             .unwrap();
     }
     assert!(matches!(a.free(), Err(Error::Corruption { .. })));
@@ -1968,5 +1974,59 @@ fn a_segment_taken_over_on_its_stream_gets_a_fresh_canary() {
     assert!(c.free().is_ok());
     drop(hold);
     pool.synchronize().unwrap();
+    pool.validate().unwrap();
+}
+
+/// In debug mode a region dropped while its stream still had work queued is checked again
+/// once that work has run: an overrun the work makes after the drop (a kernel writing past
+/// its output, the overrun debug mode is for) is reported then, once.
+#[test]
+fn an_overrun_queued_on_a_stream_before_the_free_is_reported_when_the_stream_passes() {
+    let sim = sim(0);
+    let source: Arc<dyn BlockSource> = Arc::clone(&sim) as Arc<dyn BlockSource>;
+    let pool = Pool::new(source, PoolConfig::default().with_debug(true)).unwrap();
+    let s = pool.create_stream().unwrap();
+    for len in [100u64, 1 << 20] {
+        let hold = sim.hold_stream(s.handle()).unwrap();
+        let d = pool.alloc_device_on(len, &s).unwrap();
+        let at = len.next_multiple_of(32) + 2;
+        // SAFETY: 8 bytes inside the segment's padding (32 bytes past its rounded length),
+        // which stays carved until the stream has passed the fill.
+        unsafe {
+            pool.source()
+                .memset_async(d.addr() + at as usize, 8, 0x55, 8, s.handle())
+                .unwrap();
+        }
+        // The fill has not run: the free finds the canary whole, and waits for the stream.
+        assert!(d.free().is_ok());
+        assert_eq!(pool.stats(MemKind::DEVICE).pending_frees, 1);
+        hold.release();
+        pool.synchronize().unwrap();
+        let reports = pool.take_corruption_reports();
+        assert!(
+            matches!(reports[..], [Error::Corruption { len: l, first_bad, .. }] if l == len && first_bad == at),
+            "{reports:?}"
+        );
+    }
+    // An overrun found at the free is not reported a second time when the stream passes.
+    let hold = sim.hold_stream(s.handle()).unwrap();
+    let d = pool.alloc_device_on(100, &s).unwrap();
+    let junk = [0x55u8; 8];
+    // SAFETY: bytes 130..138 of a 100-byte segment lie in its padding (128..192).
+    unsafe {
+        pool.source()
+            .memcpy(
+                d.addr() + 130,
+                8,
+                junk.as_ptr() as usize,
+                8,
+                MemcpyKind::HostToDevice,
+            )
+            .unwrap();
+    }
+    assert!(matches!(d.free(), Err(Error::Corruption { .. })));
+    hold.release();
+    pool.synchronize().unwrap();
+    assert_eq!(pool.take_corruption_reports().len(), 1);
     pool.validate().unwrap();
 }

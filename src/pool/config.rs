@@ -70,7 +70,10 @@ pub struct PoolConfig {
     /// Whatever this says, a kind that must grow gives its empty chunks back first: they
     /// could not hold the request.
     pub release_threshold: u64,
-    /// Fill each segment's padding with a canary and check it on free.
+    /// Fill each segment's padding with a canary and check it on free; a free that waits for
+    /// streams is checked again once they have passed it (their work, queued before the
+    /// free, may write past the end after it), an overrun found then going only to
+    /// [`Pool::take_corruption_reports`](crate::Pool::take_corruption_reports).
     pub debug: bool,
     /// Footprint bytes of free segments each thread may keep per pool for reuse without
     /// locking; 0 turns thread caches off, and the kinds' shape slots for larger segments

@@ -311,6 +311,10 @@ struct PendingFree {
     /// on that stream may take the segment at once, since stream order puts its work after
     /// the old work.
     only_on: Option<StreamHandle>,
+    /// Debug mode, and the canary was whole at the free: it is checked again once the streams
+    /// have passed the segment, since work queued on them before the free may still write
+    /// past its end (an overrun found at the free is not reported twice).
+    recheck: bool,
 }
 
 /// The runtime's answer for a stream that no longer exists: a `Stream` is destroyed only
@@ -2452,6 +2456,9 @@ impl PoolInner {
                 for ev in p.events.into_iter().filter_map(|(ev, _)| ev) {
                     self.put_event(ev);
                 }
+                if p.recheck {
+                    self.recheck_canary(k, p.key);
+                }
                 self.finish_free(k, p.key, true);
                 done += 1;
             } else {
@@ -2682,7 +2689,8 @@ impl PoolInner {
             } else {
                 None
             };
-        let unfenced = self.free_registered(&mut k, seg, streams);
+        let recheck = self.config.debug && overrun.is_none();
+        let unfenced = self.free_registered(&mut k, seg, streams, recheck);
         if !unfenced.is_empty() {
             // The kind's other threads go on while the streams run (one may be what they
             // wait for).
@@ -2701,6 +2709,7 @@ impl PoolInner {
         k: &mut KindPool,
         seg: &RawSegment,
         streams: &[StreamHandle],
+        recheck: bool,
     ) -> SmallVec<[StreamHandle; 2]> {
         let mut unfenced = SmallVec::new();
         if streams.is_empty() {
@@ -2726,6 +2735,7 @@ impl PoolInner {
             key: seg.key(),
             events,
             only_on,
+            recheck,
         });
         // Keep the list bounded without querying events on every call.
         if k.pending.len() % PENDING_RECLAIM_BATCH == 0 {
@@ -2763,7 +2773,9 @@ impl PoolInner {
         p.events
             .retain(|(ev, s)| ev.is_some() || !passed.contains(s));
         if p.events.is_empty() {
-            k.pending.swap_remove(i);
+            if k.pending.swap_remove(i).recheck {
+                self.recheck_canary(&k, seg.key());
+            }
             self.finish_free(&mut k, seg.key(), true);
         }
     }
@@ -2843,6 +2855,15 @@ impl PoolInner {
             self.source
                 .memset(addr + pad_start as usize, pad, CANARY, pad)
         }
+    }
+
+    /// Checks again the canary of the segment `key` names, whose deferred free completes now
+    /// that its streams have passed it ([`PendingFree::recheck`]). An overrun goes to the
+    /// corruption reports only (the region that made it is gone); the free goes on.
+    fn recheck_canary(&self, k: &KindPool, key: usize) {
+        let e = k.live[key];
+        let seg = RawSegment::new(k.kind, e.addr, k.kind.default_align(), key, e.alloc);
+        let _ = self.check_canary(&seg, Some(e.chunk_offset(k)));
     }
 
     /// Checks the canary over `seg`'s padding. `offset` is the segment's chunk offset for
@@ -3291,6 +3312,7 @@ mod handle_tests {
                         key: raw.key(),
                         events: SmallVec::new(),
                         only_on: None,
+                        recheck: false,
                     });
                 } else {
                     k.pending.clear();
