@@ -838,3 +838,32 @@ fn the_drop_in_releases_channels() {
         assert_eq!(release(0), not_found, "never opened");
     }
 }
+
+#[test]
+fn host_memory_info_of_a_device_the_runtime_lacks_is_refused_as_the_simulator_refuses_it() {
+    // Pinned host memory is taken in the context aclrtSetDevice makes, so a device the
+    // runtime lacks has none: the simulator refuses its host memory info as it refuses its
+    // aclrtMallocHost. AclSource answered the machine's RAM for any device id.
+    use ascend_pool::source::sim::{SimConfig, SimSource};
+
+    let acl = open();
+    let n = acl.device_count().expect("the drop-in counts its devices");
+    let sim = SimSource::new(SimConfig::default().with_devices(n)).unwrap();
+    for device in [i32::try_from(n).unwrap(), 99, -1] {
+        let want = code(sim.mem_info(device, MemKind::Host).unwrap_err()).1;
+        assert_eq!(want, AclError::RT_PARAM_INVALID.0);
+        let got = acl.mem_info(device, MemKind::Host);
+        assert_eq!(
+            got.map_err(code).map_err(|(_, c)| c),
+            Err(want),
+            "device {device}"
+        );
+        assert_eq!(
+            code(acl.alloc_block(device, MemKind::Host, 64).unwrap_err()).1,
+            want,
+            "device {device}"
+        );
+    }
+    let (free, total) = acl.mem_info(0, MemKind::Host).unwrap();
+    assert!(free <= total && total > 0);
+}

@@ -730,9 +730,14 @@ impl BlockSource for AclSource {
     /// DVPP memory is device memory within the DVPP address space one process gets
     /// ([`DVPP_ADDRESS_LIMIT`]), which `aclrtGetMemInfo` has no class for: the device's
     /// figures, capped by that space less what this source's DVPP blocks take of it (as the
-    /// runtime rounds them; other users of the process's space are not seen).
+    /// runtime rounds them; other users of the process's space are not seen). Host memory is
+    /// the machine's RAM (`sysinfo`), once `device` is made current: a device the runtime lacks
+    /// is refused, as `aclrtMallocHost` is for it.
     fn mem_info(&self, device: DeviceId, kind: MemKind) -> Result<(u64, u64)> {
         if kind == MemKind::Host {
+            // Pinned host memory is taken in the context `aclrtSetDevice` makes: a device the
+            // runtime lacks gets none, and its query is refused as its allocation is.
+            self.use_device(device)?;
             return host_mem_info();
         }
         let (free, total) = self.mem_info_attr(device, mem_attr(kind))?;
