@@ -275,3 +275,36 @@ fn a_shared_buffer_is_allocated_on_the_device_asked_for() {
         assert_eq!((free(4), free(5)), before, "dvpp {dvpp}");
     }
 }
+
+#[test]
+fn a_dvpp_shared_buffer_takes_dvpp_space_as_on_the_simulator() {
+    // A buffer of DVPP memory takes the process's DVPP address space as acldvppMalloc does:
+    // the simulator's DVPP memory info counts it until the last handle on it is freed.
+    // AclSource's counted its DVPP blocks only, so its buffers left the figure untouched.
+    use ascend_pool::source::sim::SimSource;
+
+    let acl = open();
+    let sim = SimSource::default();
+    let len = 1 << 30;
+    let acl_free = || acl.mem_info(3, MemKind::Dvpp).unwrap().0;
+    let sim_free = || sim.mem_info(0, MemKind::Dvpp).unwrap().0;
+    let (acl_before, sim_before) = (acl_free(), sim_free());
+    let on_sim = sim.alloc_buf(0, len, 1).unwrap();
+    let taken = sim_before - sim_free();
+    assert!(taken >= len, "{taken}");
+    let buf = acl.alloc_buf(3, len, true).unwrap();
+    assert_eq!(acl_before - acl_free(), taken);
+    // A reference shares the memory: nothing more is taken, and it stays taken until both go.
+    let copy = acl.copy_buf_ref(buf).unwrap();
+    assert_eq!(acl_before - acl_free(), taken);
+    acl.free_buf(buf).unwrap();
+    assert_eq!(acl_before - acl_free(), taken);
+    acl.free_buf(copy).unwrap();
+    assert_eq!(acl_free(), acl_before);
+    // A buffer of device memory takes none of the DVPP space.
+    let normal = acl.alloc_buf(3, len, false).unwrap();
+    assert_eq!(acl_free(), acl_before);
+    acl.free_buf(normal).unwrap();
+    sim.free_buf(on_sim).unwrap();
+    assert_eq!(sim_free(), sim_before);
+}

@@ -38,7 +38,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::{c_void, OsString};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use crate::align::CarveRule;
 use crate::error::{AclError, Error, Result};
@@ -165,8 +165,10 @@ struct Live {
     mappings: BTreeMap<usize, PhysicalHandle>,
     /// Physical allocations (from `aclrtMallocPhysical` or an import).
     physical: HashSet<usize>,
-    /// Shared buffers (mbuf).
-    mbufs: HashSet<usize>,
+    /// Shared buffers (mbuf), each with the bytes its buffer takes of the process's DVPP
+    /// address space (DVPP memory as the runtime rounds it, 0 for device memory), shared by
+    /// every handle on the buffer (`acltdtCopyBufRef`): the space comes back with the last.
+    mbufs: HashMap<usize, Arc<u64>>,
     /// `aclrtSetDevice` calls made per device, undone by as many `aclrtResetDevice` on drop.
     set_device_calls: BTreeMap<DeviceId, u64>,
 }
@@ -729,10 +731,10 @@ impl BlockSource for AclSource {
 
     /// DVPP memory is device memory within the DVPP address space one process gets
     /// ([`DVPP_ADDRESS_LIMIT`]), which `aclrtGetMemInfo` has no class for: the device's
-    /// figures, capped by that space less what this source's DVPP blocks take of it (as the
-    /// runtime rounds them; other users of the process's space are not seen). Host memory is
-    /// the machine's RAM (`sysinfo`), once `device` is made current: a device the runtime lacks
-    /// is refused, as `aclrtMallocHost` is for it.
+    /// figures, capped by that space less what this source's DVPP blocks and shared buffers of
+    /// DVPP memory take of it (as the runtime rounds them; other users of the process's space
+    /// are not seen). Host memory is the machine's RAM (`sysinfo`), once `device` is made
+    /// current: a device the runtime lacks is refused, as `aclrtMallocHost` is for it.
     fn mem_info(&self, device: DeviceId, kind: MemKind) -> Result<(u64, u64)> {
         if kind == MemKind::Host {
             // Pinned host memory is taken in the context `aclrtSetDevice` makes: a device the
@@ -745,13 +747,23 @@ impl BlockSource for AclSource {
             return Ok((free, total));
         }
         let rule = CarveRule::default();
-        let held: u64 = self
-            .lock()
+        let live = self.lock();
+        let blocks: u64 = live
             .blocks
             .values()
             .filter(|(b, _)| b.kind == MemKind::Dvpp)
             .map(|(b, _)| rule.runtime_rounded(b.size).unwrap_or(b.size))
             .sum();
+        // Shared buffers of DVPP memory too, each buffer once whatever its handles.
+        let mut seen = HashSet::new();
+        let buffers: u64 = live
+            .mbufs
+            .values()
+            .filter(|taken| seen.insert(Arc::as_ptr(taken)))
+            .map(|taken| **taken)
+            .sum();
+        drop(live);
+        let held = blocks.saturating_add(buffers);
         Ok((
             free.min(DVPP_ADDRESS_LIMIT.saturating_sub(held)),
             total.min(DVPP_ADDRESS_LIMIT),
@@ -1082,7 +1094,7 @@ impl Drop for AclSource {
             }
         }
         if let Ok(f) = &self.api.acltdtFreeBuf {
-            for buf in live.mbufs {
+            for buf in live.mbufs.into_keys() {
                 // SAFETY: a live mbuf of this runtime.
                 let _ = unsafe { f(buf as sys::acltdtBuf) };
             }

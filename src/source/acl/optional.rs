@@ -5,8 +5,10 @@
 //! hand out, or already released, is refused before it reaches the runtime.
 
 use std::ffi::c_void;
+use std::sync::Arc;
 
 use super::{check, refused, sys, to_usize, AclSource, MbufHandle, PhysicalHandle};
+use crate::align::CarveRule;
 use crate::error::{AclError, Error, Result};
 use crate::source::vmm::RESERVE_FLAG_HUGE_PAGE;
 use crate::source::DeviceId;
@@ -257,20 +259,34 @@ impl AclSource {
 /// Shared buffers (mbuf, `acl_tdt_queue.h`).
 impl AclSource {
     fn mbuf(&self, func: &'static str, buf: MbufHandle) -> Result<sys::acltdtBuf> {
-        if self.lock().mbufs.contains(&buf.0) {
-            Ok(buf.0 as sys::acltdtBuf)
-        } else {
-            Err(refused(func, AclError::RT_INVALID_HANDLE))
+        self.mbuf_taken(func, buf).map(|(raw, _)| raw)
+    }
+
+    /// A live mbuf and what its buffer takes of the DVPP space (shared by its handles).
+    fn mbuf_taken(
+        &self,
+        func: &'static str,
+        buf: MbufHandle,
+    ) -> Result<(sys::acltdtBuf, Arc<u64>)> {
+        match self.lock().mbufs.get(&buf.0) {
+            Some(taken) => Ok((buf.0 as sys::acltdtBuf, Arc::clone(taken))),
+            None => Err(refused(func, AclError::RT_INVALID_HANDLE)),
         }
     }
 
-    fn track_mbuf(&self, func: &'static str, buf: sys::acltdtBuf) -> Result<MbufHandle> {
+    /// Tracks a new handle on a buffer that takes `taken` bytes of the DVPP space.
+    fn track_mbuf(
+        &self,
+        func: &'static str,
+        buf: sys::acltdtBuf,
+        taken: Arc<u64>,
+    ) -> Result<MbufHandle> {
         if buf.is_null() {
             return Err(Error::Invalid(format!(
                 "{func} returned success and a null buffer"
             )));
         }
-        self.lock().mbufs.insert(buf as usize);
+        self.lock().mbufs.insert(buf as usize, taken);
         Ok(MbufHandle(buf as usize))
     }
 
@@ -290,20 +306,29 @@ impl AclSource {
         let mut buf: sys::acltdtBuf = std::ptr::null_mut();
         // SAFETY: `buf` is a live out-pointer.
         check(func, unsafe { f(size, ty, &mut buf) })?;
-        self.track_mbuf(func, buf)
+        // DVPP memory takes the process's DVPP space as `acldvppMalloc` does (see `mem_info`).
+        let taken = if dvpp {
+            let size = size as u64;
+            CarveRule::default().runtime_rounded(size).unwrap_or(size)
+        } else {
+            0
+        };
+        self.track_mbuf(func, buf, Arc::new(taken))
     }
 
     /// Frees a shared buffer (`acltdtFreeBuf`).
     pub fn free_buf(&self, buf: MbufHandle) -> Result<()> {
         let func = "acltdtFreeBuf";
         let f = sym!(self.api()?, acltdtFreeBuf);
-        if !self.lock().mbufs.remove(&buf.0) {
-            return Err(refused(func, AclError::RT_INVALID_HANDLE));
-        }
+        let taken = self
+            .lock()
+            .mbufs
+            .remove(&buf.0)
+            .ok_or(refused(func, AclError::RT_INVALID_HANDLE))?;
         // SAFETY: a live mbuf of this runtime, no longer tracked.
         let result = check(func, unsafe { f(buf.0 as sys::acltdtBuf) });
         if result.is_err() {
-            self.lock().mbufs.insert(buf.0);
+            self.lock().mbufs.insert(buf.0, taken);
         }
         result
     }
@@ -371,11 +396,12 @@ impl AclSource {
     pub fn copy_buf_ref(&self, buf: MbufHandle) -> Result<MbufHandle> {
         let func = "acltdtCopyBufRef";
         let f = sym!(self.api()?, acltdtCopyBufRef);
-        let raw = self.mbuf(func, buf)?;
+        let (raw, taken) = self.mbuf_taken(func, buf)?;
         let mut new: sys::acltdtBuf = std::ptr::null_mut();
         // SAFETY: `raw` is a live mbuf, `new` a live out-pointer.
         check(func, unsafe { f(raw, &mut new) })?;
-        self.track_mbuf(func, new)
+        // The new handle is on the same buffer: its space counts once, until both are freed.
+        self.track_mbuf(func, new, taken)
     }
 }
 
