@@ -810,3 +810,44 @@ fn devices_are_counted_where_the_runtime_can_count_them() {
     let failing = fake_lib("count_fails", &["-DDEVICE_COUNT=2", "-DFAIL_CODE=507033"]);
     assert_eq!(AclSource::open(failing).unwrap().device_count(), None);
 }
+
+#[test]
+fn copies_and_fills_of_a_shared_buffer_run_on_the_buffer_s_device() {
+    // A shared buffer's data area is device memory of the device it was allocated on, but
+    // only blocks and reserved ranges were looked up: a copy into it ran with the lowest
+    // device the source had used current.
+    let lib = fake_lib("mbuf_copy_device", &["-DWITH_MBUF"]);
+    let counters = Counters::open(&lib);
+    let acl = AclSource::open(&lib).unwrap();
+    acl.mem_info(0, MemKind::DEVICE).unwrap(); // device 0 is now the lowest one used
+    for dvpp in [false, true] {
+        let buf = acl.alloc_buf(3, 4096, dvpp).unwrap();
+        let (data, size) = acl.buf_data(buf).unwrap();
+        assert_eq!(size, 4096);
+        acl.mem_info(2, MemKind::DEVICE).unwrap();
+        // SAFETY: 16 bytes inside the live data area of `buf`.
+        unsafe { acl.memset(data + 100, 16, 0, 16).unwrap() };
+        assert_eq!(counters.get("fake_copy_device"), 3, "dvpp {dvpp}");
+        acl.mem_info(2, MemKind::DEVICE).unwrap();
+        let mut out = [0u8; 16];
+        // SAFETY: `out` is a live 16-byte buffer; the source is the last 16 bytes of the data.
+        unsafe {
+            acl.memcpy(
+                out.as_mut_ptr() as usize,
+                16,
+                data + 4080,
+                16,
+                MemcpyKind::DeviceToHost,
+            )
+            .unwrap();
+        }
+        assert_eq!(counters.get("fake_copy_device"), 3, "dvpp {dvpp}");
+        acl.free_buf(buf).unwrap();
+        // Once freed, the area is no device's memory of this source any more.
+        acl.mem_info(2, MemKind::DEVICE).unwrap();
+        // SAFETY: a fill of 0 bytes touches no memory.
+        unsafe { acl.memset(data, 0, 0, 0).unwrap() };
+        assert_eq!(counters.get("fake_copy_device"), 0, "dvpp {dvpp}");
+    }
+    assert_eq!(counters.get("fake_live_allocations"), 0);
+}

@@ -12,8 +12,10 @@
  *   -DDEVICE_COUNT=<n>      aclrtGetDeviceCount is exported and counts <n> devices
  *                           (older runtimes lack it);
  *   -DWITH_VMM              the virtual-memory functions are exported, and accept any
- *                           argument: what reaches them was not refused by the caller.
- * Sharing and mbuf functions are never exported.
+ *                           argument: what reaches them was not refused by the caller;
+ *   -DWITH_MBUF             acltdtAllocBuf, acltdtGetBufData and acltdtFreeBuf are exported:
+ *                           a buffer is its own data area, of the size asked.
+ * Sharing functions are never exported.
  *
  * The fake_* globals let a test see what reached the runtime; fake_event_done is written
  * by tests to choose what an event query answers.
@@ -212,4 +214,25 @@ int aclrtMapMem(void *va, size_t size, size_t offset, void *h, uint64_t flags) {
     RET((fake_map_calls++, live_mappings++));
 }
 int aclrtUnmapMem(void *va) { (void)va; RET((fake_unmap_calls++, live_mappings--)); }
+#endif
+
+#ifdef WITH_MBUF
+/* A buffer is a block whose first bytes say its size; the data area follows them. */
+int acltdtAllocBuf(size_t size, uint32_t type, void **buf) {
+    (void)type;
+    if (buf == NULL || size == 0) return 100000;
+    size_t *b = NULL;
+    int code = alloc_aligned((void **)&b, size + 64, 64);
+    if (code != 0) return code;
+    *b = size;
+    *buf = b;
+    return 0;
+}
+int acltdtGetBufData(void *buf, void **data, size_t *size) {
+    if (buf == NULL || data == NULL || size == NULL) return 100000;
+    *data = (char *)buf + 64;
+    *size = *(size_t *)buf;
+    return 0;
+}
+int acltdtFreeBuf(void *buf) { return release(buf); }
 #endif

@@ -165,15 +165,38 @@ struct Live {
     mappings: BTreeMap<usize, PhysicalHandle>,
     /// Physical allocations (from `aclrtMallocPhysical` or an import).
     physical: HashSet<usize>,
-    /// Shared buffers (mbuf), each with the bytes its buffer takes of the process's DVPP
-    /// address space (DVPP memory as the runtime rounds it, 0 for device memory), shared by
-    /// every handle on the buffer (`acltdtCopyBufRef`): the space comes back with the last.
-    mbufs: HashMap<usize, Arc<u64>>,
+    /// Shared buffers (mbuf), each with what is known of its buffer, shared by every handle
+    /// on it (`acltdtCopyBufRef`): the memory goes back with the last of them.
+    mbufs: HashMap<usize, Arc<BufInfo>>,
     /// `aclrtSetDevice` calls made per device, undone by as many `aclrtResetDevice` on drop.
     set_device_calls: BTreeMap<DeviceId, u64>,
 }
 
+/// What a source knows of the buffer behind one or more of its mbuf handles.
+#[derive(Debug)]
+struct BufInfo {
+    /// The device it was allocated on.
+    device: DeviceId,
+    /// Bytes it takes of the process's DVPP address space: DVPP memory as the runtime rounds
+    /// it, 0 for device memory.
+    dvpp_bytes: u64,
+    /// Its data area (start, bytes), device memory of `device`, as `acltdtGetBufData` gave it
+    /// (`None` from a runtime without the call or when the call failed).
+    data: Option<(usize, usize)>,
+}
+
 impl Live {
+    /// The device of the live shared buffer whose data area holds `addr`.
+    fn buffer_device(&self, addr: usize) -> Option<DeviceId> {
+        self.mbufs
+            .values()
+            .find(|b| {
+                b.data
+                    .is_some_and(|(start, len)| addr >= start && addr - start < len.max(1))
+            })
+            .map(|b| b.device)
+    }
+
     /// The live block whose range holds `addr`.
     fn block_containing(&self, addr: usize) -> Option<&Block> {
         let (_, (block, _)) = self.blocks.range(..=addr).next_back()?;
@@ -420,8 +443,8 @@ impl AclSource {
     }
 
     /// The device whose context a copy or fill touching `addrs` should run in: the device of
-    /// the first device memory among them (a live device block, or a reserved range with
-    /// memory mapped there), else of the first pinned host block (allocated with a device
+    /// the first device memory among them (a live device block, a reserved range with
+    /// memory mapped there, or the data area of a live shared buffer), else of the first pinned host block (allocated with a device
     /// current: a copy between it and another device's memory runs on that other device),
     /// else the lowest device used so far, else 0.
     fn device_for(&self, addrs: &[usize]) -> DeviceId {
@@ -432,7 +455,8 @@ impl AclSource {
                 Some(b) if b.kind.is_device() => return b.device,
                 Some(b) => host = host.or(Some(b.device)),
                 None => {
-                    if let Some(device) = live.reserved_device(a) {
+                    if let Some(device) = live.reserved_device(a).or_else(|| live.buffer_device(a))
+                    {
                         return device;
                     }
                 }
@@ -759,8 +783,8 @@ impl BlockSource for AclSource {
         let buffers: u64 = live
             .mbufs
             .values()
-            .filter(|taken| seen.insert(Arc::as_ptr(taken)))
-            .map(|taken| **taken)
+            .filter(|b| seen.insert(Arc::as_ptr(b)))
+            .map(|b| b.dvpp_bytes)
             .sum();
         drop(live);
         let held = blocks.saturating_add(buffers);

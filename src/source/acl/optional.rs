@@ -7,7 +7,7 @@
 use std::ffi::c_void;
 use std::sync::Arc;
 
-use super::{check, refused, sys, to_usize, AclSource, MbufHandle, PhysicalHandle};
+use super::{check, refused, sys, to_usize, AclSource, BufInfo, MbufHandle, PhysicalHandle};
 use crate::align::CarveRule;
 use crate::error::{AclError, Error, Result};
 use crate::source::vmm::RESERVE_FLAG_HUGE_PAGE;
@@ -262,24 +262,24 @@ impl AclSource {
         self.mbuf_taken(func, buf).map(|(raw, _)| raw)
     }
 
-    /// A live mbuf and what its buffer takes of the DVPP space (shared by its handles).
+    /// A live mbuf and what is known of its buffer (shared by its handles).
     fn mbuf_taken(
         &self,
         func: &'static str,
         buf: MbufHandle,
-    ) -> Result<(sys::acltdtBuf, Arc<u64>)> {
+    ) -> Result<(sys::acltdtBuf, Arc<BufInfo>)> {
         match self.lock().mbufs.get(&buf.0) {
             Some(taken) => Ok((buf.0 as sys::acltdtBuf, Arc::clone(taken))),
             None => Err(refused(func, AclError::RT_INVALID_HANDLE)),
         }
     }
 
-    /// Tracks a new handle on a buffer that takes `taken` bytes of the DVPP space.
+    /// Tracks a new handle on the buffer `taken` describes.
     fn track_mbuf(
         &self,
         func: &'static str,
         buf: sys::acltdtBuf,
-        taken: Arc<u64>,
+        taken: Arc<BufInfo>,
     ) -> Result<MbufHandle> {
         if buf.is_null() {
             return Err(Error::Invalid(format!(
@@ -307,13 +307,29 @@ impl AclSource {
         // SAFETY: `buf` is a live out-pointer.
         check(func, unsafe { f(size, ty, &mut buf) })?;
         // DVPP memory takes the process's DVPP space as `acldvppMalloc` does (see `mem_info`).
-        let taken = if dvpp {
+        let dvpp_bytes = if dvpp {
             let size = size as u64;
             CarveRule::default().runtime_rounded(size).unwrap_or(size)
         } else {
             0
         };
-        self.track_mbuf(func, buf, Arc::new(taken))
+        // Where its data is, so that a copy or fill of it runs on its device (`device_for`).
+        // (Not `self.api()?`: the buffer is allocated, and an early return would lose it.)
+        let data = match &self.api.acltdtGetBufData {
+            Ok(get) if !buf.is_null() => {
+                let (mut ptr, mut len): (*mut c_void, usize) = (std::ptr::null_mut(), 0);
+                // SAFETY: `buf` is the mbuf just allocated; both out-pointers are live locals.
+                let code = unsafe { get(buf, &mut ptr, &mut len) };
+                (code == 0 && !ptr.is_null()).then_some((ptr as usize, len))
+            }
+            _ => None,
+        };
+        let info = BufInfo {
+            device,
+            dvpp_bytes,
+            data,
+        };
+        self.track_mbuf(func, buf, Arc::new(info))
     }
 
     /// Frees a shared buffer (`acltdtFreeBuf`).
