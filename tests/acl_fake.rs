@@ -851,3 +851,40 @@ fn copies_and_fills_of_a_shared_buffer_run_on_the_buffer_s_device() {
     }
     assert_eq!(counters.get("fake_live_allocations"), 0);
 }
+
+#[test]
+fn a_source_dropped_by_a_thread_local_destructor_frees_its_memory() {
+    // A source kept in a thread-local (a per-thread pool) is dropped as the thread exits,
+    // possibly after the library's own per-thread state is gone: its drop then panicked
+    // inside a thread-local destructor, which aborts the process.
+    use std::cell::RefCell;
+    thread_local! {
+        static KEPT: RefCell<Option<AclSource>> = const { RefCell::new(None) };
+    }
+    let lib = fake_lib("tls_drop", &[]);
+    let counters = Counters::open(&lib);
+    let resets = counters.get("fake_reset_device_calls");
+    let path = lib.clone();
+    std::thread::spawn(move || {
+        let acl = AclSource::open(&path).unwrap();
+        // Kept first, so its destructor is registered before (and runs after) the ones the
+        // source's first call registers.
+        KEPT.with(|k| *k.borrow_mut() = Some(acl));
+        KEPT.with(|k| {
+            let k = k.borrow();
+            let acl = k.as_ref().unwrap();
+            acl.alloc_block(1, MemKind::DEVICE, 4096).unwrap();
+        });
+    })
+    .join()
+    .expect("the thread ends without a panic");
+    assert_eq!(
+        counters.get("fake_live_allocations"),
+        0,
+        "the block is freed"
+    );
+    assert!(
+        counters.get("fake_reset_device_calls") > resets,
+        "aclrtSetDevice undone"
+    );
+}

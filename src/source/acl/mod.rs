@@ -417,7 +417,12 @@ impl AclSource {
     pub fn use_device(&self, device: DeviceId) -> Result<()> {
         let api = self.api()?;
         let key = self.runtime_key;
-        let current = CURRENT_DEVICE.with(|c| c.borrow().get(&key).copied());
+        // `try_with`: a source dropped by a thread-local destructor may outlive this thread's
+        // cache, and a panic there aborts the process; without the cache the device is set.
+        let current = CURRENT_DEVICE
+            .try_with(|c| c.borrow().get(&key).copied())
+            .ok()
+            .flatten();
         if current == Some((self.id, device)) && self.still_current(api, device) {
             return Ok(());
         }
@@ -425,7 +430,7 @@ impl AclSource {
         // SAFETY: `aclrtSetDevice` takes a plain device id; a bad id is answered with a code.
         check("aclrtSetDevice", unsafe { f(device) })?;
         *self.lock().set_device_calls.entry(device).or_insert(0) += 1;
-        CURRENT_DEVICE.with(|c| c.borrow_mut().insert(key, (self.id, device)));
+        let _ = CURRENT_DEVICE.try_with(|c| c.borrow_mut().insert(key, (self.id, device)));
         Ok(())
     }
 
@@ -1134,7 +1139,8 @@ impl Drop for AclSource {
         }
         let key = self.runtime_key;
         let id = self.id;
-        CURRENT_DEVICE.with(|c| {
+        // `try_with`: the cache may already be gone when a thread-local destructor drops us.
+        let _ = CURRENT_DEVICE.try_with(|c| {
             let mut c = c.borrow_mut();
             if c.get(&key).is_some_and(|(owner, _)| *owner == id) {
                 c.remove(&key);
