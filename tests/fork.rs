@@ -150,6 +150,7 @@ fn forked_children() {
     a_child_retries_only_its_own_kept_streams();
     a_child_drops_its_parents_stream_without_calling_the_runtime();
     a_child_refuses_to_wait_on_its_parents_streams();
+    a_child_refuses_the_runtime_library_s_handles_without_taking_the_source_s_lock();
 }
 
 /// Counts every call, and stops the next `aclrtRecordEvent` once armed until the test lets
@@ -649,4 +650,60 @@ fn a_child_retries_only_its_own_kept_streams() {
         (streams_kept_on(&*churn_sim), churn_sim.stats().live_streams),
         (0, 0)
     );
+}
+
+/// Every call of an `AclSource` the parent made is refused in a child before the source takes
+/// its lock, as the module promises: a parent's thread may have held the lock at the fork.
+/// Handle calls and copies looked their handle or address up first, under the lock, so a
+/// child answered a query of an event never recorded with "complete" (the runtime never
+/// asked), and one forked while a parent's thread held the lock hung.
+fn a_child_refuses_the_runtime_library_s_handles_without_taking_the_source_s_lock() {
+    let acl = Arc::new(AclSource::open(common_dropin::dropin()).unwrap());
+    let block = acl.alloc_block(0, MemKind::DEVICE, 4096).unwrap();
+    let stream = acl.create_stream(0).unwrap();
+    let event = acl.create_event(0).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    // A parent's thread takes the source's lock over and over.
+    let busy = {
+        let (acl, stop) = (Arc::clone(&acl), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                assert!(acl.query_event(event).unwrap());
+            }
+        })
+    };
+    for _ in 0..CHILDREN {
+        in_child(|| {
+            forked("aclrtQueryEventStatus", acl.query_event(event))?;
+            forked("aclrtSynchronizeEvent", acl.synchronize_event(event))?;
+            forked("aclrtRecordEvent", acl.record_event(event, stream))?;
+            forked("aclrtStreamWaitEvent", acl.stream_wait_event(stream, event))?;
+            forked("aclrtDestroyEvent", acl.destroy_event(event))?;
+            forked("aclrtDestroyStream", acl.destroy_stream(stream))?;
+            forked("aclrtFree", acl.free_block(block))?;
+            let mut out = [0u8; 16];
+            // SAFETY: `out` is a live 16-byte buffer and the source 16 bytes of `block`;
+            // refused before anything is copied.
+            let copy = unsafe {
+                acl.memcpy(
+                    out.as_mut_ptr() as usize,
+                    16,
+                    block.addr,
+                    16,
+                    MemcpyKind::DeviceToHost,
+                )
+            };
+            forked("aclrtMemcpy", copy)?;
+            // SAFETY: 16 bytes of `block`; refused before anything is written.
+            forked("aclrtMemset", unsafe { acl.memset(block.addr, 16, 0, 16) })?;
+            Ok(())
+        });
+    }
+    stop.store(true, Ordering::Relaxed);
+    busy.join().unwrap();
+    // The parent's are as they were.
+    assert!(acl.query_event(event).unwrap());
+    acl.destroy_event(event).unwrap();
+    acl.destroy_stream(stream).unwrap();
+    acl.free_block(block).unwrap();
 }

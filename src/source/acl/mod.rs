@@ -252,15 +252,20 @@ pub struct AclSource {
 
 impl std::fmt::Debug for AclSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let live = self.lock();
-        f.debug_struct("AclSource")
-            .field("library", &self.library)
+        let mut d = f.debug_struct("AclSource");
+        d.field("library", &self.library)
             .field("dvpp_library", &self.dvpp.as_ref().map(|(p, _)| p))
-            .field("hcomm_library", &self.hcomm.as_ref().map(|(p, _)| p))
-            .field("live_blocks", &live.blocks.len())
-            .field("streams", &live.streams.len())
-            .field("events", &live.events.len())
-            .finish_non_exhaustive()
+            .field("hcomm_library", &self.hcomm.as_ref().map(|(p, _)| p));
+        if crate::fork::ours(self.forks) {
+            let live = self.lock();
+            d.field("live_blocks", &live.blocks.len())
+                .field("streams", &live.streams.len())
+                .field("events", &live.events.len());
+        } else {
+            // A parent's: its lock may be held by a thread this process does not have.
+            d.field("forked", &true);
+        }
+        d.finish_non_exhaustive()
     }
 }
 
@@ -448,10 +453,10 @@ impl AclSource {
     }
 
     /// The device whose context a copy or fill touching `addrs` should run in: the device of
-    /// the first device memory among them (a live device block, a reserved range with
-    /// memory mapped there, or the data area of a live shared buffer), else of the first pinned host block (allocated with a device
-    /// current: a copy between it and another device's memory runs on that other device),
-    /// else the lowest device used so far, else 0.
+    /// the first device memory among them (a live device block, a reserved range with memory
+    /// mapped there, or the data area of a live shared buffer), else of the first pinned host
+    /// block (allocated with a device current: a copy between it and another device's memory
+    /// runs on that other device), else the lowest device used so far, else 0.
     fn device_for(&self, addrs: &[usize]) -> DeviceId {
         let live = self.lock();
         let mut host = None;
@@ -472,6 +477,8 @@ impl AclSource {
     }
 
     fn stream_device(&self, func: &'static str, stream: StreamHandle) -> Result<DeviceId> {
+        // In a child made by `fork`, before the lock: a parent's thread may have held it.
+        crate::fork::check(self.forks)?;
         self.lock()
             .streams
             .get(&stream.0)
@@ -480,6 +487,8 @@ impl AclSource {
     }
 
     fn event_state(&self, func: &'static str, event: EventHandle) -> Result<EventState> {
+        // As in `stream_device`.
+        crate::fork::check(self.forks)?;
         self.lock()
             .events
             .get(&event.0)
@@ -731,6 +740,8 @@ impl BlockSource for AclSource {
 
     fn free_block(&self, block: Block) -> Result<()> {
         let func = free_func(block.kind);
+        // In a child made by `fork`, before the lock (see `stream_device`).
+        crate::fork::check(self.forks)?;
         let freer = {
             let mut live = self.lock();
             match live.blocks.get(&block.addr) {
@@ -876,6 +887,8 @@ impl BlockSource for AclSource {
     }
 
     fn destroy_event(&self, event: EventHandle) -> Result<()> {
+        // In a child made by `fork`, before the lock (see `stream_device`).
+        crate::fork::check(self.forks)?;
         let state = self
             .lock()
             .events
@@ -963,8 +976,10 @@ impl BlockSource for AclSource {
     ) -> Result<()> {
         let func = "aclrtMemcpy";
         let (dst_max, count) = (to_usize(func, dst_max)?, to_usize(func, count)?);
-        self.use_device(self.device_for(&[dst, src]))?;
+        // The library first: in a child made by `fork` it is refused before `device_for`
+        // takes the lock, which a parent's thread may have held.
         let f = sym!(self.api()?, aclrtMemcpy);
+        self.use_device(self.device_for(&[dst, src]))?;
         // SAFETY: the caller guarantees both ranges are valid for the copy (trait contract).
         check(func, unsafe {
             f(
@@ -1014,6 +1029,8 @@ impl BlockSource for AclSource {
         len: u64,
     ) -> Result<()> {
         let func = "HcommWriteOnThread";
+        // Refused in a child made by `fork` before `device_for` takes the lock.
+        self.api()?;
         let f = self
             .hcomm
             .iter()
@@ -1040,8 +1057,9 @@ impl BlockSource for AclSource {
     unsafe fn memset(&self, dst: usize, max: u64, value: u8, count: u64) -> Result<()> {
         let func = "aclrtMemset";
         let (max, count) = (to_usize(func, max)?, to_usize(func, count)?);
-        self.use_device(self.device_for(&[dst]))?;
+        // The library first, as in `memcpy`.
         let f = sym!(self.api()?, aclrtMemset);
+        self.use_device(self.device_for(&[dst]))?;
         // SAFETY: the caller guarantees `dst` is valid for `max` bytes (trait contract).
         check(func, unsafe {
             f(dst as *mut c_void, max, i32::from(value), count)
