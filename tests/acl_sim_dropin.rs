@@ -867,3 +867,67 @@ fn host_memory_info_of_a_device_the_runtime_lacks_is_refused_as_the_simulator_re
     let (free, total) = acl.mem_info(0, MemKind::Host).unwrap();
     assert!(free <= total && total > 0);
 }
+
+#[test]
+fn reserved_addresses_named_as_host_memory_are_refused_not_read() {
+    // Addresses reserved with aclrtReserveMemAddress are device address space: where nothing
+    // is mapped they are no memory at all. A copy naming them as its host side was let
+    // through as host memory the caller vouched for, and the drop-in read or wrote them
+    // (SIGSEGV) instead of answering ACL_ERROR_INVALID_PARAM as it does for mapped ones.
+    const G: usize = 2 << 20;
+    let api = raw_api();
+    let null = std::ptr::null_mut();
+    let bad = sys::ACL_ERROR_INVALID_PARAM;
+    let (malloc, free) = (
+        api.aclrtMalloc.as_ref().unwrap(),
+        api.aclrtFree.as_ref().unwrap(),
+    );
+    let (reserve, release) = (
+        api.aclrtReserveMemAddress.as_ref().unwrap(),
+        api.aclrtReleaseMemAddress.as_ref().unwrap(),
+    );
+    let (memcpy, stream_sync) = (
+        api.aclrtMemcpy.as_ref().unwrap(),
+        api.aclrtSynchronizeStream.as_ref().unwrap(),
+    );
+    let memcpy_async = api.aclrtMemcpyAsync.as_ref().unwrap();
+    // SAFETY: every pointer passed is null, a live local, or an address the drop-in handed
+    // out; the copies name a reservation as host memory and must be refused untouched.
+    unsafe {
+        let mut dev = null;
+        assert_eq!(malloc(&mut dev, 4096, 0), 0);
+        let mut va = null;
+        assert_eq!(reserve(&mut va, 2 * G, 0, null, 1), 0);
+        let mut host = [0u8; 64];
+        let h = host.as_mut_ptr().cast::<std::ffi::c_void>();
+        for at in [va, va.cast::<u8>().add(G + 64).cast()] {
+            for (dst, src, kind) in [
+                (dev, at.cast_const(), sys::ACL_MEMCPY_HOST_TO_DEVICE),
+                (at, dev.cast_const(), sys::ACL_MEMCPY_DEVICE_TO_HOST),
+                (h, at.cast_const(), sys::ACL_MEMCPY_HOST_TO_HOST),
+                (at, h.cast_const(), sys::ACL_MEMCPY_HOST_TO_HOST),
+                (dev, at.cast_const(), sys::ACL_MEMCPY_DEFAULT),
+            ] {
+                assert_eq!(memcpy(dst, 64, src, 64, kind), bad, "kind {kind}");
+                assert_eq!(
+                    memcpy_async(dst, 64, src, 64, kind, null),
+                    if kind == sys::ACL_MEMCPY_HOST_TO_HOST {
+                        sys::ACL_ERROR_RT_FEATURE_NOT_SUPPORT
+                    } else {
+                        bad
+                    },
+                    "async kind {kind}"
+                );
+            }
+        }
+        // A host range that runs into the reservation is refused too.
+        let below = va.cast::<u8>().sub(32).cast::<std::ffi::c_void>();
+        assert_eq!(
+            memcpy(dev, 64, below, 64, sys::ACL_MEMCPY_HOST_TO_DEVICE),
+            bad
+        );
+        assert_eq!(stream_sync(null), 0);
+        assert_eq!(release(va), 0);
+        assert_eq!(free(dev), 0);
+    }
+}

@@ -43,7 +43,7 @@
 //!
 //! | situation | code |
 //! |---|---|
-//! | size 0, `count > dst_max`, a device range outside every live block, a host-side address in device memory or a range past the end of the pinned block it starts in, a null address, a copy between device memory of two devices (no peer access) | `ACL_ERROR_INVALID_PARAM` (100000) |
+//! | size 0, `count > dst_max`, a device range outside every live block, a host-side address in device memory or a range past the end of the pinned block it starts in, a host-side range touching reserved virtual address space, a null address, a copy between device memory of two devices (no peer access) | `ACL_ERROR_INVALID_PARAM` (100000) |
 //! | device id out of range (for host memory too); recording an event on a stream of another device | `ACL_ERROR_RT_PARAM_INVALID` (107000) |
 //! | device, DVPP or host capacity exceeded (or the host refuses the mapping) | `ACL_ERROR_RT_MEMORY_ALLOCATION` (207001) |
 //! | free of an unknown address, a double free, or the wrong free function (`aclrtFree` on DVPP memory, or on the data of a shared buffer) | `ACL_ERROR_RT_MEMORY_FREE` (207002) |
@@ -968,6 +968,10 @@ impl SimSource {
                     return Err(AclError::INVALID_PARAM);
                 }
                 keep.push(Arc::clone(&rec.mapping));
+            } else if mem.vmm.overlaps_reservation(addr, count) {
+                // Reserved device address space is no host memory (unmapped, no memory at
+                // all): refused as a mapping named as host memory is, not read or written.
+                return Err(AclError::INVALID_PARAM);
             }
         }
         // Between device memory the runtime copies within one device, and across two only

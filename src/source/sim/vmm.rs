@@ -131,6 +131,18 @@ pub(super) struct VmmState {
 }
 
 impl VmmState {
+    /// Whether `addr..addr + count` (at least the byte at `addr`) touches a reservation.
+    pub(super) fn overlaps_reservation(&self, addr: usize, count: u64) -> bool {
+        let end = usize::try_from(count)
+            .ok()
+            .and_then(|n| addr.checked_add(n.max(1)))
+            .unwrap_or(usize::MAX);
+        self.reservations
+            .range(..end)
+            .next_back()
+            .is_some_and(|(&start, r)| start.saturating_add(r.len) > addr)
+    }
+
     /// (reservations, physical handles, mappings).
     pub(super) fn counts(&self) -> (u64, u64, u64) {
         let maps = self
