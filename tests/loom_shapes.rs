@@ -11,6 +11,7 @@
 //!   that was told it was declined or displaced, to a take, or to a drain;
 //! - a put that happened before a take of its shape is found by that take;
 //! - after a close nothing is held, and every later put is declined;
+//! - two puts at once keep no more than their budget between them;
 //! - the counters read while slots are in use never show more hits than puts, and the
 //!   items that walk sees are exactly those the counters leave held.
 //!
@@ -25,7 +26,7 @@ use std::sync::atomic::Ordering;
 
 /// The shim `shapes.rs` takes its primitives from (`super::sync`).
 mod sync {
-    pub(crate) use loom::sync::atomic::AtomicU64;
+    pub(crate) use loom::sync::atomic::{fence, AtomicU64};
 
     /// The slot cell as loom's: it tracks every access and fails on unordered ones.
     pub(crate) struct SlotCell<T>(loom::cell::UnsafeCell<T>);
@@ -264,5 +265,49 @@ fn counters_read_while_slots_are_in_use_add_up() {
         // slot busy (a hint, not a wait), so the hit is not certain.
         assert!(t.puts <= 1 && t.hits <= t.puts, "{t:?}");
         each_once(all, 1);
+    });
+}
+
+/// Two frees of two recurring shapes at once, each coming back to the empty slot its shape
+/// left, under a budget with room for one of them: whichever way they interleave, the slots
+/// keep at most one (the other goes to its engine). Each put checked the budget against the
+/// words it read before claiming its slot, so two that read before either claimed both
+/// kept theirs, holding twice the budget: memory the release threshold would have sent
+/// back to the source.
+#[test]
+fn two_puts_at_once_keep_within_the_budget() {
+    const UNITS: u64 = 760;
+    model(|| {
+        let slots = Arc::new(ShapeSlots::default());
+        let (a, b) = (shape_key(3_110_400, 64), shape_key(4_284_000, 64));
+        // Each shape has been taken back from a slot of its own, now empty.
+        for (key, id) in [(a, 10), (b, 11)] {
+            assert!(matches!(
+                slots.put(key, 1, UNITS, 4 * UNITS, Item(id)),
+                Put::Kept
+            ));
+            assert_eq!(slots.take(key, |_| true), Some(Item(id)));
+        }
+        let s = slots.clone();
+        let other = thread::spawn(move || match s.put(b, 2, UNITS, UNITS + 1, Item(1)) {
+            Put::Kept => None,
+            Put::Displaced(i) | Put::Declined(i) => Some(i),
+        });
+        let mut back: Vec<Item> = match slots.put(a, 1, UNITS, UNITS + 1, Item(0)) {
+            Put::Kept => vec![],
+            Put::Displaced(i) | Put::Declined(i) => vec![i],
+        };
+        back.extend(other.join().unwrap());
+        let mut held = 0;
+        slots.drain(|i| {
+            held += 1;
+            back.push(i)
+        });
+        assert!(
+            held <= 1,
+            "the slots kept {held} items of {UNITS} units under a budget of {}",
+            UNITS + 1
+        );
+        each_once(back, 2);
     });
 }

@@ -40,7 +40,7 @@ use std::sync::Weak;
 /// The primitives [`cache`] and [`shapes`] are built on; the loom models
 /// (`tests/loom_cache.rs`, `tests/loom_shapes.rs`) put loom's in their place.
 pub(crate) mod sync {
-    pub(crate) use std::sync::atomic::AtomicU64;
+    pub(crate) use std::sync::atomic::{fence, AtomicU64};
     pub(crate) use std::sync::{Arc, Mutex, MutexGuard};
 
     /// The lock of a thread's cache: biased to the thread that owns the cache, which takes

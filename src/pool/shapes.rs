@@ -43,7 +43,7 @@
 //! The words, cells and spin come from the parent's `sync` shim, so `tests/loom_shapes.rs`
 //! can compile this very file with loom's and check the protocol over its interleavings.
 
-use super::sync::{spin_wait, AtomicU64, SlotCell};
+use super::sync::{fence, spin_wait, AtomicU64, SlotCell};
 use std::mem::MaybeUninit;
 use std::sync::atomic::Ordering;
 
@@ -287,11 +287,13 @@ impl<T> ShapeSlots<T> {
 
     /// Keeps `item` (of the shape `key` names, from the chunk `tag` names, `units` of
     /// footprint) in a slot, if the items the slots hold (any it displaces included) and
-    /// this one come to at most `budget` units. Declines it otherwise, or when the slot it
-    /// picks is busy or closed. The slot is an empty one (frames are often freed a few at a
-    /// time, and each comes back), else one holding this shape (whose older item it
-    /// displaces), else the shape's own by hash (displacing another shape). A slot that
-    /// keeps its key keeps its proven bit.
+    /// this one come to at most `budget` units, counted again once the slot is claimed (of
+    /// two puts at once into two slots, at least one sees the other's claim, and is declined
+    /// if both would not fit). Declines it otherwise, or when the slot it picks is busy or
+    /// closed. The slot is an empty one (frames are often freed a few at a time, and each
+    /// comes back), else one holding this shape (whose older item it displaces), else the
+    /// shape's own by hash (displacing another shape). A slot that keeps its key keeps its
+    /// proven bit.
     #[inline(always)]
     pub(crate) fn put(&self, key: u64, tag: u8, units: u64, budget: u64, item: T) -> Put<T> {
         debug_assert!(units < 1 << UNIT_BITS);
@@ -325,6 +327,23 @@ impl<T> ShapeSlots<T> {
                 )
                 .is_err()
         {
+            return Put::Declined(item);
+        }
+        // Counted again with the slot claimed: two puts that read the words before either
+        // claimed its slot both passed the count above. The fences order each claim before
+        // its put's second count, so of two claims at once at least one count sees the
+        // other's (its units are in the word from the claim on).
+        fence(Ordering::SeqCst);
+        let mut again = units + if state == FULL { units_of(w) } else { 0 };
+        for (j, other) in self.words.0.iter().enumerate() {
+            let v = other.load(Ordering::Relaxed);
+            if j != i && in_use(v & STATE) {
+                again += units_of(v);
+            }
+        }
+        if again > budget {
+            // The body is untouched: the word goes back as it was.
+            word.store(w, Ordering::Release);
             return Put::Declined(item);
         }
         let old = s.body.with_mut(|p| {
