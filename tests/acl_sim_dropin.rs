@@ -481,6 +481,47 @@ fn one_sided_writes_go_to_a_libhcomm_beside_the_runtime() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Set in the child process `a_named_hcomm_library_that_cannot_load_fails_the_load` runs in.
+const HCOMM_CHILD: &str = "ACL_SIM_DROPIN_HCOMM_CHILD";
+
+#[test]
+fn a_named_hcomm_library_that_cannot_load_fails_the_load() {
+    use ascend_pool::source::acl::HCOMM_LIB_ENV;
+    let missing = "/nonexistent/hcomm/libhcomm.so";
+    if std::env::var_os(HCOMM_CHILD).is_none() {
+        // Every load reads the variable: set here, it would fail the other tests' loads.
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "a_named_hcomm_library_that_cannot_load_fails_the_load",
+                "--test-threads=1",
+            ])
+            .env(HCOMM_CHILD, "1")
+            .env(HCOMM_LIB_ENV, missing)
+            .output()
+            .unwrap();
+        let shown = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "{shown}");
+        assert!(shown.contains("1 passed"), "{shown}");
+        return;
+    }
+    // The writes would otherwise go to the runtime's own HcommWriteOnThread, silently.
+    match AclSource::open(dropin()) {
+        Err(Error::LibraryLoad { library, reason }) => {
+            assert_eq!(library, missing);
+            assert!(reason.contains(HCOMM_LIB_ENV), "{reason}");
+        }
+        other => panic!("expected LibraryLoad for {missing}, got {other:?}"),
+    }
+    // Naming the runtime itself is naming no other library.
+    std::env::set_var(HCOMM_LIB_ENV, dropin());
+    assert_eq!(open().hcomm_library(), None);
+}
+
 #[test]
 fn the_host_side_of_a_copy_is_checked_when_it_is_a_block_of_the_runtime() {
     // Device memory named as host memory is the wrong kind, and pinned host memory has an

@@ -1,7 +1,8 @@
 //! The ascend-pool simulator ([`SimSource`]) behind the AscendCL C API, built as a drop-in
 //! `libascendcl.so`.
 //!
-//! Every exported function has the prototype of `include/ascend_pool_acl.h`, checks its
+//! Every AscendCL and HCOMM function it exports has the prototype of
+//! `include/ascend_pool_acl.h`; every export checks its
 //! pointers (a null out-pointer is `ACL_ERROR_INVALID_PARAM`), fills every out-parameter on
 //! success and returns the `aclError` code the simulator gives. It exports the core runtime
 //! (init, devices and their count, memory, copies, fills, memory info, streams, events), the DVPP

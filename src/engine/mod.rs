@@ -190,9 +190,10 @@ pub struct RangeStats {
     pub capacity: u64,
     /// Free bytes (holes and untouched space).
     pub free_bytes: u64,
-    /// Largest free range.
+    /// Largest free range; for the buddy tier, its largest free block (two free buddies of
+    /// different parents side by side are two blocks, though one range).
     pub largest_free: u64,
-    /// Number of free ranges.
+    /// Number of free ranges; for the buddy tier, of free blocks.
     pub free_fragments: u64,
     /// Highest offset ever in use.
     pub high_water: u64,

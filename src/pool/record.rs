@@ -14,7 +14,10 @@
 //!   trace, not only while live.
 //! - `align` is written only when it differs from the kind's default (64, 128 for DVPP).
 //! - A free is written when the segment's memory goes back to its chunk: for a free that
-//!   waits on streams, once they have passed it, which is when the memory became reusable.
+//!   waits on streams, once they have passed it, which is when the memory became reusable;
+//!   for one whose segment an allocation on the stream it waits for takes over
+//!   (`alloc_*_on`), at the takeover, just before that allocation's line (work the new owner
+//!   queues on the stream runs after the old).
 //! - Lines are buffered and written in the order the pool saw the events of each kind (the
 //!   kind's lock is held while recording), so a free always precedes the allocation that
 //!   reuses its address. The buffer is flushed by [`Pool::flush_record`](super::Pool::flush_record)

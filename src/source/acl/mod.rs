@@ -9,7 +9,8 @@
 //! 4. `libascendcl.so` on the default loader path (`LD_LIBRARY_PATH`, `ld.so.cache`).
 //!
 //! HCOMM's `HcommWriteOnThread` (one-sided writes) comes from `libhcomm.so` beside it, or the
-//! file `$ASCEND_POOL_HCOMM_LIB` names, else from the AscendCL library itself.
+//! file `$ASCEND_POOL_HCOMM_LIB` names, else from the AscendCL library itself. A file the
+//! variable names that cannot be loaded fails the load with [`Error::LibraryLoad`].
 //!
 //! A variable set to the empty string counts as unset, as the shells' `VAR= cmd` means it.
 //!
@@ -339,13 +340,26 @@ impl AclSource {
             .then(|| open_api(&dvpp_path).ok())
             .flatten()
             .map(|api| (dvpp_path.display().to_string(), api));
-        let hcomm_path = env_path(HCOMM_LIB_ENV)
-            .map(PathBuf::from)
+        // A library the caller named must load: falling back to the runtime's own
+        // `HcommWriteOnThread` would send one-sided writes somewhere they did not ask for.
+        let named = env_path(HCOMM_LIB_ENV).map(PathBuf::from);
+        let hcomm_path = named
+            .clone()
             .unwrap_or_else(|| beside(path, HCOMM_LIBRARY_NAME));
-        let hcomm = (hcomm_path.as_path() != path)
-            .then(|| open_api(&hcomm_path).ok())
-            .flatten()
-            .map(|api| (hcomm_path.display().to_string(), api));
+        let hcomm = if hcomm_path.as_path() == path {
+            None
+        } else {
+            match open_api(&hcomm_path) {
+                Ok(api) => Some((hcomm_path.display().to_string(), api)),
+                Err(reason) if named.is_some() => {
+                    return Err(Error::LibraryLoad {
+                        library: hcomm_path.display().to_string(),
+                        reason: format!("${HCOMM_LIB_ENV} names it: {reason}"),
+                    });
+                }
+                Err(_) => None,
+            }
+        };
 
         let aclinit = sym!(api, aclInit);
         // SAFETY: `aclInit` takes an optional config path; NULL means "no config file".
