@@ -165,7 +165,12 @@ impl Segment {
     /// Before host-side access, or access ordered after no stream of this process (another
     /// rank's writes into a window): waits until work left by the memory's previous owner
     /// has run.
+    ///
+    /// In a child made by `fork`, a segment of the parent's pool is refused with
+    /// [`Error::Forked`] before the lock is taken: a thread of the parent waiting here held
+    /// it across the fork, for good.
     pub(crate) fn settle_for_host(&self) -> Result<()> {
+        self.pool().ours()?;
         let mut after = self.after.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((_, ev)) = *after {
             self.source().synchronize_event(ev)?;
@@ -188,8 +193,10 @@ impl Segment {
         Ok(())
     }
 
-    /// Before queuing work on `stream`: orders it after the previous owner's work.
+    /// Before queuing work on `stream`: orders it after the previous owner's work. Refused
+    /// in a child made by `fork` as [`settle_for_host`](Self::settle_for_host) is.
     pub(crate) fn settle_for_stream(&self, stream: StreamHandle) -> Result<()> {
+        self.pool().ours()?;
         let after = self.after.lock().unwrap_or_else(|p| p.into_inner());
         match *after {
             Some((origin, ev)) if origin != stream => self.source().stream_wait_event(stream, ev),

@@ -124,7 +124,8 @@ impl<R: VmmRuntime + 'static> VmmSource<R> {
     /// ([`Pool::alloc_device_on`](crate::Pool::alloc_device_on)) is published once that work
     /// has run (the call waits for it): another process's reads and writes are ordered
     /// after no stream of this one. [`Error::Runtime`] when the runtime cannot wait; nothing
-    /// is exported then.
+    /// is exported then. In a child made by `fork`, a region of the parent's pool is
+    /// refused with [`Error::Forked`] before anything waits ([`crate::fork`]).
     pub fn publish_region(&self, region: &impl Region, access: &Access) -> Result<ShareDescriptor> {
         region.segment().settle_for_host()?;
         self.publish_range(region.addr(), region.len(), access)

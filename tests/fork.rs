@@ -151,6 +151,7 @@ fn forked_children() {
     a_child_drops_its_parents_stream_without_calling_the_runtime();
     a_child_refuses_to_wait_on_its_parents_streams();
     a_child_refuses_the_runtime_library_s_handles_without_taking_the_source_s_lock();
+    a_child_refuses_a_region_a_parent_thread_waits_on();
 }
 
 /// Counts every call, and stops the next `aclrtRecordEvent` once armed until the test lets
@@ -706,4 +707,60 @@ fn a_child_refuses_the_runtime_library_s_handles_without_taking_the_source_s_loc
     acl.destroy_event(event).unwrap();
     acl.destroy_stream(stream).unwrap();
     acl.free_block(block).unwrap();
+}
+
+/// A region of the parent's pool is refused with `Error::Forked` in a child before its
+/// lock is taken: a parent thread waiting for the work of the region's previous owner (a
+/// publish here, as a copy to the host would) held that lock across the fork, and the
+/// child would wait for it for good, whether it publishes the region, copies it to the
+/// host or queues work on it.
+fn a_child_refuses_a_region_a_parent_thread_waits_on() {
+    const LEN: u64 = 1 << 20;
+    let sim = Arc::new(SimSource::default());
+    let vmm = Arc::new(VmmSource::new(Arc::clone(&sim), 0, VmmConfig::default()).unwrap());
+    let pool = Pool::new(
+        Arc::clone(&vmm) as Arc<dyn BlockSource>,
+        PoolConfig::default(),
+    )
+    .unwrap();
+    let stream = pool.create_stream().unwrap();
+    let stale = pool.alloc_device(LEN).unwrap();
+    // A region freed behind a copy its stream cannot run yet, taken over on that stream:
+    // host-side access to it waits for the copy.
+    let hold = sim.hold_stream(stream.handle()).unwrap();
+    let mut old = pool.alloc_device(LEN).unwrap();
+    pool.copy_async(&mut old, 0, &stale, 0, LEN, &stream)
+        .unwrap();
+    drop(old);
+    let taken = pool.alloc_device_on(LEN, &stream).unwrap();
+    let other = pool.create_stream().unwrap();
+    let in_child_refused = || {
+        forked(
+            "publish_region",
+            vmm.publish_region(&taken, &Access::AnyProcess),
+        )?;
+        let mut buf = [0u8; 8];
+        forked("copy_to_host", pool.copy_to_host(&taken, 0, &mut buf))?;
+        forked("record_stream", taken.segment().record_stream(&other))
+    };
+    in_child(in_child_refused);
+    // One child forked while a thread of the parent waits inside `publish_region`.
+    std::thread::scope(|s| {
+        let before = sim.stats().calls(AclFunc::SynchronizeEvent);
+        let waiting = s.spawn(|| vmm.publish_region(&taken, &Access::AnyProcess));
+        // Counted as the call starts, with the region's lock taken before it.
+        while sim.stats().calls(AclFunc::SynchronizeEvent) == before {
+            std::thread::yield_now();
+        }
+        // The waiting thread is let go whatever the child did, so a failure fails the test
+        // instead of leaving the scope waiting for the thread.
+        let child = catch_unwind(AssertUnwindSafe(|| in_child(in_child_refused)));
+        hold.release();
+        waiting.join().unwrap().unwrap();
+        if let Err(failed) = child {
+            std::panic::resume_unwind(failed);
+        }
+    });
+    drop((taken, stale, stream, other));
+    pool.validate().unwrap();
 }

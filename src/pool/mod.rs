@@ -1355,7 +1355,7 @@ impl PoolInner {
 
     /// Refuses a call on the parent's pool in a child made by `fork`.
     #[inline]
-    fn ours(&self) -> Result<()> {
+    pub(crate) fn ours(&self) -> Result<()> {
         crate::fork::check(self.forks)
     }
 
