@@ -119,6 +119,8 @@ struct MbufInner {
     /// report it as a live region): by the drop, or by [`Mbuf::free`], which takes it out.
     /// `None` only then, when no handle is left.
     region: Mutex<Option<MbufRegion>>,
+    /// The region's address, fixed while the buffer lives: [`Mbuf::data`] takes no lock.
+    addr: usize,
     pool: Arc<Pool>,
     kind: MbufKind,
     /// Written in the header at alloc, and in the descriptors the buffer publishes.
@@ -209,9 +211,11 @@ impl Mbuf {
             MbufKind::Normal => MbufRegion::Normal(pool.alloc_model_input(total)?),
             MbufKind::Dvpp => MbufRegion::Dvpp(pool.alloc_dvpp(total)?),
         };
+        let addr = region.addr();
         let buf = Self {
             inner: Arc::new(MbufInner {
                 region: Mutex::new(Some(region)),
+                addr,
                 pool: Arc::clone(pool),
                 kind,
                 size,
@@ -227,13 +231,17 @@ impl Mbuf {
         Ok(buf)
     }
 
-    fn region(&self) -> MutexGuard<'_, Option<MbufRegion>> {
-        self.inner.region.lock().unwrap_or_else(|p| p.into_inner())
+    /// The region, locked; in a child made by `fork`, a buffer of the parent's pool is
+    /// refused with [`Error::Forked`] before the lock is taken: a parent thread inside a
+    /// copy, waiting for a stream, held it across the fork, for good.
+    fn region(&self) -> Result<MutexGuard<'_, Option<MbufRegion>>> {
+        self.inner.pool.inner.ours()?;
+        Ok(self.inner.region.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     fn put(&self, at: u64, data: &[u8]) -> Result<()> {
         let pool = &self.inner.pool;
-        match self.region().as_mut().expect(HELD) {
+        match self.region()?.as_mut().expect(HELD) {
             MbufRegion::Normal(r) => pool.copy_from_host(r, at, data),
             MbufRegion::Dvpp(r) => pool.copy_from_host(r, at, data),
         }
@@ -241,7 +249,7 @@ impl Mbuf {
 
     fn get(&self, at: u64, out: &mut [u8]) -> Result<()> {
         let pool = &self.inner.pool;
-        match self.region().as_ref().expect(HELD) {
+        match self.region()?.as_ref().expect(HELD) {
             MbufRegion::Normal(r) => pool.copy_to_host(r, at, out),
             MbufRegion::Dvpp(r) => pool.copy_to_host(r, at, out),
         }
@@ -261,8 +269,7 @@ impl Mbuf {
 
     /// The data area: device address and size (`acltdtGetBufData`).
     pub fn data(&self) -> (usize, u64) {
-        let addr = self.region().as_ref().expect(HELD).addr();
-        (addr + HEADER_LEN as usize, self.inner.size)
+        (self.inner.addr + HEADER_LEN as usize, self.inner.size)
     }
 
     /// Copies `data` into the data area at `offset`.
@@ -308,7 +315,7 @@ impl Mbuf {
     /// it. Call it before queuing the work. A stream of another source or device is refused
     /// with [`Error::ForeignHandle`], as for a region.
     pub fn record_stream(&self, stream: &Stream) -> Result<()> {
-        match self.region().as_ref().expect(HELD) {
+        match self.region()?.as_ref().expect(HELD) {
             MbufRegion::Normal(r) => r.record_stream(stream),
             MbufRegion::Dvpp(r) => r.record_stream(stream),
         }
@@ -368,7 +375,7 @@ impl Mbuf {
         vmm: &VmmSource<R>,
         access: &Access,
     ) -> Result<ShareDescriptor> {
-        match self.region().as_ref().expect(HELD) {
+        match self.region()?.as_ref().expect(HELD) {
             MbufRegion::Normal(r) => vmm.publish_region(r, access).map(|d| ShareDescriptor {
                 buffer: u64::from(self.inner.id),
                 ..d

@@ -14,6 +14,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 
+use ascend_pool::mbuf::{Mbuf, MbufKind};
 use ascend_pool::region::{retry_kept_streams, streams_kept_on};
 use ascend_pool::share::{Access, SharedMapping};
 use ascend_pool::source::acl::{sys, AclSource};
@@ -152,6 +153,7 @@ fn forked_children() {
     a_child_refuses_to_wait_on_its_parents_streams();
     a_child_refuses_the_runtime_library_s_handles_without_taking_the_source_s_lock();
     a_child_refuses_a_region_a_parent_thread_waits_on();
+    a_child_refuses_a_buffer_a_parent_thread_reads();
 }
 
 /// Counts every call, and stops the next `aclrtRecordEvent` once armed until the test lets
@@ -762,5 +764,54 @@ fn a_child_refuses_a_region_a_parent_thread_waits_on() {
         }
     });
     drop((taken, stale, stream, other));
+    pool.validate().unwrap();
+}
+
+/// A shared buffer of the parent's pool is refused with `Error::Forked` in a child before
+/// its lock is taken, and `data` takes none: a parent thread reading it, waiting for the
+/// stream its data was recorded on, held that lock across the fork (the child would wait
+/// for it for good).
+fn a_child_refuses_a_buffer_a_parent_thread_reads() {
+    let sim = Arc::new(SimSource::default());
+    let pool = Arc::new(
+        Pool::new(
+            Arc::clone(&sim) as Arc<dyn BlockSource>,
+            PoolConfig::default(),
+        )
+        .unwrap(),
+    );
+    let stream = pool.create_stream().unwrap();
+    let buf = Mbuf::alloc(&pool, 4096, MbufKind::Normal).unwrap();
+    buf.record_stream(&stream).unwrap();
+    // Its data recorded on a stream that cannot run yet: a read waits for it.
+    let hold = sim.hold_stream(stream.handle()).unwrap();
+    let data = buf.data();
+    let in_child_refused = || {
+        // Where the data lies is no call: it answers as in the parent.
+        check("data", buf.data() == data)?;
+        let mut out = [0u8; 8];
+        forked("read", buf.read(0, &mut out))?;
+        forked("write", buf.write(0, &out))?;
+        forked("data_len", buf.data_len())?;
+        forked("record_stream", buf.record_stream(&stream))
+    };
+    in_child(in_child_refused);
+    std::thread::scope(|s| {
+        let before = sim.stats().calls(AclFunc::SynchronizeStream);
+        let waiting = s.spawn(|| {
+            let mut out = [0u8; 8];
+            buf.read(0, &mut out)
+        });
+        while sim.stats().calls(AclFunc::SynchronizeStream) == before {
+            std::thread::yield_now();
+        }
+        let child = catch_unwind(AssertUnwindSafe(|| in_child(in_child_refused)));
+        hold.release();
+        waiting.join().unwrap().unwrap();
+        if let Err(failed) = child {
+            std::panic::resume_unwind(failed);
+        }
+    });
+    drop((buf, stream));
     pool.validate().unwrap();
 }
