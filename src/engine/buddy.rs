@@ -274,10 +274,11 @@ impl BuddyRange {
     }
 
     /// Cuts `bytes` (a multiple of the minimum block, at most [`BuddyRange::free_tail`]) off
-    /// the end: the free run at the end is shortened, or removed when it is all cut.
+    /// the end: the free run at the end is shortened, or removed when it is all cut. More
+    /// than the free tail cuts the free tail, and a part minimum block is not cut.
     pub fn shrink(&mut self, bytes: u64) {
-        debug_assert!(bytes % (1 << self.min_order) == 0 && bytes <= self.free_tail());
-        // Never cut into live space, even if the caller asks for more.
+        // Never cut into live space, even if the caller asks for more (nor a part of the
+        // minimum block): a public call, so in debug builds too.
         let bytes = bytes.min(self.free_tail()) >> self.min_order << self.min_order;
         if bytes == 0 {
             return;
@@ -608,6 +609,15 @@ mod tests {
         b.validate().unwrap();
         assert_eq!(b.free_tail(), (40 << 10) - 100 * 64);
         assert!(b.alloc(40 << 10, 64, 2).is_none());
+        // More than the free tail cuts the free tail; a part block is not cut (debug builds
+        // too: a public call).
+        b.shrink(u64::MAX);
+        assert_eq!(b.capacity(), 100 * 64);
+        b.validate().unwrap();
+        b.grow((40 << 10) - 100 * 64).unwrap();
+        b.shrink(63);
+        assert_eq!(b.capacity(), 40 << 10);
+        b.validate().unwrap();
         b.free(a, 1).unwrap();
         b.validate().unwrap();
         assert_eq!(b.stats().free_bytes, 40 << 10);
