@@ -242,6 +242,9 @@ pub struct SharedMapping<R: VmmRuntime> {
     reserved: bool,
     /// False from the first close on: reads and writes are refused.
     open: bool,
+    /// The fork generation it was opened in: a child's close is refused with
+    /// [`Error::Forked`] (the imports it would let go are the parent's).
+    forks: u64,
 }
 
 impl<R: VmmRuntime> std::fmt::Debug for SharedMapping<R> {
@@ -419,6 +422,7 @@ impl<R: VmmRuntime> SharedMapping<R> {
             pieces: Vec::with_capacity(desc.pieces.len()),
             reserved: true,
             open: true,
+            forks: crate::fork::generation(),
         };
         for p in &desc.pieces {
             let handle = match acquire_import(&mapping.runtime, p.handle, device) {
@@ -549,8 +553,11 @@ impl<R: VmmRuntime> SharedMapping<R> {
     /// Closes the mapping and keeps it: unmaps and frees every imported piece, then releases
     /// the reservation. Reads and writes are refused ([`Error::AlreadyFreed`]) from the
     /// first call on. A step the runtime refuses leaves what it had to let go held, and the
-    /// first error is returned; call again to retry. `Ok` once nothing is held.
+    /// first error is returned; call again to retry. `Ok` once nothing is held. In a child
+    /// made by `fork`, a mapping its parent opened is refused with [`Error::Forked`] and left
+    /// as it is (the parent still holds it).
     pub fn try_close(&mut self) -> Result<()> {
+        crate::fork::check(self.forks)?;
         self.open = false;
         let mut first = Ok(());
         let runtime = &self.runtime;

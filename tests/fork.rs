@@ -154,6 +154,32 @@ fn forked_children() {
     a_child_refuses_the_runtime_library_s_handles_without_taking_the_source_s_lock();
     a_child_refuses_a_region_a_parent_thread_waits_on();
     a_child_refuses_a_buffer_a_parent_thread_reads();
+    a_child_refuses_to_close_its_parents_shared_mapping();
+}
+
+/// A mapping the parent opened is refused with `Error::Forked` when a child closes it, even
+/// once a close the runtime refused has left a piece unmapped but imported: the import table
+/// is the parent's, so the child's close of that piece answered `ForeignHandle`.
+fn a_child_refuses_to_close_its_parents_shared_mapping() {
+    const LEN: u64 = 2 << 20;
+    let sim = Arc::new(SimSource::default());
+    let vmm = VmmSource::new(Arc::clone(&sim), 0, VmmConfig::default()).unwrap();
+    let block = vmm.alloc_block(0, MemKind::DEVICE, LEN).unwrap();
+    let desc = vmm
+        .publish_range(block.addr, LEN, &Access::AnyProcess)
+        .unwrap();
+    let mut m = SharedMapping::open(Arc::clone(&sim), 0, &desc).unwrap();
+    sim.inject_fault(Fault::always(
+        AclFunc::FreePhysical,
+        AclError::RT_MEMORY_ALLOCATION,
+    ));
+    assert!(m.try_close().is_err());
+    assert!(m.holds_memory());
+    in_child(|| forked("a close of the parent's mapping", m.try_close()));
+    sim.clear_faults();
+    m.try_close().unwrap();
+    assert!(!m.holds_memory());
+    vmm.free_block(block).unwrap();
 }
 
 /// Counts every call, and stops the next `aclrtRecordEvent` once armed until the test lets
