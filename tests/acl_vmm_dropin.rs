@@ -308,3 +308,15 @@ fn a_dvpp_shared_buffer_takes_dvpp_space_as_on_the_simulator() {
     sim.free_buf(on_sim).unwrap();
     assert_eq!(sim_free(), sim_before);
 }
+
+#[test]
+fn a_reservation_for_a_device_the_runtime_lacks_is_refused_as_the_simulator_refuses_it() {
+    let acl = open();
+    for device in [99, -1] {
+        assert_eq!(
+            code(acl.reserve_address(device, G)),
+            ("aclrtSetDevice", AclError::RT_PARAM_INVALID),
+            "device {device}"
+        );
+    }
+}

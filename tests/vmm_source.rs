@@ -1622,3 +1622,25 @@ fn a_pool_for_another_device_than_its_virtual_memory_is_refused() {
     drop(r);
     pool.validate().unwrap();
 }
+
+#[test]
+fn a_reservation_for_a_device_the_runtime_lacks_is_refused() {
+    // As `AclSource` refuses it (its aclrtSetDevice first) and `malloc_physical` does here:
+    // the simulator reserved address space for device 99 or -1.
+    let _g = serial();
+    let sim = sim(64 * MIB);
+    for device in [1, 99, -1] {
+        assert_eq!(
+            code(sim.reserve_address(device, G)),
+            ("aclrtSetDevice", AclError::RT_PARAM_INVALID),
+            "device {device}"
+        );
+        assert_eq!(
+            code(sim.malloc_physical(device, G)).1,
+            AclError::RT_PARAM_INVALID
+        );
+    }
+    assert_eq!(sim.stats().reservations, 0);
+    let va = sim.reserve_address(0, G).unwrap();
+    sim.release_address(va).unwrap();
+}

@@ -563,7 +563,16 @@ impl VmmRuntime for SimSource {
         )
     }
 
-    fn reserve_address(&self, _device: DeviceId, size: u64) -> Result<usize> {
+    fn reserve_address(&self, device: DeviceId, size: u64) -> Result<usize> {
+        // aclrtReserveMemAddress reserves in the current device's context: `AclSource`
+        // sets `device` first, which the runtime refuses for a device it lacks.
+        self.ours()?;
+        if !self.valid_device(device) {
+            return Err(crate::Error::Runtime {
+                func: "aclrtSetDevice",
+                code: AclError::RT_PARAM_INVALID,
+            });
+        }
         self.reserve_mem_address(size, 0, 0, RESERVE_FLAG_HUGE_PAGE)
     }
 
