@@ -517,6 +517,17 @@ fn a_named_hcomm_library_that_cannot_load_fails_the_load() {
         }
         other => panic!("expected LibraryLoad for {missing}, got {other:?}"),
     }
+    // A library that loads but has no HcommWriteOnThread is no HCOMM either: the writes
+    // went to the runtime's own, silently, with the library reported as HCOMM's.
+    let lacking = "libm.so.6";
+    std::env::set_var(HCOMM_LIB_ENV, lacking);
+    match AclSource::open(dropin()) {
+        Err(Error::LibraryLoad { library, reason }) => {
+            assert_eq!(library, lacking);
+            assert!(reason.contains("HcommWriteOnThread"), "{reason}");
+        }
+        other => panic!("expected LibraryLoad for {lacking}, got {other:?}"),
+    }
     // Naming the runtime itself is naming no other library.
     std::env::set_var(HCOMM_LIB_ENV, dropin());
     assert_eq!(open().hcomm_library(), None);

@@ -10,7 +10,8 @@
 //!
 //! HCOMM's `HcommWriteOnThread` (one-sided writes) comes from `libhcomm.so` beside it, or the
 //! file `$ASCEND_POOL_HCOMM_LIB` names, else from the AscendCL library itself. A file the
-//! variable names that cannot be loaded fails the load with [`Error::LibraryLoad`].
+//! variable names that cannot be loaded, or that has no `HcommWriteOnThread`, fails the load
+//! with [`Error::LibraryLoad`].
 //!
 //! A variable set to the empty string counts as unset, as the shells' `VAR= cmd` means it.
 //!
@@ -349,7 +350,13 @@ impl AclSource {
         let hcomm = if hcomm_path.as_path() == path {
             None
         } else {
-            match open_api(&hcomm_path) {
+            // A named one must also have the one function taken from it: one without it
+            // would be reported as HCOMM's while the writes went to the runtime's own.
+            let opened = open_api(&hcomm_path).and_then(|api| match api.HcommWriteOnThread {
+                Err(_) if named.is_some() => Err("it has no HcommWriteOnThread".to_string()),
+                _ => Ok(api),
+            });
+            match opened {
                 Ok(api) => Some((hcomm_path.display().to_string(), api)),
                 Err(reason) if named.is_some() => {
                     return Err(Error::LibraryLoad {
