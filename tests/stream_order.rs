@@ -2030,3 +2030,63 @@ fn an_overrun_queued_on_a_stream_before_the_free_is_reported_when_the_stream_pas
     assert_eq!(pool.take_corruption_reports().len(), 1);
     pool.validate().unwrap();
 }
+
+/// Set in the child process `an_overrun_queued_before_a_free_is_reported_when_the_pool_drops`
+/// runs itself in.
+const DROP_CANARY_CHILD: &str = "ASCEND_POOL_DROP_CANARY_CHILD";
+
+/// The pool's drop is one more route by which a deferred free completes (it waits for the
+/// streams, then gives the chunks back): in debug mode the canary is checked again there
+/// too, so an overrun the queued work made after the free is reported (on stderr, the only
+/// place left once the pool is gone) instead of being lost with the pool.
+#[test]
+fn an_overrun_queued_before_a_free_is_reported_when_the_pool_drops() {
+    if std::env::var_os(DROP_CANARY_CHILD).is_none() {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "an_overrun_queued_before_a_free_is_reported_when_the_pool_drops",
+                "--test-threads=1",
+                "--nocapture",
+            ])
+            .env(DROP_CANARY_CHILD, "1")
+            .output()
+            .unwrap();
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        assert!(out.status.success(), "{stdout}{stderr}");
+        assert!(
+            stdout.contains("1 passed"),
+            "the child ran no test: {stdout}"
+        );
+        // Exactly one report: the overrun the fill made after the free.
+        assert_eq!(stderr.matches("ascend-pool: ").count(), 1, "{stderr}");
+        assert!(
+            stderr.contains("134"),
+            "the first bad byte is named: {stderr}"
+        );
+        return;
+    }
+    let sim = sim(0);
+    let source: Arc<dyn BlockSource> = Arc::clone(&sim) as Arc<dyn BlockSource>;
+    let pool = Pool::new(source, PoolConfig::default().with_debug(true)).unwrap();
+    let s = pool.create_stream().unwrap();
+    let hold = sim.hold_stream(s.handle()).unwrap();
+    let d = pool.alloc_device_on(100, &s).unwrap();
+    // SAFETY: 8 bytes of the segment's padding (128..192), which stays carved until the
+    // stream has passed the fill.
+    unsafe {
+        pool.source()
+            .memset_async(d.addr() + 134, 8, 0x55, 8, s.handle())
+            .unwrap();
+    }
+    // The fill has not run: the free finds the canary whole and waits for the stream.
+    assert!(d.free().is_ok());
+    assert_eq!(pool.stats(MemKind::DEVICE).pending_frees, 1);
+    hold.release();
+    // Nothing but the pool's drop completes the free (no call of the pool comes between).
+    drop(pool);
+    drop(s);
+}

@@ -73,7 +73,8 @@ pub struct PoolConfig {
     /// Fill each segment's padding with a canary and check it on free; a free that waits for
     /// streams is checked again once they have passed it (their work, queued before the
     /// free, may write past the end after it), an overrun found then going only to
-    /// [`Pool::take_corruption_reports`](crate::Pool::take_corruption_reports).
+    /// [`Pool::take_corruption_reports`](crate::Pool::take_corruption_reports) and stderr
+    /// (stderr alone when the pool's drop completes the free).
     pub debug: bool,
     /// Footprint bytes of free segments each thread may keep per pool for reuse without
     /// locking; 0 turns thread caches off, and the kinds' shape slots for larger segments

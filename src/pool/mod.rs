@@ -1180,15 +1180,19 @@ impl Drop for PoolInner {
             std::mem::forget(Arc::clone(&self.source));
             return;
         }
-        for m in &mut self.kinds {
-            let k = m.get_mut();
+        for i in 0..self.kinds.len() {
+            let k = self.kinds[i].get_mut();
             // Chunks a stream may still write, that the runtime would not wait for.
             let mut unsafe_to_free = SmallVec::<[usize; 2]>::new();
-            for p in k.pending.drain(..) {
+            // Deferred frees whose streams have passed them, to check the canary of again
+            // (`PendingFree::recheck`), as the other routes that complete them do.
+            let mut recheck = Vec::new();
+            for p in std::mem::take(&mut k.pending) {
                 if let Some(r) = &self.recorder {
                     // The application freed it: the trace says so, as `finish_free` would.
                     r.free(k.kind, k.live[p.key].addr);
                 }
+                let mut passed = true;
                 for (ev, s) in p.events {
                     let waited = ev.is_some_and(|ev| {
                         let ok = self.source.synchronize_event(ev).is_ok();
@@ -1202,9 +1206,21 @@ impl Drop for PoolInner {
                     // wait for the stream itself, and keep the chunk if that fails too.
                     if wait_for_stream(&*self.source, s).is_err() {
                         unsafe_to_free.push(k.live[p.key].chunk);
+                        passed = false;
                     }
                 }
+                if p.recheck && passed {
+                    let e = k.live[p.key];
+                    let seg =
+                        RawSegment::new(k.kind, e.addr, k.kind.default_align(), p.key, e.alloc);
+                    recheck.push((seg, e.chunk_offset(k)));
+                }
             }
+            // Before the chunks go back. The report outlives the pool on stderr only.
+            for (seg, offset) in &recheck {
+                let _ = self.check_canary(seg, Some(*offset));
+            }
+            let k = self.kinds[i].get_mut();
             for id in unsafe_to_free {
                 if let Some(c) = k.chunks.try_remove(id) {
                     eprintln!(
