@@ -52,6 +52,11 @@ pub fn class_of(footprint: u64) -> (usize, u64) {
     let class = (((k - (EXACT_SHIFT - 1)) << STEP_SHIFT) as u64 + steps) as usize;
     (class, (steps + 1) << step_shift)
 }
+/// Whether `footprint` is one [`class_of`] takes: a non-zero multiple of the granule.
+#[inline(always)]
+fn classed(footprint: u64) -> bool {
+    footprint != 0 && footprint % CLASS_GRANULE == 0
+}
 /// log2 of [`EXACT_MAX`].
 const EXACT_SHIFT: u32 = EXACT_MAX.trailing_zeros();
 // Below EXACT_MAX the formula's step must be the granule, so that those classes are exact.
@@ -277,10 +282,13 @@ impl SlabAllocator {
     }
 
     /// Takes an object of `footprint` bytes if a page has room: (offset, place), where
-    /// place is `page << SLOT_BITS | slot`. `None` too for a footprint past the slabs'
-    /// largest, which no class holds.
+    /// place is `page << SLOT_BITS | slot`. `None` too for a footprint no class holds: past
+    /// the slabs' largest, 0, or no multiple of the 64-byte granule.
     #[inline(always)]
     pub fn alloc(&mut self, footprint: u64, tag: u32) -> Option<(u64, u32)> {
+        if !classed(footprint) {
+            return None;
+        }
         let (class, footprint) = class_of(footprint);
         // The index's own bounds check, a refusal rather than a panic.
         let c = self.classes.get_mut(class)?;
@@ -312,8 +320,11 @@ impl SlabAllocator {
     ///
     /// Only when [`alloc`](Self::alloc) refused that footprint: the class then lists no
     /// page and sets none aside, so the fresh page is its one empty page. Whether the page
-    /// was taken: a footprint past the slabs' largest has no class, and its page is not.
+    /// was taken: a footprint no class holds (as for `alloc`) has none, and its page is not.
     pub fn add_page(&mut self, footprint: u64, base: u64, range_key: u32, range_tag: u32) -> bool {
+        if !classed(footprint) {
+            return false;
+        }
         let (class, footprint) = class_of(footprint);
         if class >= self.classes.len() {
             return false;
@@ -776,6 +787,23 @@ mod tests {
         // The largest it serves still takes a page.
         assert!(s.add_page(1024, 0, 1, 1));
         assert_eq!(s.alloc(1024, 2), Some((0, 0)));
+        s.validate().unwrap();
+    }
+
+    #[test]
+    fn a_footprint_no_class_takes_is_refused_not_a_panic() {
+        // `class_of` takes a non-zero multiple of the granule (it asserts so): `alloc` and
+        // `add_page`, both public, passed 0 or 100 straight to it and panicked.
+        let mut s = SlabAllocator::new(1024);
+        for footprint in [0, 100, CLASS_GRANULE + 1] {
+            assert_eq!(s.alloc(footprint, 1), None, "{footprint}");
+            assert!(!s.add_page(footprint, 0, 1, 1), "{footprint}");
+        }
+        assert_eq!((s.page_count(), s.page_bytes()), (0, 0));
+        s.validate().unwrap();
+        // The smallest footprint it serves still takes a page.
+        assert!(s.add_page(CLASS_GRANULE, 0, 1, 1));
+        assert_eq!(s.alloc(CLASS_GRANULE, 2), Some((0, 0)));
         s.validate().unwrap();
     }
 
