@@ -347,7 +347,9 @@ impl HostRegion {
     ///
     /// # Panics
     /// If the runtime fails to synchronize such a stream (a device fault): handing out the
-    /// bytes while a stream may still write them would be a data race.
+    /// bytes while a stream may still write them would be a data race. Also in a child made
+    /// by `fork`, for a region of the parent's pool ([`Error::Forked`] from
+    /// [`try_as_slice`](Self::try_as_slice)).
     pub fn as_slice(&self) -> &[u8] {
         self.try_as_slice()
             .expect("a stream using the host region could not be synchronized")
@@ -365,7 +367,8 @@ impl HostRegion {
 
     /// The bytes of the region. Streams that have work queued on it (an async copy into or
     /// out of it, recorded by the pool) are synchronized first, so no stream writes the
-    /// bytes while the slice lives; the error is the runtime's if that fails.
+    /// bytes while the slice lives; the error is the runtime's if that fails, and
+    /// [`Error::Forked`] in a child made by `fork` for a region of the parent's pool.
     pub fn try_as_slice(&self) -> Result<&[u8]> {
         self.seg.settle_streams_for_host()?;
         // SAFETY: host regions are page-locked host memory of `len` bytes owned by this
