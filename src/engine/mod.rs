@@ -533,7 +533,8 @@ impl CarveEngine {
         let offset;
         if self.slabs.serves(footprint, align) {
             let stag = tag;
-            let got = match self.slabs.alloc(footprint, stag) {
+            // The rule's footprint: a non-zero multiple of its alignment, 64 or more.
+            let got = match self.slabs.take(footprint, stag) {
                 Some(x) => Some(x),
                 None => {
                     let (bytes, _, page_align) = slab::SlabAllocator::page_shape(footprint);
@@ -542,7 +543,7 @@ impl CarveEngine {
                             // The slabs serve this footprint (above): the page is taken.
                             let added = self.slabs.add_page(footprint, base, key, tag);
                             debug_assert!(added, "a footprint the slabs serve has a class");
-                            self.slabs.alloc(footprint, stag)
+                            self.slabs.take(footprint, stag)
                         }
                         None => None,
                     }

@@ -289,6 +289,14 @@ impl SlabAllocator {
         if !classed(footprint) {
             return None;
         }
+        self.take(footprint, tag)
+    }
+
+    /// [`alloc`](Self::alloc) for a footprint known to be a non-zero multiple of the
+    /// granule: the engine's (a carve rule's footprint), so its hot path pays for no check.
+    #[inline(always)]
+    pub(crate) fn take(&mut self, footprint: u64, tag: u32) -> Option<(u64, u32)> {
+        debug_assert!(classed(footprint));
         let (class, footprint) = class_of(footprint);
         // The index's own bounds check, a refusal rather than a panic.
         let c = self.classes.get_mut(class)?;
