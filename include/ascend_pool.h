@@ -224,7 +224,9 @@ ap_status ap_pool_reset_peak_stats(ap_pool pool);
 ap_status ap_pool_leak_report(ap_pool pool, ap_segment_info *out, size_t cap, size_t *count);
 /* Takes the padding overruns debug mode found since the last call: those ap_free answered with
  * AP_ERR_CORRUPTION and those no call could answer (a region another thread's call still held
- * when it was freed, a shared buffer's last handle dropped). A buffer too small takes none.
+ * when it was freed, a shared buffer's last handle dropped, and a region freed while its
+ * streams still had work queued, checked again once they have passed it). A buffer too small
+ * takes none.
  * At most 1,024 are kept between two calls; every one is printed on standard error. */
 ap_status ap_pool_take_corruption_reports(ap_pool pool, ap_corruption_info *out, size_t cap,
                                           size_t *count);

@@ -1016,7 +1016,8 @@ impl Pool {
         self.inner.recorder.as_ref().map_or(Ok(()), |r| r.flush())
     }
 
-    /// Padding overruns found when regions were dropped; taking them clears the list. At
+    /// Padding overruns found when regions were dropped (or, for one dropped while its
+    /// streams still had work queued, once they passed it); taking them clears the list. At
     /// most [`CORRUPTION_REPORTS_MAX`] are kept between two takes (every one is printed).
     pub fn take_corruption_reports(&self) -> Vec<Error> {
         if self.inner.forked() {
