@@ -6,6 +6,8 @@
 //! `cargo build -p acl-sim` into a target directory of its own (a nested build in the
 //! test's target directory would wait on cargo's lock).
 
+#[path = "common/child.rs"]
+mod common_child;
 #[path = "common/dropin.rs"]
 mod common_dropin;
 use common_dropin::dropin;
@@ -490,23 +492,11 @@ fn a_named_hcomm_library_that_cannot_load_fails_the_load() {
     let missing = "/nonexistent/hcomm/libhcomm.so";
     if std::env::var_os(HCOMM_CHILD).is_none() {
         // Every load reads the variable: set here, it would fail the other tests' loads.
-        let out = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "a_named_hcomm_library_that_cannot_load_fails_the_load",
-                "--test-threads=1",
-            ])
-            .env(HCOMM_CHILD, "1")
-            .env(HCOMM_LIB_ENV, missing)
-            .output()
-            .unwrap();
-        let shown = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
+        common_child::rerun_in_child(
+            "a_named_hcomm_library_that_cannot_load_fails_the_load",
+            HCOMM_CHILD,
+            &[(HCOMM_LIB_ENV, missing)],
         );
-        assert!(out.status.success(), "{shown}");
-        assert!(shown.contains("1 passed"), "{shown}");
         return;
     }
     // The writes would otherwise go to the runtime's own HcommWriteOnThread, silently.

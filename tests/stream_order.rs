@@ -19,6 +19,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::Duration;
 
+#[path = "common/child.rs"]
+mod common_child;
 #[path = "common/hooked.rs"]
 mod common_hooked;
 use common_hooked::{Call, Watched};
@@ -1069,24 +1071,10 @@ const DROP_REPORT_CHILD: &str = "ASCEND_POOL_DROP_REPORT_CHILD";
 fn a_dropped_pool_reports_held_regions_not_pending_frees() {
     if std::env::var_os(DROP_REPORT_CHILD).is_none() {
         // The report goes to stderr: read it from a child running this test.
-        let out = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "a_dropped_pool_reports_held_regions_not_pending_frees",
-                "--test-threads=1",
-                "--nocapture",
-            ])
-            .env(DROP_REPORT_CHILD, "1")
-            .output()
-            .unwrap();
-        let (stdout, stderr) = (
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr),
-        );
-        assert!(out.status.success(), "{stdout}{stderr}");
-        assert!(
-            stdout.contains("1 passed"),
-            "the child ran no test: {stdout}"
+        let (stdout, stderr) = common_child::rerun_in_child(
+            "a_dropped_pool_reports_held_regions_not_pending_frees",
+            DROP_REPORT_CHILD,
+            &[],
         );
         let held = stdout
             .lines()
@@ -2042,24 +2030,10 @@ const DROP_CANARY_CHILD: &str = "ASCEND_POOL_DROP_CANARY_CHILD";
 #[test]
 fn an_overrun_queued_before_a_free_is_reported_when_the_pool_drops() {
     if std::env::var_os(DROP_CANARY_CHILD).is_none() {
-        let out = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "an_overrun_queued_before_a_free_is_reported_when_the_pool_drops",
-                "--test-threads=1",
-                "--nocapture",
-            ])
-            .env(DROP_CANARY_CHILD, "1")
-            .output()
-            .unwrap();
-        let (stdout, stderr) = (
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr),
-        );
-        assert!(out.status.success(), "{stdout}{stderr}");
-        assert!(
-            stdout.contains("1 passed"),
-            "the child ran no test: {stdout}"
+        let (_, stderr) = common_child::rerun_in_child(
+            "an_overrun_queued_before_a_free_is_reported_when_the_pool_drops",
+            DROP_CANARY_CHILD,
+            &[],
         );
         // Exactly one report: the overrun the fill made after the free.
         assert_eq!(stderr.matches("ascend-pool: ").count(), 1, "{stderr}");
