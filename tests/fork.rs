@@ -61,6 +61,34 @@ fn in_child(body: impl FnOnce() -> Result<(), String>) {
     );
 }
 
+/// Runs `wait` on a thread of the parent until the simulator counts a call of `func` (the
+/// thread then waits inside it, under the lock the test is about), forks a child running
+/// `child` meanwhile, and then lets `hold`'s stream go. Returns what `wait` returned. The
+/// waiting thread is let go whatever the child did, so a failure fails the test instead of
+/// leaving the scope waiting for the thread.
+fn fork_while_waiting<T: Send>(
+    sim: &SimSource,
+    func: AclFunc,
+    hold: ascend_pool::source::sim::StreamHold<'_>,
+    child: impl Fn() -> Result<(), String>,
+    wait: impl FnOnce() -> T + Send,
+) -> T {
+    std::thread::scope(|s| {
+        let before = sim.stats().calls(func);
+        let waiting = s.spawn(wait);
+        while sim.stats().calls(func) == before {
+            std::thread::yield_now();
+        }
+        let forked = catch_unwind(AssertUnwindSafe(|| in_child(child)));
+        hold.release();
+        let got = waiting.join().unwrap();
+        if let Err(failed) = forked {
+            std::panic::resume_unwind(failed);
+        }
+        got
+    })
+}
+
 /// `Ok` when `r` is [`Error::Forked`].
 fn forked<T: std::fmt::Debug>(what: &str, r: ascend_pool::Result<T>) -> Result<(), String> {
     match r {
@@ -772,23 +800,16 @@ fn a_child_refuses_a_region_a_parent_thread_waits_on() {
         forked("record_stream", taken.segment().record_stream(&other))
     };
     in_child(in_child_refused);
-    // One child forked while a thread of the parent waits inside `publish_region`.
-    std::thread::scope(|s| {
-        let before = sim.stats().calls(AclFunc::SynchronizeEvent);
-        let waiting = s.spawn(|| vmm.publish_region(&taken, &Access::AnyProcess));
-        // Counted as the call starts, with the region's lock taken before it.
-        while sim.stats().calls(AclFunc::SynchronizeEvent) == before {
-            std::thread::yield_now();
-        }
-        // The waiting thread is let go whatever the child did, so a failure fails the test
-        // instead of leaving the scope waiting for the thread.
-        let child = catch_unwind(AssertUnwindSafe(|| in_child(in_child_refused)));
-        hold.release();
-        waiting.join().unwrap().unwrap();
-        if let Err(failed) = child {
-            std::panic::resume_unwind(failed);
-        }
-    });
+    // One child forked while a thread of the parent waits inside `publish_region` (its
+    // synchronize is counted as it starts, with the region's lock taken before it).
+    fork_while_waiting(
+        &sim,
+        AclFunc::SynchronizeEvent,
+        hold,
+        in_child_refused,
+        || vmm.publish_region(&taken, &Access::AnyProcess),
+    )
+    .unwrap();
     drop((taken, stale, stream, other));
     pool.validate().unwrap();
 }
@@ -822,22 +843,17 @@ fn a_child_refuses_a_buffer_a_parent_thread_reads() {
         forked("record_stream", buf.record_stream(&stream))
     };
     in_child(in_child_refused);
-    std::thread::scope(|s| {
-        let before = sim.stats().calls(AclFunc::SynchronizeStream);
-        let waiting = s.spawn(|| {
+    fork_while_waiting(
+        &sim,
+        AclFunc::SynchronizeStream,
+        hold,
+        in_child_refused,
+        || {
             let mut out = [0u8; 8];
             buf.read(0, &mut out)
-        });
-        while sim.stats().calls(AclFunc::SynchronizeStream) == before {
-            std::thread::yield_now();
-        }
-        let child = catch_unwind(AssertUnwindSafe(|| in_child(in_child_refused)));
-        hold.release();
-        waiting.join().unwrap().unwrap();
-        if let Err(failed) = child {
-            std::panic::resume_unwind(failed);
-        }
-    });
+        },
+    )
+    .unwrap();
     drop((buf, stream));
     pool.validate().unwrap();
 }
