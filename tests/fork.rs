@@ -89,6 +89,14 @@ fn fork_while_waiting<T: Send>(
     })
 }
 
+/// A pool with the default configuration over `source`.
+fn pool_over<S: BlockSource + 'static>(source: &Arc<S>) -> ascend_pool::Result<Pool> {
+    Pool::new(
+        Arc::clone(source) as Arc<dyn BlockSource>,
+        PoolConfig::default(),
+    )
+}
+
 /// `Ok` when `r` is [`Error::Forked`].
 fn forked<T: std::fmt::Debug>(what: &str, r: ascend_pool::Result<T>) -> Result<(), String> {
     match r {
@@ -245,11 +253,7 @@ fn a_child_refuses_to_wait_on_its_parents_streams() {
             resume: Barrier::new(2),
         },
     ));
-    let pool = Pool::new(
-        Arc::clone(&hooked) as Arc<dyn BlockSource>,
-        PoolConfig::default(),
-    )
-    .unwrap();
+    let pool = pool_over(&hooked).unwrap();
     let (a, b) = (pool.create_stream().unwrap(), pool.create_stream().unwrap());
     let in_child_refused = || {
         let before = hooked.hook.calls.load(Ordering::SeqCst);
@@ -291,11 +295,7 @@ fn a_child_refuses_to_wait_on_its_parents_streams() {
 fn a_child_drops_its_parents_stream_without_calling_the_runtime() {
     let sim = Arc::new(SimSource::default());
     let watched = Arc::new(common_hooked::Watched::new(Arc::clone(&sim)));
-    let pool = Pool::new(
-        Arc::clone(&watched) as Arc<dyn BlockSource>,
-        PoolConfig::default(),
-    )
-    .unwrap();
+    let pool = pool_over(&watched).unwrap();
     let other = pool.create_stream().unwrap();
     let mut stream = Some(pool.create_stream().unwrap());
     stream.as_ref().unwrap().wait_for(&other).unwrap();
@@ -374,25 +374,13 @@ fn a_child_does_not_keep_its_parents_imports() {
 /// frees nothing. The child's own pool works. The parent's pool is intact after.
 fn a_child_refuses_its_parents_pool_and_simulator_and_makes_its_own() {
     let sim = Arc::new(SimSource::default());
-    let pool = Arc::new(
-        Pool::new(
-            Arc::clone(&sim) as Arc<dyn BlockSource>,
-            PoolConfig::default(),
-        )
-        .unwrap(),
-    );
+    let pool = Arc::new(pool_over(&sim).unwrap());
     let mut frame = Some(pool.alloc_device(1 << 20).unwrap());
     let mut host = Some(pool.alloc_host(256).unwrap());
     let mut stream = Some(pool.create_stream().unwrap());
     // A second pool, whose drop would wait for a free queued behind a held stream.
     let held_sim = Arc::new(SimSource::default());
-    let mut held_pool = Some(
-        Pool::new(
-            Arc::clone(&held_sim) as Arc<dyn BlockSource>,
-            PoolConfig::default(),
-        )
-        .unwrap(),
-    );
+    let mut held_pool = Some(pool_over(&held_sim).unwrap());
     let mut held_stream = Some(held_pool.as_ref().unwrap().create_stream().unwrap());
     let s = held_stream.as_ref().unwrap();
     // Declared after the stream, so that a failure drops it (opening the stream) first.
@@ -445,11 +433,7 @@ fn a_child_refuses_its_parents_pool_and_simulator_and_makes_its_own() {
                 format!("{pool:?}").contains("forked: true"),
             )?;
             // A new pool over the parent's simulator: made, but it cannot grow.
-            let over_parents = Pool::new(
-                Arc::clone(&sim) as Arc<dyn BlockSource>,
-                PoolConfig::default(),
-            )
-            .map_err(|e| e.to_string())?;
+            let over_parents = pool_over(&sim).map_err(|e| e.to_string())?;
             forked("a new pool's allocation", over_parents.alloc_device(4096))?;
             forked("a new pool's stream", over_parents.create_stream())?;
             drop(over_parents);
@@ -571,11 +555,7 @@ fn a_child_shares_memory_of_its_own_and_opens_its_parents() {
 /// parent's device context. A pool over it refuses too. The parent's are untouched.
 fn a_child_refuses_the_runtime_library_its_parent_loaded() {
     let acl = Arc::new(AclSource::open(common_dropin::dropin()).unwrap());
-    let pool = Pool::new(
-        Arc::clone(&acl) as Arc<dyn BlockSource>,
-        PoolConfig::default(),
-    )
-    .unwrap();
+    let pool = pool_over(&acl).unwrap();
     let mut region = Some(pool.alloc_device(1 << 20).unwrap());
     let block = acl.alloc_block(0, MemKind::DEVICE, 1 << 20).unwrap();
     let stream = acl.create_stream(0).unwrap();
@@ -644,20 +624,12 @@ fn keep_a_stream(pool: &Pool, sim: &SimSource, n: Option<u64>) -> Result<(), Str
 /// parent's kept streams are the parent's to destroy afterwards.
 fn a_child_retries_only_its_own_kept_streams() {
     let sim = Arc::new(SimSource::default());
-    let pool = Pool::new(
-        Arc::clone(&sim) as Arc<dyn BlockSource>,
-        PoolConfig::default(),
-    )
-    .unwrap();
+    let pool = pool_over(&sim).unwrap();
     keep_a_stream(&pool, &sim, Some(1)).unwrap();
     assert_eq!(streams_kept_on(&*sim), 1);
     // A stream whose every synchronize is refused, retried all the time.
     let churn_sim = Arc::new(SimSource::default());
-    let churn_pool = Pool::new(
-        Arc::clone(&churn_sim) as Arc<dyn BlockSource>,
-        PoolConfig::default(),
-    )
-    .unwrap();
+    let churn_pool = pool_over(&churn_sim).unwrap();
     keep_a_stream(&churn_pool, &churn_sim, None).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let churn = {
@@ -683,11 +655,7 @@ fn a_child_retries_only_its_own_kept_streams() {
                 streams_kept_on(&*sim) == 1,
             )?;
             let own = Arc::new(SimSource::default());
-            let pool = Pool::new(
-                Arc::clone(&own) as Arc<dyn BlockSource>,
-                PoolConfig::default(),
-            )
-            .map_err(e)?;
+            let pool = pool_over(&own).map_err(e)?;
             keep_a_stream(&pool, &own, Some(1))?;
             check("its own stream kept", streams_kept_on(&*own) == 1)?;
             check("its own stream destroyed", retry_kept_streams() == 1)?;
@@ -774,11 +742,7 @@ fn a_child_refuses_a_region_a_parent_thread_waits_on() {
     const LEN: u64 = 1 << 20;
     let sim = Arc::new(SimSource::default());
     let vmm = Arc::new(VmmSource::new(Arc::clone(&sim), 0, VmmConfig::default()).unwrap());
-    let pool = Pool::new(
-        Arc::clone(&vmm) as Arc<dyn BlockSource>,
-        PoolConfig::default(),
-    )
-    .unwrap();
+    let pool = pool_over(&vmm).unwrap();
     let stream = pool.create_stream().unwrap();
     let stale = pool.alloc_device(LEN).unwrap();
     // A region freed behind a copy its stream cannot run yet, taken over on that stream:
@@ -820,13 +784,7 @@ fn a_child_refuses_a_region_a_parent_thread_waits_on() {
 /// for it for good).
 fn a_child_refuses_a_buffer_a_parent_thread_reads() {
     let sim = Arc::new(SimSource::default());
-    let pool = Arc::new(
-        Pool::new(
-            Arc::clone(&sim) as Arc<dyn BlockSource>,
-            PoolConfig::default(),
-        )
-        .unwrap(),
-    );
+    let pool = Arc::new(pool_over(&sim).unwrap());
     let stream = pool.create_stream().unwrap();
     let buf = Mbuf::alloc(&pool, 4096, MbufKind::Normal).unwrap();
     buf.record_stream(&stream).unwrap();
