@@ -54,12 +54,12 @@ impl Reference {
         Some(start)
     }
 
-    fn free(&mut self, offset: u64, tag: u64) -> Result<u64, EngineError> {
+    fn free(&mut self, offset: u64, size: u64, tag: u64) -> Result<(), EngineError> {
         match self.live.get(&offset) {
-            Some(&(size, t)) if t == tag => {
+            Some(&held) if held == (size, tag) => {
                 self.live.remove(&offset);
                 self.free_range(offset, offset + size);
-                Ok(size)
+                Ok(())
             }
             _ => Err(EngineError::AlreadyFreed { offset }),
         }
@@ -186,7 +186,7 @@ fn run(seed: u64, capacity: u64, min_block: u64, steps: usize) {
     let mut b = BuddyRange::new(capacity, min_block).unwrap();
     let mut r = Reference::new(capacity, min_block);
     let mut rng = Rng(seed);
-    let mut live: Vec<(u64, u64)> = Vec::new();
+    let mut live: Vec<(u64, u64, u64)> = Vec::new();
     let mut tag = 0u64;
     same_figures(&b, &r, 0);
     for step in 1..=steps {
@@ -203,25 +203,30 @@ fn run(seed: u64, capacity: u64, min_block: u64, steps: usize) {
                 let got = b.alloc(units * min_block, align, tag);
                 assert_eq!(got, r.alloc(units * min_block, align, tag), "step {step}");
                 if let Some(o) = got {
-                    live.push((o, tag));
+                    live.push((o, units * min_block, tag));
                 }
             }
             10..=15 if !live.is_empty() => {
-                let (o, t) = live.swap_remove(rng.below(live.len() as u64) as usize);
-                assert_eq!(b.free(o, t), r.free(o, t), "step {step}");
+                let (o, s, t) = live.swap_remove(rng.below(live.len() as u64) as usize);
+                assert_eq!(b.free(o, s, t), r.free(o, s, t), "step {step}");
             }
-            // Refused frees: a wrong tag, a freed or never-allocated offset.
+            // Refused frees: a wrong tag or size, a freed or never-allocated offset.
             16 => {
-                let (o, t) = match live.len() {
-                    0 => (rng.below(capacity / min_block) * min_block, 1),
+                let (o, s, t) = match live.len() {
+                    0 => (rng.below(capacity / min_block) * min_block, min_block, 1),
                     n => {
-                        let (o, t) = live[rng.below(n as u64) as usize];
-                        (o + min_block * rng.below(2), t + 1 - rng.below(2))
+                        let (o, s, t) = live[rng.below(n as u64) as usize];
+                        (
+                            o + min_block * rng.below(2),
+                            s + min_block * rng.below(2),
+                            t + 1 - rng.below(2),
+                        )
                     }
                 };
-                if !live.contains(&(o, t)) {
-                    assert_eq!(b.free(o, t), Err(EngineError::AlreadyFreed { offset: o }));
-                    assert_eq!(r.free(o, t), Err(EngineError::AlreadyFreed { offset: o }));
+                if !live.contains(&(o, s, t)) {
+                    let refused = Err(EngineError::AlreadyFreed { offset: o });
+                    assert_eq!(b.free(o, s, t), refused);
+                    assert_eq!(r.free(o, s, t), refused);
                 }
             }
             17 => {

@@ -219,14 +219,16 @@ impl BuddyRange {
         Some(start)
     }
 
-    /// Frees the allocation at `offset` that was made with `tag`.
-    pub fn free(&mut self, offset: u64, tag: u64) -> Result<u64, EngineError> {
-        let size = match self.live.entry(offset) {
-            Entry::Occupied(e) if e.get().1 == tag => e.remove().0,
+    /// Frees the allocation of `size` bytes at `offset` that was made with `tag`.
+    pub fn free(&mut self, offset: u64, size: u64, tag: u64) -> Result<(), EngineError> {
+        match self.live.entry(offset) {
+            // The size too: a caller whose tags wrap may hold a stale handle naming an
+            // allocation of another size at the same offset with its tag.
+            Entry::Occupied(e) if *e.get() == (size, tag) => e.remove(),
             _ => return Err(EngineError::AlreadyFreed { offset }),
         };
         self.release(offset, offset + size);
-        Ok(size)
+        Ok(())
     }
 
     /// Highest offset (bytes) ever in use.
@@ -349,6 +351,14 @@ impl BuddyRange {
     /// checks its slab pages' records against it.
     pub(crate) fn holds(&self, offset: u64, bytes: u64, tag: u64) -> bool {
         self.live.get(&offset) == Some(&(bytes, tag))
+    }
+
+    /// Test helper: [`free`](Self::free) with the size of the allocation at `offset`, for
+    /// tests of anything but the size check.
+    #[cfg(test)]
+    fn free_held(&mut self, offset: u64, tag: u64) -> Result<(), EngineError> {
+        let size = self.live.get(&offset).map_or(0, |&(size, _)| size);
+        self.free(offset, size, tag)
     }
 
     /// Checks every invariant listed on the type.
@@ -518,6 +528,24 @@ mod tests {
     }
 
     #[test]
+    fn a_free_of_another_size_is_refused() {
+        // Once tags wrap, a stale handle may name an allocation of another size with its tag.
+        let mut b = BuddyRange::new(1 << 20, 64).unwrap();
+        assert_eq!(b.alloc(256, 64, 7), Some(0));
+        for size in [0, 64, 192, 320, 512] {
+            assert_eq!(
+                b.free(0, size, 7),
+                Err(EngineError::AlreadyFreed { offset: 0 }),
+                "{size}"
+            );
+        }
+        b.validate().unwrap();
+        b.free(0, 256, 7).unwrap();
+        b.validate().unwrap();
+        assert!(b.is_empty());
+    }
+
+    #[test]
     fn top_order_and_block_count_match_the_greedy_cut() {
         for a in 0..70u64 {
             for b in a + 1..200 {
@@ -549,12 +577,12 @@ mod tests {
             "the tail of the first block serves the next request"
         );
         b.validate().unwrap();
-        b.free(a, 1).unwrap();
-        b.free(c, 2).unwrap();
+        b.free_held(a, 1).unwrap();
+        b.free_held(c, 2).unwrap();
         b.validate().unwrap();
         assert!(b.is_empty());
         assert_eq!(b.stats().largest_free, 1 << 20);
-        assert!(b.free(a, 1).is_err());
+        assert!(b.free_held(a, 1).is_err());
     }
 
     #[test]
@@ -567,7 +595,7 @@ mod tests {
         assert!(b.alloc(64, 64, 7).is_none());
         b.validate().unwrap();
         for o in [y, x, z] {
-            b.free(o, 7).unwrap();
+            b.free_held(o, 7).unwrap();
             b.validate().unwrap();
         }
         assert_eq!(b.stats().free_bytes, 3 * 4096 + 64);
@@ -592,7 +620,7 @@ mod tests {
         // [1024, 2048) and [2048, 3072) were free; with [3072, 4096) they form one 2 KiB block
         // and a 1 KiB one.
         assert_eq!(b.stats().largest_free, 2048);
-        b.free(a, 1).unwrap();
+        b.free_held(a, 1).unwrap();
         b.validate().unwrap();
         assert_eq!(b.stats().largest_free, 4096);
         assert_eq!(b.stats().free_fragments, 1);
@@ -618,7 +646,7 @@ mod tests {
         b.shrink(63);
         assert_eq!(b.capacity(), 40 << 10);
         b.validate().unwrap();
-        b.free(a, 1).unwrap();
+        b.free_held(a, 1).unwrap();
         b.validate().unwrap();
         assert_eq!(b.stats().free_bytes, 40 << 10);
         b.shrink(40 << 10);
@@ -637,7 +665,7 @@ mod tests {
         assert_eq!(b.largest_free(), 1 << MAX_ORDER);
         assert_eq!(b.alloc(1 << MAX_ORDER, 64, 7), Some(0));
         assert_eq!(b.largest_free(), 0);
-        b.free(0, 7).unwrap();
+        b.free_held(0, 7).unwrap();
         b.validate().unwrap();
         assert_eq!(b.largest_free(), 1 << MAX_ORDER);
         // It grows to any end a u64 holds, and no further.
@@ -682,7 +710,7 @@ mod tests {
             x ^= x << 17;
             if tag % 3 == 2 && !live.is_empty() {
                 let (o, t) = live.swap_remove(x as usize % live.len());
-                b.free(o, t).unwrap();
+                b.free_held(o, t).unwrap();
             } else {
                 // Sizes from 64 bytes to 2^61, so the top orders are cut and merged too.
                 let size = (x % (1 << (x % 62)) / 64 + 1) * 64;
@@ -694,7 +722,7 @@ mod tests {
             b.validate().unwrap();
         }
         for (o, t) in live {
-            b.free(o, t).unwrap();
+            b.free_held(o, t).unwrap();
         }
         b.validate().unwrap();
         assert_eq!(b.largest_free(), 1 << MAX_ORDER);
@@ -721,7 +749,7 @@ mod tests {
             let mut b = BuddyRange::new(1 << 20, 64).unwrap();
             let offsets: Vec<u64> = (1..=3).map(|t| b.alloc(64, 64, t).unwrap()).collect();
             assert_eq!(offsets, [0, 64, 128]);
-            b.free(64, 2).unwrap();
+            b.free_held(64, 2).unwrap();
             b.validate().unwrap();
             b
         };

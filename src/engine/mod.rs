@@ -253,7 +253,12 @@ pub struct Allocation {
     slack: u32,
     /// Range tier: the tier's key (bit 31 clear). Slab: `SLAB_PLACE | page << SLOT_BITS | slot`.
     place: u32,
-    /// The tag the engine gave the segment, so a stale handle is caught.
+    /// The tag the engine gave the segment, so a stale handle is caught. Tags wrap after
+    /// 2^32 - 2 allocations; a stale handle whose tag came round again is still refused
+    /// when its footprint differs from the live segment's at its offset (for a slab
+    /// object, when it is of another class). One of the same footprint (the same class),
+    /// offset and tag is an ABA no check tells apart: its free frees the live segment (and
+    /// the counters take the stale handle's length).
     tag: u32,
     engine: std::num::NonZeroU32,
 }
@@ -332,11 +337,13 @@ impl Range {
             Self::Buddy(_) => None,
         }
     }
+    /// Frees the block `key` (TLSF) or `offset` (buddy) names, if it is in use, `bytes`
+    /// long, with `tag`.
     #[inline(always)]
-    fn free(&mut self, key: u32, offset: u64, tag: u32) -> Result<(), EngineError> {
+    fn free(&mut self, key: u32, offset: u64, bytes: u64, tag: u32) -> Result<(), EngineError> {
         match self {
-            Self::Tlsf(t) => t.free(key, offset, tag),
-            Self::Buddy(b) => b.free(offset, u64::from(tag)).map(|_| ()),
+            Self::Tlsf(t) => t.free(key, offset, bytes, tag),
+            Self::Buddy(b) => b.free(offset, bytes, u64::from(tag)),
         }
     }
     fn stats(&self) -> RangeStats {
@@ -688,13 +695,14 @@ impl CarveEngine {
             return Err(EngineError::ForeignAllocation);
         }
         if a.place & SLAB_PLACE != 0 {
-            if let Some(rel) = self.slabs.free(a.offset, a.place & !SLAB_PLACE, a.tag)? {
+            let place = a.place & !SLAB_PLACE;
+            if let Some(rel) = self.slabs.free(a.offset, a.footprint, place, a.tag)? {
                 self.range
-                    .free(rel.range_key, rel.base, rel.range_tag)
+                    .free(rel.range_key, rel.base, rel.bytes, rel.range_tag)
                     .expect("slab pages are live range allocations");
             }
         } else {
-            self.range.free(a.place, a.offset, a.tag)?;
+            self.range.free(a.place, a.offset, a.footprint, a.tag)?;
             debug_assert!(self.range_live_bytes >= a.footprint, "range bytes drifted");
             self.range_live_bytes -= a.footprint;
         }
@@ -725,7 +733,7 @@ impl CarveEngine {
         let released = self.slabs.trim();
         for rel in &released {
             self.range
-                .free(rel.range_key, rel.base, rel.range_tag)
+                .free(rel.range_key, rel.base, rel.bytes, rel.range_tag)
                 .expect("slab pages are live range allocations");
         }
         !released.is_empty()
@@ -913,6 +921,17 @@ impl CarveEngine {
             )));
         }
         Ok(())
+    }
+
+    /// Test helper: the tag the next allocation takes, as if so many allocations had been
+    /// made that the tags came round to it.
+    #[cfg(test)]
+    pub(crate) fn set_next_tag_for_test(&mut self, tag: u32) {
+        debug_assert!(
+            tag != 0 && tag != tlsf::PARKED,
+            "no live segment carries {tag}"
+        );
+        self.next_tag = tag;
     }
 
     fn out_of_space(&mut self, footprint: u64) -> EngineError {
@@ -1316,6 +1335,42 @@ mod tests {
             }
             e.validate().unwrap();
             assert!(e.is_empty());
+        }
+    }
+
+    #[test]
+    fn a_stale_handle_whose_tag_came_round_is_refused_by_its_footprint() {
+        // Tags wrap after 2^32 - 2 allocations: a freed handle whose offset, place and tag
+        // match a live segment of another footprint was taken as that segment's, and the
+        // counters drifted by the difference until `validate` ran.
+        let rule = CarveRule::default();
+        // Range tier (300 and 400 KiB); slab tier, exact classes (64 and 128 bytes) and
+        // the two mid-sized classes either side of 2048 bytes.
+        let pairs = [(300 << 10, 400 << 10), (32, 96), (2016, 2080)];
+        for cfg in both_tiers() {
+            for (first, second) in pairs {
+                let mut e = CarveEngine::new(4 << 20, cfg).unwrap();
+                let stale = e.alloc(first, rule).unwrap();
+                e.free(stale).unwrap();
+                // A slab page goes back, so its record and bytes may take another class.
+                e.trim();
+                e.set_next_tag_for_test(stale.tag());
+                let live = e.alloc(second, rule).unwrap();
+                let same = |a: &Allocation| (a.offset(), a.place, a.tag(), a.is_slab());
+                assert_eq!(same(&live), same(&stale), "{cfg:?} {first} {second}");
+                assert_ne!(live.footprint(), stale.footprint());
+                assert_eq!(
+                    e.free(stale),
+                    Err(EngineError::AlreadyFreed {
+                        offset: stale.offset()
+                    }),
+                    "{cfg:?} {first} {second}"
+                );
+                e.validate().unwrap();
+                e.free(live).unwrap();
+                e.validate().unwrap();
+                assert!(e.is_empty());
+            }
         }
     }
 

@@ -52,6 +52,16 @@ pub fn class_of(footprint: u64) -> (usize, u64) {
     let class = (((k - (EXACT_SHIFT - 1)) << STEP_SHIFT) as u64 + steps) as usize;
     (class, (steps + 1) << step_shift)
 }
+/// Bytes between the objects of `class` (of [`class_of`]) and those of the class below:
+/// the class holds the footprints in `(size - step, size]`.
+#[inline(always)]
+fn class_step(class: usize) -> u64 {
+    // `class_of` gives `2^k < footprint <= 2^(k+1)` (k at least EXACT_SHIFT - 1) the classes
+    // `(k - EXACT_SHIFT + 1) << STEP_SHIFT` plus 8 to 15 (0 to 15 at the least k), so
+    // `class >> STEP_SHIFT` is `k - EXACT_SHIFT + 2` (0 or 1 at the least k).
+    let k = (class >> STEP_SHIFT).max(1) as u32 + EXACT_SHIFT - 2;
+    1 << (k - STEP_SHIFT)
+}
 /// Whether `footprint` is one [`class_of`] takes: a non-zero multiple of the granule.
 #[inline(always)]
 fn classed(footprint: u64) -> bool {
@@ -205,6 +215,8 @@ pub struct PageRelease {
     pub range_key: u32,
     /// Range-engine tag.
     pub range_tag: u32,
+    /// Bytes of the page: the range block's length.
+    pub bytes: u64,
 }
 
 /// Slabs for footprints up to `max_footprint`.
@@ -374,12 +386,14 @@ impl SlabAllocator {
         true
     }
 
-    /// Frees the object at `place` (`page << SLOT_BITS | slot`); returns a page to hand
-    /// back to the range engine, if any.
+    /// Frees the object of `footprint` bytes (as allocated, before its class rounds it up)
+    /// at `place` (`page << SLOT_BITS | slot`); returns a page to hand back to the range
+    /// engine, if any.
     #[inline(always)]
     pub fn free(
         &mut self,
         offset: u64,
+        footprint: u64,
         place: u32,
         tag: u32,
     ) -> Result<Option<PageRelease>, EngineError> {
@@ -389,11 +403,15 @@ impl SlabAllocator {
             return Err(EngineError::AlreadyFreed { offset });
         };
         // A tag is never 0: so a free slot, a slot past the page's objects or a vacant
-        // record never matches.
+        // record never matches. The class too: once tags wrap, a stale handle of another
+        // class may name this slot's offset with its tag. The class holds the footprints
+        // in `(size - step, size]`; one past `size` wraps and is refused with those below.
         let stored = &mut page.tags[slot];
+        let size = u64::from(page.footprint);
         if tag == 0
             || *stored != tag
-            || page.base + slot as u64 * u64::from(page.footprint) != offset
+            || page.base + slot as u64 * size != offset
+            || size.wrapping_sub(footprint) >= class_step(usize::from(page.class))
         {
             return Err(EngineError::AlreadyFreed { offset });
         }
@@ -676,6 +694,7 @@ impl SlabAllocator {
             base: p.base,
             range_key: p.range_key,
             range_tag: p.range_tag,
+            bytes: p.bytes(),
         }
     }
 }
@@ -730,6 +749,18 @@ mod tests {
     }
 
     #[test]
+    fn a_class_step_spans_exactly_the_footprints_of_its_class() {
+        // `free` tells a stale handle of another class by the step alone.
+        for f in (64..=MAX_SLAB_FOOTPRINT).step_by(64) {
+            let (class, size) = class_of(f);
+            let step = class_step(class);
+            assert!(size - f < step, "{f}: class {class} of {size}, step {step}");
+            let below = size - step;
+            assert!(below == 0 || class_of(below).0 + 1 == class, "{f}: {below}");
+        }
+    }
+
+    #[test]
     fn pages_fill_release_and_refuse_stale_places() {
         // 1024-byte objects: 32 per 32 KiB page.
         let mut s = SlabAllocator::new(1024);
@@ -747,17 +778,21 @@ mod tests {
         assert!(s.alloc(1024, 99).is_none(), "both pages full");
         let offsets: std::collections::BTreeSet<u64> = live.iter().map(|l| l.0).collect();
         assert_eq!(offsets.len(), live.len());
-        // Wrong tag, wrong offset, slot past the page's objects, page never held.
+        // Wrong tag, wrong offset, slot past the page's objects, page never held, a
+        // footprint of another class (below, above, none).
         let (off, place, tag) = live[3];
-        for (o, p, t) in [
-            (off, place, tag + 1),
-            (off + 1024, place, tag),
-            (off, place | 40, tag),
-            (off, 5 << SLOT_BITS, tag),
-            (off, place, 0),
+        for (o, f, p, t) in [
+            (off, 1024, place, tag + 1),
+            (off + 1024, 1024, place, tag),
+            (off, 1024, place | 40, tag),
+            (off, 1024, 5 << SLOT_BITS, tag),
+            (off, 1024, place, 0),
+            (off, 960, place, tag),
+            (off, 1088, place, tag),
+            (off, 0, place, tag),
         ] {
             assert!(matches!(
-                s.free(o, p, t),
+                s.free(o, f, p, t),
                 Err(EngineError::AlreadyFreed { .. })
             ));
         }
@@ -765,16 +800,16 @@ mod tests {
         // Emptying both pages caches the first and releases the second.
         let mut released = vec![];
         for &(o, p, t) in &live {
-            released.extend(s.free(o, p, t).unwrap());
+            released.extend(s.free(o, 1024, p, t).unwrap());
             s.validate().unwrap();
         }
         assert_eq!(released.len(), 1);
-        assert!(s.free(off, place, tag).is_err(), "double free");
+        assert!(s.free(off, 1024, place, tag).is_err(), "double free");
         assert_eq!(s.page_count(), 1);
         // The cached page serves again; the stale handle to the same slot stays refused.
         let (o2, p2) = s.alloc(1024, 500).unwrap();
-        assert!(s.free(o2, p2, 1).is_err());
-        s.free(o2, p2, 500).unwrap();
+        assert!(s.free(o2, 1024, p2, 1).is_err());
+        s.free(o2, 1024, p2, 500).unwrap();
         assert_eq!(s.trim().len(), 1);
         assert_eq!((s.page_count(), s.page_bytes()), (0, 0));
         s.validate().unwrap();
@@ -824,13 +859,13 @@ mod tests {
         let (o, p) = s.alloc(f, 1).unwrap();
         for tag in 2..10 {
             // The page empties and stays listed: the next object takes the same slot.
-            assert_eq!(s.free(o, p, tag - 1).unwrap(), None);
+            assert_eq!(s.free(o, f, p, tag - 1).unwrap(), None);
             s.validate().unwrap();
             assert_eq!(s.classes[class_of(f).0].list.len(), 2);
             assert_eq!(s.alloc(f, tag).unwrap(), (o, p));
             s.validate().unwrap();
         }
-        assert_eq!(s.free(o, p, 9).unwrap(), None);
+        assert_eq!(s.free(o, f, p, 9).unwrap(), None);
         assert_eq!((s.page_count(), s.trim().len(), s.page_count()), (1, 1, 0));
         s.validate().unwrap();
     }
@@ -857,13 +892,13 @@ mod tests {
             .collect();
         // Page 0 emptied alone in its list: kept listed first.
         for ((o, p), t) in pages.remove(0) {
-            assert_eq!(s.free(o, p, t).unwrap(), None);
+            assert_eq!(s.free(o, f, p, t).unwrap(), None);
         }
         // One object of each other page freed: they come back above the kept page, 1 then
         // 2 then 3.
         for objs in &mut pages {
             let ((o, p), t) = objs.pop().unwrap();
-            s.free(o, p, t).unwrap();
+            s.free(o, f, p, t).unwrap();
         }
         assert_eq!(s.classes[class].pages(), &[0, 1, 2, 3]);
         s.validate().unwrap();
@@ -871,7 +906,7 @@ mod tests {
         // (page 2 serves next, as if page 0 had been set aside all along).
         let mut released = vec![];
         for ((o, p), t) in pages.pop().unwrap() {
-            released.extend(s.free(o, p, t).unwrap());
+            released.extend(s.free(o, f, p, t).unwrap());
             s.validate().unwrap();
         }
         assert_eq!(released.len(), 1);
@@ -886,7 +921,7 @@ mod tests {
         let mut released = vec![];
         for objs in pages.into_iter().rev() {
             for ((o, p), t) in objs {
-                released.extend(s.free(o, p, t).unwrap());
+                released.extend(s.free(o, f, p, t).unwrap());
                 s.validate().unwrap();
             }
         }
@@ -911,7 +946,7 @@ mod tests {
         // Empty the three pages: one is cached, two go back and their records fall vacant.
         let mut released = vec![];
         for &((o, p), t) in &live {
-            released.extend(s.free(o, p, t).unwrap());
+            released.extend(s.free(o, f, p, t).unwrap());
         }
         assert_eq!(released.len(), 2);
         s.validate().unwrap();
@@ -924,11 +959,11 @@ mod tests {
         s.validate().unwrap();
         // A handle from a released page names a reused record: refused all the same.
         for &((o, p), t) in &live {
-            assert!(s.free(o, p, t).is_err());
+            assert!(s.free(o, f, p, t).is_err());
         }
         let mut released = 0;
         for &((o, p), t) in &fresh {
-            released += s.free(o, p, t).unwrap().into_iter().count();
+            released += s.free(o, f, p, t).unwrap().into_iter().count();
             s.validate().unwrap();
         }
         assert_eq!((released, s.page_count()), (2, 1));
@@ -950,7 +985,7 @@ mod tests {
                 .collect();
             let mut released = 0;
             for &((o, p), t) in objs.iter().filter(|((_, p), _)| p >> SLOT_BITS == 0) {
-                released += s.free(o, p, t).unwrap().into_iter().count();
+                released += s.free(o, f, p, t).unwrap().into_iter().count();
             }
             assert_eq!((released, s.page_count(), s.vacant), (0, 2, NIL));
             // Page 0 emptied alone in its list: kept listed. Trim it to a vacant record.
@@ -990,7 +1025,7 @@ mod tests {
             let pages: Vec<_> = by_page.into_values().collect();
             let mut released = 0;
             for &(o, place, tag) in pages[0].iter().chain(&pages[1]).chain(&pages[2][..5]) {
-                released += s.free(o, place, tag).unwrap().into_iter().count();
+                released += s.free(o, 1024, place, tag).unwrap().into_iter().count();
             }
             assert_eq!((released, s.page_count()), (1, 2));
             s.validate().unwrap();

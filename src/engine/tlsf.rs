@@ -361,18 +361,25 @@ impl TlsfRange {
         Some((start << self.unit_shift, idx))
     }
 
-    /// Frees the block `key` names, checking it is the live block at `offset` with `tag`.
-    /// The block is parked when its length's list has room, merged otherwise.
+    /// Frees the block `key` names, checking it is the live block at `offset` of `size`
+    /// bytes with `tag`. The block is parked when its length's list has room, merged otherwise.
     #[inline(always)]
-    pub fn free(&mut self, key: u32, offset: u64, tag: u32) -> Result<(), EngineError> {
+    pub fn free(&mut self, key: u32, offset: u64, size: u64, tag: u32) -> Result<(), EngineError> {
         let shift = self.unit_shift;
         let Some(n) = self.nodes.get_mut(key as usize) else {
             return Err(EngineError::AlreadyFreed { offset });
         };
-        if tag == 0 || tag == PARKED || n.tag != tag || n.start() << shift != offset {
+        let len = n.len();
+        // The length too: once tags wrap, a stale handle may name a block of another
+        // length at the same start with its tag (the node's line is loaded already).
+        if tag == 0
+            || tag == PARKED
+            || n.tag != tag
+            || n.start() << shift != offset
+            || len << shift != size
+        {
             return Err(EngineError::AlreadyFreed { offset });
         }
-        let len = n.len();
         // A live node's length is in `used_units`: less means the count drifted. Checked in
         // debug builds only (the free path stays as it was); a release build's wrap is a
         // drift `validate` reports.
@@ -779,6 +786,17 @@ impl TlsfRange {
         })
     }
 
+    /// Test helper: [`free`](Self::free) with the length of the block `key` names, for
+    /// tests of anything but the length check.
+    #[cfg(test)]
+    fn free_held(&mut self, key: u32, offset: u64, tag: u32) -> Result<(), EngineError> {
+        let size = self
+            .nodes
+            .get(key as usize)
+            .map_or(0, |n| n.len() << self.unit_shift);
+        self.free(key, offset, size, tag)
+    }
+
     fn parked_contains(&self, idx: u32, len: u64) -> bool {
         let list = &self.parked[park_slot(len)];
         u64::from(list.len) == len && self.list_holds(list.head, idx)
@@ -1125,7 +1143,7 @@ mod tests {
     fn bad_arguments_change_nothing() {
         let mut t = TlsfRange::new(1 << 20, 64).unwrap();
         let (o, k, tag) = alloc(&mut t, 64, 64).unwrap();
-        t.free(k, o, tag).unwrap(); // parked at one unit
+        t.free_held(k, o, tag).unwrap(); // parked at one unit
         for (size, align, tag) in [
             (64, 64, 0),
             (64, 64, PARKED),
@@ -1184,14 +1202,14 @@ mod tests {
         assert_eq!((a, b, c), (0, 128, 192));
         t.validate().unwrap();
         assert!(!t.is_empty());
-        t.free(kb, b, tb).unwrap();
+        t.free_held(kb, b, tb).unwrap();
         t.validate().unwrap();
         // The hole is reused before the wilderness.
         let (d, kd, td) = alloc(&mut t, 64, 64).unwrap();
         assert_eq!(d, 128);
-        t.free(ka, a, ta).unwrap();
-        t.free(kd, d, td).unwrap();
-        t.free(kc, c, tc).unwrap();
+        t.free_held(ka, a, ta).unwrap();
+        t.free_held(kd, d, td).unwrap();
+        t.free_held(kc, c, tc).unwrap();
         t.validate().unwrap();
         assert!(t.is_empty());
         assert_eq!(t.high_water(), 192 + 4096);
@@ -1223,7 +1241,7 @@ mod tests {
         // Slot 0 is the sink: as a key it names nothing, whatever the offset and tag.
         for tag in [0, 1, 7, PARKED] {
             assert!(matches!(
-                t.free(SINK, 0, tag),
+                t.free_held(SINK, 0, tag),
                 Err(EngineError::AlreadyFreed { .. })
             ));
         }
@@ -1233,7 +1251,7 @@ mod tests {
         // taken, so freeing 3, 1, 5 takes them out from the middle, the tail, then alone,
         // and freeing 5, 3, 1 from the head twice, then alone.
         let mut a: Vec<_> = (0..7).map(|_| alloc(&mut t, 4096, 64).unwrap()).collect();
-        t.free(a[1].1, a[1].0, a[1].2).unwrap();
+        t.free_held(a[1].1, a[1].0, a[1].2).unwrap();
         t.unpark_all();
         t.validate().unwrap();
         a[1] = alloc(&mut t, 4096, 64).unwrap();
@@ -1241,7 +1259,7 @@ mod tests {
         t.validate().unwrap();
         for order in [[3, 1, 5], [5, 3, 1]] {
             for i in order {
-                t.free(a[i].1, a[i].0, a[i].2).unwrap();
+                t.free_held(a[i].1, a[i].0, a[i].2).unwrap();
             }
             t.unpark_all();
             t.validate().unwrap();
@@ -1264,9 +1282,27 @@ mod tests {
         assert_eq!(b % 4096, 0);
         t.validate().unwrap();
         assert!(alloc(&mut t, 1 << 16, 64).is_none());
-        t.free(kb, b, tb).unwrap();
-        assert!(t.free(kb, b, tb).is_err());
+        t.free_held(kb, b, tb).unwrap();
+        assert!(t.free_held(kb, b, tb).is_err());
         t.validate().unwrap();
+    }
+
+    #[test]
+    fn a_free_of_another_length_is_refused() {
+        // Once tags wrap, a stale handle may name a block of another length with its tag.
+        let mut t = TlsfRange::new(1 << 16, 64).unwrap();
+        let (a, ka, ta) = alloc(&mut t, 256, 64).unwrap();
+        for size in [0, 64, 192, 320, 1 << 20] {
+            assert_eq!(
+                t.free(ka, a, size, ta),
+                Err(EngineError::AlreadyFreed { offset: a }),
+                "{size}"
+            );
+        }
+        assert_eq!(t.used_bytes(), 256);
+        t.free(ka, a, 256, ta).unwrap();
+        t.validate().unwrap();
+        assert!(t.is_empty());
     }
 
     /// A 1 MiB range with two 4 KiB blocks parked (`b` first, then `a`) under a used 64-byte
@@ -1276,8 +1312,8 @@ mod tests {
         let a = alloc(&mut t, 4096, 64).unwrap();
         let b = alloc(&mut t, 4096, 64).unwrap();
         let c = alloc(&mut t, 64, 64).unwrap();
-        t.free(b.1, b.0, b.2).unwrap();
-        t.free(a.1, a.0, a.2).unwrap();
+        t.free_held(b.1, b.0, b.2).unwrap();
+        t.free_held(a.1, a.0, a.2).unwrap();
         t.validate().unwrap();
         (t, [a, b, c])
     }
@@ -1289,12 +1325,12 @@ mod tests {
         assert_eq!(t.used_bytes(), 64);
         assert_eq!(t.stats().free_fragments, 2);
         // A stale or repeated free of a parked block is refused.
-        assert!(t.free(kb, b, tb).is_err());
-        assert!(t.free(ka, a, PARKED).is_err());
+        assert!(t.free_held(kb, b, tb).is_err());
+        assert!(t.free_held(ka, a, PARKED).is_err());
         // The same length comes back at once, last freed first, with a fresh tag.
         let (d, kd, td) = alloc(&mut t, 4096, 64).unwrap();
         assert_eq!((d, kd), (a, ka));
-        assert!(t.free(ka, a, ta).is_err());
+        assert!(t.free_held(ka, a, ta).is_err());
         t.validate().unwrap();
         // An exact block that is not aligned enough (`b`, at 4096) is not taken.
         let (e, ke, te) = alloc(&mut t, 4096, 8192).unwrap();
@@ -1304,7 +1340,7 @@ mod tests {
         assert_eq!(f, b);
         t.validate().unwrap();
         for (o, k, tag) in [(c, kc, tc), (d, kd, td), (e, ke, te), (f, kf, tf)] {
-            t.free(k, o, tag).unwrap();
+            t.free_held(k, o, tag).unwrap();
         }
         assert!(t.used_bytes() == 0 && t.is_empty());
         t.unpark_all();
@@ -1320,7 +1356,7 @@ mod tests {
         let mut t = TlsfRange::new(1 << 20, 64).unwrap();
         let (a, _, _) = alloc(&mut t, 4096, 64).unwrap();
         let (b, kb, tb) = alloc(&mut t, 8192, 64).unwrap();
-        t.free(kb, b, tb).unwrap();
+        t.free_held(kb, b, tb).unwrap();
         assert!(t.parked_slots != 0, "the block stays parked");
         let st = t.stats();
         assert_eq!(st.top, a + 4096);
@@ -1346,8 +1382,8 @@ mod tests {
         let s1 = alloc(&mut t, 64, 64).unwrap();
         let (b, kb, tb) = alloc(&mut t, 8192, 64).unwrap();
         let s2 = alloc(&mut t, 64, 64).unwrap();
-        t.free(ka, a, ta).unwrap();
-        t.free(kb, b, tb).unwrap();
+        t.free_held(ka, a, ta).unwrap();
+        t.free_held(kb, b, tb).unwrap();
         // Each waits in its own slot: the second free did not push the first into a bin.
         assert!(t.parked_contains(ka, 64) && t.parked_contains(kb, 128));
         assert_eq!(t.parked_slots.count_ones(), 2);
@@ -1357,7 +1393,7 @@ mod tests {
         assert_eq!((c, kc), (b, kb));
         assert!(t.parked_contains(ka, 64));
         for (o, k, tag) in [(c, kc, tc), s1, s2] {
-            t.free(k, o, tag).unwrap();
+            t.free_held(k, o, tag).unwrap();
         }
         t.unpark_all();
         t.validate().unwrap();
@@ -1370,7 +1406,7 @@ mod tests {
         let mut t = TlsfRange::new(1 << 20, 64).unwrap();
         let a: Vec<_> = (0..5).map(|_| alloc(&mut t, 4096, 64).unwrap()).collect();
         for i in [1, 3] {
-            t.free(a[i].1, a[i].0, a[i].2).unwrap();
+            t.free_held(a[i].1, a[i].0, a[i].2).unwrap();
         }
         t.unpark_all();
         t.validate().unwrap();
@@ -1454,13 +1490,13 @@ mod tests {
         let blocks: Vec<_> = (0..4).map(|_| alloc(&mut t, 1024, 64).unwrap()).collect();
         let (g, kg, tg) = alloc(&mut t, 64, 64).unwrap();
         for &(o, k, tag) in &blocks {
-            t.free(k, o, tag).unwrap();
+            t.free_held(k, o, tag).unwrap();
         }
         let high = t.high_water();
         let (h, _, _) = alloc(&mut t, 4096, 64).unwrap();
         assert_eq!(h, 0);
         assert_eq!(t.high_water(), high);
-        t.free(kg, g, tg).unwrap();
+        t.free_held(kg, g, tg).unwrap();
         t.validate().unwrap();
     }
 
@@ -1490,8 +1526,8 @@ mod tests {
         assert_eq!((a, b), (0, max - 128));
         assert!(alloc(&mut t, 64, 64).is_none());
         t.validate().unwrap();
-        t.free(kb, b, tb).unwrap();
-        t.free(ka, a, ta).unwrap();
+        t.free_held(kb, b, tb).unwrap();
+        t.free_held(ka, a, ta).unwrap();
         t.unpark_all();
         assert!(t.is_empty());
         assert_eq!(t.free_tail(), max);
@@ -1507,7 +1543,7 @@ mod tests {
             .map(|size| alloc(&mut t, size, 64).unwrap())
             .into();
         for &(o, k, tag) in [&held[1], &held[3]] {
-            t.free(k, o, tag).unwrap();
+            t.free_held(k, o, tag).unwrap();
         }
         let parked = t.stats();
         t.unpark_all();
@@ -1544,7 +1580,7 @@ mod tests {
                 .collect();
             for &i in order {
                 let (o, k, tag) = blocks[i];
-                t.free(k, o, tag).unwrap();
+                t.free_held(k, o, tag).unwrap();
                 // Every free range is counted once and none is longer than the free bytes.
                 let st = t.stats();
                 assert!(st.largest_free <= st.free_bytes, "{order:?}");
@@ -1586,7 +1622,7 @@ mod tests {
         let mut t = TlsfRange::new(4096, 64).unwrap();
         let (a, ka, ta) = alloc(&mut t, 2048, 64).unwrap();
         let (b, kb, tb) = alloc(&mut t, 1024, 64).unwrap();
-        t.free(kb, b, tb).unwrap();
+        t.free_held(kb, b, tb).unwrap();
         t.unpark_all();
         // The freed node folded into the wilderness: the tail is all of [2048, 4096).
         assert_eq!(t.free_tail(), 2048);
@@ -1598,13 +1634,13 @@ mod tests {
         assert_eq!(c, 2048, "the grown space continues the old free tail");
         t.validate().unwrap();
         assert_eq!(t.free_tail(), 0);
-        t.free(kc, c, tc).unwrap();
+        t.free_held(kc, c, tc).unwrap();
         t.unpark_all();
         t.shrink(4096);
         assert_eq!((t.capacity(), t.free_tail()), (4096, 2048));
         t.validate().unwrap();
         assert!(alloc(&mut t, 4096, 64).is_none());
-        t.free(ka, a, ta).unwrap();
+        t.free_held(ka, a, ta).unwrap();
         t.unpark_all();
         t.shrink(4096);
         assert_eq!(t.capacity(), 0);
@@ -1624,7 +1660,7 @@ mod tests {
                 .map(|&u| alloc(&mut t, u * 64, 64).unwrap())
                 .collect();
             for i in [1, 3] {
-                t.free(b[i].1, b[i].0, b[i].2).unwrap();
+                t.free_held(b[i].1, b[i].0, b[i].2).unwrap();
             }
             t.unpark_all();
             t.validate().unwrap();
@@ -1652,7 +1688,7 @@ mod tests {
         }
         for (o, k, tag) in free.iter().copied() {
             // Linked one at a time at the head: the 131-unit block ends up last.
-            t.free(k, o, tag).unwrap();
+            t.free_held(k, o, tag).unwrap();
             t.unpark_all();
         }
         (t, free)
@@ -1702,7 +1738,7 @@ mod tests {
         // Truly full now: a refusal.
         assert!(alloc(&mut t, 130 << 6, 64).is_none());
         assert!(!something_fits(&t, 130, 1));
-        t.free(k, got, tag).unwrap();
+        t.free_held(k, got, tag).unwrap();
         t.validate().unwrap();
     }
 
@@ -1716,7 +1752,7 @@ mod tests {
         alloc(&mut t, 64, 64).unwrap();
         let tail = t.free_tail();
         alloc(&mut t, tail, 64).unwrap();
-        t.free(ka, a, ta).unwrap();
+        t.free_held(ka, a, ta).unwrap();
         t.unpark_all();
         assert_eq!((a, t.free_tail()), (0, 0));
         let (got, _, _) = alloc(&mut t, 100 << 6, 4096).expect("the 150-unit block fits");
@@ -1743,7 +1779,7 @@ mod tests {
             let r = next();
             if r % 3 == 0 && !live.is_empty() {
                 let (o, k, tag) = live.swap_remove((r >> 8) as usize % live.len());
-                t.free(k, o, tag).unwrap();
+                t.free_held(k, o, tag).unwrap();
             } else {
                 let units = 1 + (r >> 8) % if r & 0x30 == 0 { 600 } else { 40 };
                 let align = 1u64 << ((r >> 40) % 8);
@@ -1779,12 +1815,12 @@ mod tests {
                 .collect();
             for &i in &[6, 7, 9] {
                 let (o, k, tag) = blocks[i];
-                t.free(k, o, tag).unwrap();
+                t.free_held(k, o, tag).unwrap();
             }
             t.unpark_all();
             for &i in &[0, 2, 4] {
                 let (o, k, tag) = blocks[i];
-                t.free(k, o, tag).unwrap();
+                t.free_held(k, o, tag).unwrap();
             }
             t.validate().unwrap();
             assert_eq!(t.stats().free_fragments, 2 + 3 + 1);
