@@ -543,18 +543,14 @@ impl CarveEngine {
             // The rule's footprint: a non-zero multiple of its alignment, 64 or more.
             let got = match self.slabs.take(footprint, stag) {
                 Some(x) => Some(x),
-                None => {
-                    let (bytes, _, page_align) = slab::SlabAllocator::page_shape(footprint);
-                    match self.range.alloc(bytes, page_align, tag, thorough) {
-                        Some((base, key)) => {
-                            // The slabs serve this footprint (above): the page is taken.
-                            let added = self.slabs.add_page(footprint, base, key, tag);
-                            debug_assert!(added, "a footprint the slabs serve has a class");
-                            self.slabs.take(footprint, stag)
-                        }
-                        None => None,
-                    }
-                }
+                // The slabs serve this footprint (above): it has a class, so a page shape,
+                // and the page is taken.
+                None => slab::SlabAllocator::page_shape(footprint).and_then(|shape| {
+                    let (base, key) = self.range.alloc(shape.bytes, shape.align, tag, thorough)?;
+                    let added = self.slabs.add_page(footprint, base, key, tag);
+                    debug_assert!(added, "a footprint the slabs serve has a class");
+                    self.slabs.take(footprint, stag)
+                }),
             };
             match got {
                 Some((off, slab_place)) => {
@@ -571,7 +567,7 @@ impl CarveEngine {
                     self.counters.failed += 1;
                     return Err(EngineError::NoRoomForPage {
                         footprint,
-                        page: slab::SlabAllocator::page_shape(footprint).0,
+                        page: slab::SlabAllocator::page_shape(footprint).map_or(0, |s| s.bytes),
                     });
                 }
             }

@@ -206,6 +206,18 @@ impl SizeClass {
     }
 }
 
+/// The page a slab class takes from the range engine ([`SlabAllocator::page_shape`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PageShape {
+    /// Bytes of the page: `objects` objects of the class's size.
+    pub bytes: u64,
+    /// Objects the page holds, `1 ..= 64`.
+    pub objects: u32,
+    /// Alignment of the page's start: 128 when the class's size is a multiple of 128, else
+    /// 64 (so each object starts as aligned as its footprint allows).
+    pub align: u64,
+}
+
 /// What the slab layer hands back to the range engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PageRelease {
@@ -278,10 +290,25 @@ impl SlabAllocator {
             & (self.held < MAX_PAGES)
     }
 
-    /// Page geometry for a footprint: (bytes, objects, alignment). At most 64 objects:
-    /// 4 KiB of 64-byte objects, else 32 objects up to 64 KiB; above [`EXACT_MAX`], pages of
-    /// about [`LARGE_PAGE`] bytes holding 4 to 64 objects of the class's size.
-    pub fn page_shape(footprint: u64) -> (u64, u32, u64) {
+    /// The page a footprint's class takes. At most 64 objects: 4 KiB of 64-byte objects,
+    /// else 32 objects up to 64 KiB; above [`EXACT_MAX`], pages of about [`LARGE_PAGE`]
+    /// bytes holding 4 to 64 objects of the class's size. `None` for a footprint no class
+    /// holds: 0, no multiple of the 64-byte granule, or past [`MAX_SLAB_FOOTPRINT`] (an
+    /// allocator made with a lower limit refuses those past its own too).
+    ///
+    /// ```
+    /// use ascend_pool::engine::slab::{PageShape, SlabAllocator, MAX_SLAB_FOOTPRINT};
+    ///
+    /// let shape = SlabAllocator::page_shape(1024).unwrap();
+    /// assert_eq!(shape, PageShape { bytes: 32 << 10, objects: 32, align: 128 });
+    /// for footprint in [0, 100, MAX_SLAB_FOOTPRINT + 64] {
+    ///     assert_eq!(SlabAllocator::page_shape(footprint), None);
+    /// }
+    /// ```
+    pub fn page_shape(footprint: u64) -> Option<PageShape> {
+        if !classed(footprint) || footprint > MAX_SLAB_FOOTPRINT {
+            return None;
+        }
         let footprint = class_of(footprint).1;
         let objects = if footprint <= EXACT_MAX {
             (footprint * 32).clamp(4096, 65536) / footprint
@@ -289,8 +316,11 @@ impl SlabAllocator {
             (LARGE_PAGE / footprint).clamp(4, 64)
         };
         debug_assert!(objects <= 1 << SLOT_BITS);
-        let align = if footprint % 128 == 0 { 128 } else { 64 };
-        (objects * footprint, objects as u32, align)
+        Some(PageShape {
+            bytes: objects * footprint,
+            objects: objects as u32,
+            align: if footprint % 128 == 0 { 128 } else { 64 },
+        })
     }
 
     /// Takes an object of `footprint` bytes if a page has room: (offset, place), where
@@ -342,9 +372,9 @@ impl SlabAllocator {
     /// page and sets none aside, so the fresh page is its one empty page. Whether the page
     /// was taken: a footprint no class holds (as for `alloc`) has none, and its page is not.
     pub fn add_page(&mut self, footprint: u64, base: u64, range_key: u32, range_tag: u32) -> bool {
-        if !classed(footprint) {
+        let Some(PageShape { bytes, objects, .. }) = Self::page_shape(footprint) else {
             return false;
-        }
+        };
         let (class, footprint) = class_of(footprint);
         if class >= self.classes.len() {
             return false;
@@ -353,7 +383,6 @@ impl SlabAllocator {
             self.classes[class].top == NIL && self.classes[class].cached_empty == NIL,
             "a page is added only when the class has none with room"
         );
-        let (bytes, objects, _) = Self::page_shape(footprint);
         let idx = if self.vacant != NIL {
             let idx = self.vacant;
             self.vacant = self.pages[idx as usize].partial_pos;
@@ -568,11 +597,13 @@ impl SlabAllocator {
                 ));
             }
             // The page is the range block `page_shape` asked for, and a live one (a range
-            // tag is never 0).
-            let (_, objects, align) = Self::page_shape(u64::from(p.footprint));
-            if u32::from(p.objects) != objects || p.base % align != 0 || p.range_tag == 0 {
+            // tag is never 0). The footprint was checked above: its class has a shape.
+            let shape = Self::page_shape(footprint);
+            if shape.is_none_or(|s| u32::from(p.objects) != s.objects || p.base % s.align != 0)
+                || p.range_tag == 0
+            {
                 return fail(format!(
-                    "page {i}: {} objects at {} (range tag {}), its shape is {objects} at {align}",
+                    "page {i}: {} objects at {} (range tag {}), its shape is {shape:?}",
                     p.objects, p.base, p.range_tag
                 ));
             }
@@ -736,7 +767,11 @@ mod tests {
             );
             assert!(class == last.0 && size == last.1 || class == last.0 + 1 || f == 64);
             last = (class, size);
-            let (bytes, objects, align) = SlabAllocator::page_shape(f);
+            let PageShape {
+                bytes,
+                objects,
+                align,
+            } = SlabAllocator::page_shape(f).unwrap();
             assert!((1..=64).contains(&objects) && bytes == u64::from(objects) * size);
             assert!(f <= EXACT_MAX || (objects >= 4 && align == 128));
             // Above EXACT_MAX a page holds what fits in LARGE_PAGE, 4 to 64 objects.
@@ -764,7 +799,7 @@ mod tests {
     fn pages_fill_release_and_refuse_stale_places() {
         // 1024-byte objects: 32 per 32 KiB page.
         let mut s = SlabAllocator::new(1024);
-        let (bytes, objects, _) = SlabAllocator::page_shape(1024);
+        let PageShape { bytes, objects, .. } = SlabAllocator::page_shape(1024).unwrap();
         assert_eq!((bytes, objects), (32 << 10, 32));
         assert!(s.alloc(1024, 1).is_none(), "no page yet");
         let mut pages = 0;
@@ -848,6 +883,26 @@ mod tests {
         assert!(s.add_page(CLASS_GRANULE, 0, 1, 1));
         assert_eq!(s.alloc(CLASS_GRANULE, 2), Some((0, 0)));
         s.validate().unwrap();
+    }
+
+    #[test]
+    fn page_shape_of_a_footprint_no_class_holds_is_none_not_a_panic() {
+        // `class_of` takes a non-zero multiple of the granule: 0 and 100 panicked (its
+        // assertion), and a footprint past the largest got a page of four objects (4 TiB
+        // for 1 TiB), though no class holds it. What `alloc` refuses, with no allocator.
+        for f in [0, 65, 100, MAX_SLAB_FOOTPRINT + 64, 1 << 40, u64::MAX] {
+            assert_eq!(SlabAllocator::page_shape(f), None, "{f}");
+        }
+        let largest = SlabAllocator::page_shape(MAX_SLAB_FOOTPRINT).unwrap();
+        assert_eq!((largest.objects, largest.align), (4, 128));
+        assert_eq!(
+            SlabAllocator::page_shape(64),
+            Some(PageShape {
+                bytes: 4096,
+                objects: 64,
+                align: 64
+            })
+        );
     }
 
     #[test]
@@ -1121,7 +1176,8 @@ mod tests {
             ("a page of a class past the slabs' largest", |s| {
                 let c = cached(s) as usize;
                 let (class, footprint) = class_of(2048);
-                let (bytes, objects, _) = SlabAllocator::page_shape(footprint);
+                let PageShape { bytes, objects, .. } =
+                    SlabAllocator::page_shape(footprint).unwrap();
                 s.page_bytes = s.page_bytes - s.pages[c].bytes() + bytes;
                 let page = &mut s.pages[c];
                 page.footprint = footprint as u32;
