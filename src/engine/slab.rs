@@ -52,15 +52,15 @@ pub fn class_of(footprint: u64) -> (usize, u64) {
     let class = (((k - (EXACT_SHIFT - 1)) << STEP_SHIFT) as u64 + steps) as usize;
     (class, (steps + 1) << step_shift)
 }
-/// Bytes between the objects of `class` (of [`class_of`]) and those of the class below:
-/// the class holds the footprints in `(size - step, size]`.
-#[inline(always)]
-fn class_step(class: usize) -> u64 {
+/// log2 of the bytes between the objects of `class` (of [`class_of`]) and those of the
+/// class below: the class holds the footprints in `(size - 2^shift, size]`.
+#[inline]
+fn class_step_shift(class: usize) -> u8 {
     // `class_of` gives `2^k < footprint <= 2^(k+1)` (k at least EXACT_SHIFT - 1) the classes
     // `(k - EXACT_SHIFT + 1) << STEP_SHIFT` plus 8 to 15 (0 to 15 at the least k), so
     // `class >> STEP_SHIFT` is `k - EXACT_SHIFT + 2` (0 or 1 at the least k).
     let k = (class >> STEP_SHIFT).max(1) as u32 + EXACT_SHIFT - 2;
-    1 << (k - STEP_SHIFT)
+    (k - STEP_SHIFT) as u8
 }
 /// Whether `footprint` is one [`class_of`] takes: a non-zero multiple of the granule.
 #[inline(always)]
@@ -101,8 +101,11 @@ struct SlabPage {
     /// stale once the page fills up (nothing reads it until the page is listed again). In
     /// a vacant record, the next vacant record (`NIL` ends the chain).
     partial_pos: u32,
-    /// Class index.
-    class: u16,
+    /// Class index (below 80: [`MAX_SLAB_FOOTPRINT`] is 2^18).
+    class: u8,
+    /// [`class_step_shift`] of `class`, so `free` tells a stale handle of another class
+    /// without computing it.
+    step_shift: u8,
     /// Objects in use; `0 ..= objects`.
     used: u8,
     /// Object count, `1 ..= 64`; 0 in a vacant record.
@@ -125,6 +128,7 @@ impl SlabPage {
         footprint: 0,
         partial_pos: NIL,
         class: 0,
+        step_shift: 0,
         used: 0,
         objects: 0,
         tags: [0; SLOTS],
@@ -399,11 +403,12 @@ impl SlabAllocator {
             } else {
                 (1 << objects) - 1
             },
-            // Both fit: a footprint is at most `MAX_SLAB_FOOTPRINT`, a class below 2^16,
-            // a page at most 64 objects.
+            // All fit: a footprint is at most `MAX_SLAB_FOOTPRINT`, a class below 80, a page
+            // at most 64 objects.
             footprint: footprint as u32,
             partial_pos: c.push(idx),
-            class: class as u16,
+            class: class as u8,
+            step_shift: class_step_shift(class),
             used: 0,
             objects: objects as u8,
             tags: [0; SLOTS],
@@ -434,13 +439,14 @@ impl SlabAllocator {
         // A tag is never 0: so a free slot, a slot past the page's objects or a vacant
         // record never matches. The class too: once tags wrap, a stale handle of another
         // class may name this slot's offset with its tag. The class holds the footprints
-        // in `(size - step, size]`; one past `size` wraps and is refused with those below.
+        // in `(size - 2^step_shift, size]`; one past `size` wraps and is refused with those
+        // below.
         let stored = &mut page.tags[slot];
         let size = u64::from(page.footprint);
         if tag == 0
             || *stored != tag
             || page.base + slot as u64 * size != offset
-            || size.wrapping_sub(footprint) >= class_step(usize::from(page.class))
+            || size.wrapping_sub(footprint) >> page.step_shift != 0
         {
             return Err(EngineError::AlreadyFreed { offset });
         }
@@ -590,10 +596,11 @@ impl SlabAllocator {
                 || footprint > MAX_SLAB_FOOTPRINT
                 || usize::from(p.class) >= self.classes.len()
                 || class_of(footprint) != (usize::from(p.class), footprint)
+                || p.step_shift != class_step_shift(usize::from(p.class))
             {
                 return fail(format!(
-                    "page {i}: {} objects of {footprint} bytes (class {}), free map {:#x}",
-                    p.objects, p.class, p.free_bits
+                    "page {i}: {} objects of {footprint} bytes (class {}, step 2^{}), free map {:#x}",
+                    p.objects, p.class, p.step_shift, p.free_bits
                 ));
             }
             // The page is the range block `page_shape` asked for, and a live one (a range
@@ -788,7 +795,7 @@ mod tests {
         // `free` tells a stale handle of another class by the step alone.
         for f in (64..=MAX_SLAB_FOOTPRINT).step_by(64) {
             let (class, size) = class_of(f);
-            let step = class_step(class);
+            let step = 1 << class_step_shift(class);
             assert!(size - f < step, "{f}: class {class} of {size}, step {step}");
             let below = size - step;
             assert!(below == 0 || class_of(below).0 + 1 == class, "{f}: {below}");
@@ -1096,7 +1103,7 @@ mod tests {
         fn cached(s: &SlabAllocator) -> u32 {
             s.classes[usize::from(s.pages[partial(s)].class)].cached_empty
         }
-        let corruptions: [crate::engine::Drift<SlabAllocator>; 20] = [
+        let corruptions: [crate::engine::Drift<SlabAllocator>; 21] = [
             ("held counter", SlabAllocator::drift_for_test),
             ("byte counter", |s| s.page_bytes += 1024),
             ("free bit of a used object", |s| {
@@ -1120,6 +1127,10 @@ mod tests {
             ("page in another class", |s| {
                 let i = partial(s);
                 s.pages[i].class += 1;
+            }),
+            ("step of another class", |s| {
+                let i = partial(s);
+                s.pages[i].step_shift += 1;
             }),
             ("tag in a vacant record", |s| {
                 let v = s.vacant as usize;
@@ -1181,7 +1192,7 @@ mod tests {
                 s.page_bytes = s.page_bytes - s.pages[c].bytes() + bytes;
                 let page = &mut s.pages[c];
                 page.footprint = footprint as u32;
-                page.class = class as u16;
+                page.class = class as u8;
                 page.objects = objects as u8;
                 page.free_bits = !0 >> (64 - objects);
             }),
