@@ -369,4 +369,30 @@ mod tests {
             assert!(e.to_string().contains(said), "{e:?} printed {e}");
         }
     }
+
+    #[test]
+    fn the_limits_themselves_are_accepted() {
+        // 1 MiB of padding and 1 GiB starts are the documented largest, not past it.
+        let widest = CarveRule::new(1 << 20, MAX_ALIGN).unwrap();
+        assert_eq!(widest.footprint(1), Ok(MAX_ALIGN));
+        assert_eq!(widest.segment_len(1), Ok(32 + (1 << 20)));
+        assert_eq!(
+            CarveRule::default()
+                .with_padding(1 << 20)
+                .map(|r| r.padding()),
+            Ok(1 << 20)
+        );
+        assert_eq!(
+            CarveRule::new((1 << 20) + 32, 64),
+            Err(CarveRuleError::BadPadding {
+                padding: (1 << 20) + 32
+            })
+        );
+        assert_eq!(
+            CarveRule::new(32, MAX_ALIGN * 2),
+            Err(CarveRuleError::BadAlignment {
+                align: MAX_ALIGN * 2
+            })
+        );
+    }
 }
