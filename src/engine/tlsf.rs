@@ -1906,4 +1906,39 @@ mod tests {
         ];
         crate::engine::assert_each_drift_reported(build, &corruptions, TlsfRange::validate);
     }
+
+    #[test]
+    fn a_parked_block_is_taken_only_at_the_alignment_asked() {
+        // A block of 64 units parked at unit 1: a request of its length at 4096 bytes
+        // (64 units) must not take it, by `alloc` nor by `alloc_parked`.
+        let mut t = TlsfRange::new(1 << 20, 64).unwrap();
+        let _below = alloc(&mut t, 64, 64).unwrap();
+        let (o, k, tag) = alloc(&mut t, 4096, 64).unwrap();
+        let _above = alloc(&mut t, 64, 64).unwrap();
+        assert_eq!(o, 64);
+        t.free(k, o, tag).unwrap();
+        assert_eq!(t.alloc_parked(4096, 4096, 7), None);
+        t.validate().unwrap();
+        let (at, _, _) = alloc(&mut t, 4096, 4096).unwrap();
+        assert_eq!(at % 4096, 0);
+        t.validate().unwrap();
+        // At the alignment it has, the parked block serves.
+        let (o2, k2, tag2) = alloc(&mut t, 4096, 64).unwrap();
+        assert_eq!(o2, 64);
+        t.free(k2, o2, tag2).unwrap();
+        assert_eq!(t.alloc_parked(4096, 64, 7).map(|(o, _)| o), Some(64));
+        t.validate().unwrap();
+    }
+
+    #[test]
+    fn the_largest_range_is_taken_whole() {
+        // 2^32 - 1 units is the largest, not one past it: taken by `new`, not only by `grow`.
+        let max = u64::from(u32::MAX) * 64;
+        let mut t = TlsfRange::new(max, 64).unwrap();
+        assert_eq!((t.capacity(), t.free_tail()), (max, max));
+        let (a, k, tag) = alloc(&mut t, max, 64).unwrap();
+        assert_eq!(a, 0);
+        t.free(k, a, tag).unwrap();
+        t.validate().unwrap();
+    }
 }
