@@ -1206,4 +1206,37 @@ mod tests {
         ];
         crate::engine::assert_each_drift_reported(build, &corruptions, SlabAllocator::validate);
     }
+
+    #[test]
+    fn the_first_listed_page_emptying_beside_others_is_set_aside_not_given_back() {
+        // 64 KiB objects: 4 per page. Pages 0 and 1 listed in that order, both partly used;
+        // page 0 empties. It is no kept page (others are listed): it is set aside, and
+        // nothing goes back: page 1 still holds objects.
+        let f = 64 << 10;
+        let class = class_of(f).0;
+        let mut s = SlabAllocator::new(f);
+        let mut added = 0;
+        let mut live: Vec<_> = (1..=8)
+            .map(|t| (alloc_adding(&mut s, f, t, &mut added), t))
+            .collect();
+        assert_eq!(added, 2);
+        // One object of page 0, then of page 1: both back in the list, 0 first.
+        for i in [3, 6] {
+            let ((o, p), t) = live.remove(i);
+            assert_eq!(s.free(o, p, t).unwrap(), None);
+        }
+        assert_eq!(s.classes[class].pages(), &[0, 1]);
+        for ((o, p), t) in live.drain(..3) {
+            assert_eq!(s.free(o, p, t).unwrap(), None);
+            s.validate().unwrap();
+        }
+        assert_eq!(s.classes[class].pages(), &[1]);
+        assert_eq!((s.classes[class].cached_empty, s.page_count()), (0, 2));
+        // Page 1's objects are still its own.
+        for ((o, p), t) in live {
+            assert_eq!(p >> SLOT_BITS, 1);
+            s.free(o, p, t).unwrap();
+            s.validate().unwrap();
+        }
+    }
 }
