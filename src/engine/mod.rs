@@ -1187,7 +1187,7 @@ mod tests {
                 e
             };
             // The last two reach the tiers' own checks through the engine's.
-            let drifts: [Drift<CarveEngine>; 18] = [
+            let drifts: [Drift<CarveEngine>; 19] = [
                 ("range-tier live bytes", |e| e.range_live_bytes += 64),
                 ("capacity", |e| e.capacity += 64),
                 ("live counter", |e| e.counters.live += 1),
@@ -1232,6 +1232,11 @@ mod tests {
                 // Used to panic on the subtraction (debug) instead of reporting.
                 ("more frees than allocations", |e| {
                     e.counters.frees = e.counters.allocs + 1
+                }),
+                // The slab object's 192 bytes gone from both sums: every other check holds.
+                ("slab footprints below 64 bytes an object", |e| {
+                    e.counters.footprint_bytes -= 192;
+                    e.counters.requested_bytes -= 100;
                 }),
             ];
             assert_each_drift_reported(build, &drifts, CarveEngine::validate);
@@ -1387,5 +1392,101 @@ mod tests {
             e.validate().unwrap();
             assert!(e.is_empty());
         }
+    }
+
+    #[test]
+    fn stats_take_each_figure_from_its_own_source() {
+        // A slab object and a range segment side by side: with only one of them, the
+        // slab bytes equal the range tier's bytes in use, and the requested peak the live sum.
+        let rule = CarveRule::default();
+        for cfg in both_tiers() {
+            let mut e = CarveEngine::new(8 << 20, cfg).unwrap();
+            let small = e.alloc(100, rule).unwrap(); // a footprint of 192, in a page of 32
+            let big = e.alloc(300 << 10, rule).unwrap(); // past the slabs
+            assert_eq!((small.is_slab(), big.is_slab()), (true, false), "{cfg:?}");
+            let page = slab::SlabAllocator::page_shape(192).0;
+            let s = e.stats();
+            assert_eq!((s.slab_pages, s.slab_bytes), (1, page), "{cfg:?}");
+            // The page's free objects, not the page: the range segment is no waste.
+            assert_eq!(s.internal_waste, page - 192, "{cfg:?}");
+            let asked = 100 + (300 << 10);
+            let c = s.counters;
+            assert_eq!((c.requested_bytes, c.peak_requested_bytes), (asked, asked));
+            assert_eq!(c.peak_footprint_bytes, 192 + big.footprint(), "{cfg:?}");
+            e.free(big).unwrap();
+            // The peaks stay where they were; the live sums fall.
+            let c = e.counters();
+            assert_eq!((c.requested_bytes, c.peak_requested_bytes), (100, asked));
+            assert_eq!(c.footprint_bytes, 192);
+            e.free(small).unwrap();
+            e.validate().unwrap();
+        }
+    }
+
+    #[test]
+    fn a_slab_sized_segment_alone_takes_the_room_of_a_cached_page() {
+        // 4,128 bytes: a footprint of 4,160, whose class's page (about 128 KiB) no 8 KiB
+        // range holds. Alone it needs more than the 4 KiB the cached page of a 64-byte
+        // footprint leaves: the page goes back first, as for a segment past the slabs.
+        let rule = CarveRule::default();
+        for cfg in both_tiers() {
+            let mut e = CarveEngine::new(8 << 10, cfg).unwrap();
+            let tiny = e.alloc(1, rule).unwrap();
+            assert!(tiny.is_slab());
+            e.free(tiny).unwrap();
+            assert_eq!(e.stats().slab_pages, 1, "{cfg:?}: the page stays cached");
+            let a = e.alloc(4128, rule);
+            assert_eq!(
+                a.map(|a| (a.offset(), a.footprint(), a.is_slab())),
+                Ok((0, 4160, false)),
+                "{cfg:?}"
+            );
+            e.validate().unwrap();
+        }
+    }
+
+    #[test]
+    fn the_free_tail_counts_a_free_block_below_a_parked_top_segment() {
+        // `b` merged into the bins by `trim`, then `c` above it parked at the top: both are
+        // the free tail, as a search would merge them into the wilderness.
+        let rule = CarveRule::default();
+        for cfg in both_tiers() {
+            let mut e = CarveEngine::new(4 << 20, cfg).unwrap();
+            let [a, b, c] = [0; 3].map(|_| e.alloc(900 << 10, rule).unwrap());
+            e.free(b).unwrap();
+            e.trim();
+            e.free(c).unwrap();
+            let end = a.offset() + a.footprint();
+            assert_eq!(e.free_tail(), (4 << 20) - end, "{cfg:?}");
+            assert_eq!(e.shrink_free_tail(64), (4 << 20) - end, "{cfg:?}");
+            e.validate().unwrap();
+        }
+    }
+
+    #[test]
+    fn slab_max_may_be_the_largest_slab_footprint() {
+        // The documented bound is inclusive: a page of four 256 KiB objects.
+        let cfg = EngineConfig {
+            slab_max: slab::MAX_SLAB_FOOTPRINT,
+            ..EngineConfig::default()
+        };
+        let mut e = CarveEngine::new(8 << 20, cfg).unwrap();
+        let a = e
+            .alloc(slab::MAX_SLAB_FOOTPRINT - 32, CarveRule::default())
+            .unwrap();
+        assert_eq!(
+            (a.footprint(), a.is_slab()),
+            (slab::MAX_SLAB_FOOTPRINT, true)
+        );
+        e.free(a).unwrap();
+        e.validate().unwrap();
+        let past = EngineConfig {
+            slab_max: slab::MAX_SLAB_FOOTPRINT + 64,
+            ..cfg
+        };
+        assert!(matches!(
+            CarveEngine::new(8 << 20, past),
+            Err(EngineError::SlabMaxTooLarge { .. })
+        ));
     }
 }
