@@ -1404,7 +1404,7 @@ mod tests {
             let small = e.alloc(100, rule).unwrap(); // a footprint of 192, in a page of 32
             let big = e.alloc(300 << 10, rule).unwrap(); // past the slabs
             assert_eq!((small.is_slab(), big.is_slab()), (true, false), "{cfg:?}");
-            let page = slab::SlabAllocator::page_shape(192).0;
+            let page = slab::SlabAllocator::page_shape(192).unwrap().bytes;
             let s = e.stats();
             assert_eq!((s.slab_pages, s.slab_bytes), (1, page), "{cfg:?}");
             // The page's free objects, not the page: the range segment is no waste.

@@ -1223,11 +1223,11 @@ mod tests {
         // One object of page 0, then of page 1: both back in the list, 0 first.
         for i in [3, 6] {
             let ((o, p), t) = live.remove(i);
-            assert_eq!(s.free(o, p, t).unwrap(), None);
+            assert_eq!(s.free(o, f, p, t).unwrap(), None);
         }
         assert_eq!(s.classes[class].pages(), &[0, 1]);
         for ((o, p), t) in live.drain(..3) {
-            assert_eq!(s.free(o, p, t).unwrap(), None);
+            assert_eq!(s.free(o, f, p, t).unwrap(), None);
             s.validate().unwrap();
         }
         assert_eq!(s.classes[class].pages(), &[1]);
@@ -1235,7 +1235,7 @@ mod tests {
         // Page 1's objects are still its own.
         for ((o, p), t) in live {
             assert_eq!(p >> SLOT_BITS, 1);
-            s.free(o, p, t).unwrap();
+            s.free(o, f, p, t).unwrap();
             s.validate().unwrap();
         }
     }

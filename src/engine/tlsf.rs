@@ -1916,7 +1916,7 @@ mod tests {
         let (o, k, tag) = alloc(&mut t, 4096, 64).unwrap();
         let _above = alloc(&mut t, 64, 64).unwrap();
         assert_eq!(o, 64);
-        t.free(k, o, tag).unwrap();
+        t.free_held(k, o, tag).unwrap();
         assert_eq!(t.alloc_parked(4096, 4096, 7), None);
         t.validate().unwrap();
         let (at, _, _) = alloc(&mut t, 4096, 4096).unwrap();
@@ -1925,7 +1925,7 @@ mod tests {
         // At the alignment it has, the parked block serves.
         let (o2, k2, tag2) = alloc(&mut t, 4096, 64).unwrap();
         assert_eq!(o2, 64);
-        t.free(k2, o2, tag2).unwrap();
+        t.free_held(k2, o2, tag2).unwrap();
         assert_eq!(t.alloc_parked(4096, 64, 7).map(|(o, _)| o), Some(64));
         t.validate().unwrap();
     }
@@ -1938,7 +1938,7 @@ mod tests {
         assert_eq!((t.capacity(), t.free_tail()), (max, max));
         let (a, k, tag) = alloc(&mut t, max, 64).unwrap();
         assert_eq!(a, 0);
-        t.free(k, a, tag).unwrap();
+        t.free(k, a, max, tag).unwrap();
         t.validate().unwrap();
     }
 }
