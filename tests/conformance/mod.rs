@@ -109,6 +109,27 @@ macro_rules! conformance_suite {
 
         /// Every copy and fill at non-zero offsets, through a view of part of a region,
         /// moves exactly the bytes asked for and touches nothing else.
+        /// A free of a live block described with another device or size is refused with
+        /// `ACL_ERROR_INVALID_PARAM` (the right free function, the wrong block), and the
+        /// block stays live and freeable.
+        #[test]
+        fn a_free_describing_the_block_wrongly_is_refused() {
+            let src = source(64 << 20);
+            let b = src.alloc_block(0, MemKind::DEVICE, 4096).unwrap();
+            for wrong in [
+                ascend_pool::source::Block { device: 1, ..b },
+                ascend_pool::source::Block { size: b.size + 1, ..b },
+            ] {
+                match src.free_block(wrong) {
+                    Err(Error::Runtime { code, .. }) => {
+                        assert_eq!(code, ascend_pool::AclError::INVALID_PARAM, "{wrong:?}")
+                    }
+                    other => panic!("{wrong:?} freed: {other:?}"),
+                }
+            }
+            src.free_block(b).unwrap();
+        }
+
         #[test]
         fn offsets_and_views_move_exactly_the_bytes_asked_for() {
             const N: usize = 4096;
