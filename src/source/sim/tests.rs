@@ -561,3 +561,27 @@ fn comm_threads_go_with_their_stream() {
     cycle(100);
     assert_eq!((after_n, threads(&sim)), (0, 0));
 }
+
+/// `aclrtDestroyStream` waits for the tasks already queued on the stream (only
+/// `aclrtDestroyStreamForce` does not): once it returns, a queued copy has landed.
+#[test]
+fn destroying_a_stream_runs_its_queued_work_first() {
+    let sim = small();
+    let s = sim.create_stream(0).unwrap();
+    let src = sim.alloc_block(0, MemKind::Host, 256).unwrap();
+    let dst = sim.alloc_block(0, MemKind::DEVICE, 256).unwrap();
+    // SAFETY: `src` is a live block of 256 bytes that nothing else touches.
+    unsafe { std::ptr::write_bytes(src.addr as *mut u8, 9, 256) };
+    sim.enqueue_delay(s, Duration::from_millis(50)).unwrap();
+    // SAFETY: both blocks are live and in bounds until after the stream is destroyed.
+    unsafe {
+        sim.memcpy_async(dst.addr, 256, src.addr, 256, MemcpyKind::HostToDevice, s)
+            .unwrap();
+    }
+    sim.destroy_stream(s).unwrap();
+    // SAFETY: `dst` is live and no queued work touches it any more.
+    let landed = unsafe { std::slice::from_raw_parts(dst.addr as *const u8, 256) };
+    assert!(landed.iter().all(|&b| b == 9), "the copy had not run");
+    sim.free_block(dst).unwrap();
+    sim.free_block(src).unwrap();
+}
