@@ -1644,3 +1644,43 @@ fn a_reservation_for_a_device_the_runtime_lacks_is_refused() {
     let va = sim.reserve_address(0, G).unwrap();
     sim.release_address(va).unwrap();
 }
+
+/// A shrink by less than a granule still gives back an extent that lies wholly past the
+/// new end (mapped by a growth): what stays mapped is what the block keeps.
+#[test]
+fn a_shrink_by_less_than_a_granule_releases_an_extent_past_the_new_end() {
+    let vmm = VmmSource::new(sim(64 * MIB), 0, VmmConfig::default()).unwrap();
+    let a = vmm.alloc_block(0, MemKind::DEVICE, 2 * G).unwrap();
+    // A growth of one byte maps one more granule, an extent of its own.
+    let a = vmm.extend_block(a, 1).unwrap().unwrap();
+    assert_eq!(vmm.stats().mapped_bytes, 3 * G);
+    // Shrunk by less than a granule, past the start of that extent.
+    let a = vmm.shrink_block(a, G + 2).unwrap();
+    assert_eq!(vmm.stats().mapped_bytes, 2 * G);
+    assert_eq!(a.size, 2 * G, "the block keeps what stays mapped");
+    vmm.validate().unwrap();
+    vmm.free_block(a).unwrap();
+    assert_eq!(vmm.stats().mapped_bytes, 0);
+}
+
+/// `aclrtMemImportFromShareableHandle` names a device like every call that takes one: a
+/// device the runtime lacks is refused, and nothing is imported.
+#[test]
+fn an_import_onto_a_device_out_of_range_is_refused() {
+    let sim = sim(64 * MIB);
+    let h = sim.malloc_physical(0, G).unwrap();
+    // Any process may import it, this one too.
+    let s = sim.export_shareable(h, 1).unwrap();
+    let func = AclFunc::MemImportFromShareableHandle.name();
+    for device in [1, 99, -1] {
+        assert_eq!(
+            code(sim.import_shareable(s, device)),
+            (func, AclError::RT_PARAM_INVALID),
+            "device {device}"
+        );
+    }
+    assert_eq!(sim.stats().physical_handles, 1);
+    let imported = sim.import_shareable(s, 0).unwrap();
+    sim.free_physical(imported).unwrap();
+    sim.free_physical(h).unwrap();
+}
