@@ -585,3 +585,25 @@ fn destroying_a_stream_runs_its_queued_work_first() {
     sim.free_block(dst).unwrap();
     sim.free_block(src).unwrap();
 }
+
+/// HCCL registers a window only when `va % 2 MiB == 0` and `len % 2 MiB == 0`
+/// (ACL_REFERENCE.md, section 1): the simulator refuses a window off that granule itself,
+/// not only through the pool, which checks first.
+#[test]
+fn windows_off_the_2_mib_granule_are_refused() {
+    let sim = SimSource::default();
+    let b = sim.alloc_block(0, MemKind::DEVICE, 6 << 20).unwrap();
+    let g = WINDOW_GRANULE as usize;
+    let at = b.addr.div_ceil(g) * g;
+    let half = WINDOW_GRANULE / 2;
+    // SAFETY: every range lies in the live block `b`, which outlives the windows.
+    unsafe {
+        for (addr, len) in [(at + g / 2, WINDOW_GRANULE), (at, half), (at, 3 * half)] {
+            let r = sim.register_window(0, addr, len);
+            assert!(matches!(r, Err(Error::Misaligned { .. })), "{r:?}");
+        }
+        sim.register_window(0, at, WINDOW_GRANULE).unwrap();
+    }
+    sim.deregister_window(at).unwrap();
+    sim.free_block(b).unwrap();
+}
