@@ -1684,3 +1684,29 @@ fn an_import_onto_a_device_out_of_range_is_refused() {
     sim.free_physical(imported).unwrap();
     sim.free_physical(h).unwrap();
 }
+
+/// A granule below the runtime's minimum granularity is refused when the source is made,
+/// not at its first allocation, which the runtime would refuse.
+#[test]
+fn a_granule_below_the_runtime_granularity_is_a_config_error() {
+    for granule in [MIB, 64 << 10] {
+        let r = VmmSource::new(sim(64 * MIB), 0, VmmConfig::default().with_granule(granule));
+        assert!(matches!(r, Err(Error::Config(_))), "{granule}: {r:?}");
+    }
+    VmmSource::new(sim(64 * MIB), 0, VmmConfig::default().with_granule(2 * G)).unwrap();
+}
+
+/// Size 0 is refused by every allocation call: the source answers it as
+/// `aclrtMallocPhysical` would, without calling the runtime.
+#[test]
+fn a_device_block_of_0_bytes_is_refused_before_the_runtime() {
+    let sim = sim(64 * MIB);
+    let vmm = VmmSource::new(sim.clone(), 0, VmmConfig::default()).unwrap();
+    assert_eq!(
+        code(vmm.alloc_block(0, MemKind::DEVICE, 0)),
+        ("aclrtMallocPhysical", AclError::INVALID_PARAM)
+    );
+    let stats = sim.stats();
+    assert_eq!(stats.calls.get(&AclFunc::MallocPhysical), None);
+    assert_eq!(stats.calls.get(&AclFunc::MapMem), None);
+}
