@@ -607,3 +607,23 @@ fn windows_off_the_2_mib_granule_are_refused() {
     sim.deregister_window(at).unwrap();
     sim.free_block(b).unwrap();
 }
+
+/// `aclrtSynchronizeDevice` waits for the streams of its device only: a stream of another
+/// device held busy does not keep it waiting.
+#[test]
+fn synchronize_device_does_not_wait_for_other_devices() {
+    let sim = small();
+    let on_0 = sim.create_stream(0).unwrap();
+    let on_1 = sim.create_stream(1).unwrap();
+    let hold = sim.hold_stream(on_1).unwrap();
+    let (done, returned) = std::sync::mpsc::channel();
+    std::thread::scope(|scope| {
+        scope.spawn(|| done.send(sim.synchronize_device(0)).unwrap());
+        let r = returned.recv_timeout(Duration::from_secs(5));
+        // Before any assertion: a held stream keeps the scope from ending.
+        hold.release();
+        assert_eq!(r.expect("waited for device 1's stream"), Ok(()));
+    });
+    sim.destroy_stream(on_0).unwrap();
+    sim.destroy_stream(on_1).unwrap();
+}
