@@ -1649,6 +1649,7 @@ fn a_reservation_for_a_device_the_runtime_lacks_is_refused() {
 /// new end (mapped by a growth): what stays mapped is what the block keeps.
 #[test]
 fn a_shrink_by_less_than_a_granule_releases_an_extent_past_the_new_end() {
+    let _g = serial();
     let vmm = VmmSource::new(sim(64 * MIB), 0, VmmConfig::default()).unwrap();
     let a = vmm.alloc_block(0, MemKind::DEVICE, 2 * G).unwrap();
     // A growth of one byte maps one more granule, an extent of its own.
@@ -1667,6 +1668,7 @@ fn a_shrink_by_less_than_a_granule_releases_an_extent_past_the_new_end() {
 /// device the runtime lacks is refused, and nothing is imported.
 #[test]
 fn an_import_onto_a_device_out_of_range_is_refused() {
+    let _g = serial();
     let sim = sim(64 * MIB);
     let h = sim.malloc_physical(0, G).unwrap();
     // Any process may import it, this one too.
@@ -1689,6 +1691,7 @@ fn an_import_onto_a_device_out_of_range_is_refused() {
 /// not at its first allocation, which the runtime would refuse.
 #[test]
 fn a_granule_below_the_runtime_granularity_is_a_config_error() {
+    let _g = serial();
     for granule in [MIB, 64 << 10] {
         let r = VmmSource::new(sim(64 * MIB), 0, VmmConfig::default().with_granule(granule));
         assert!(matches!(r, Err(Error::Config(_))), "{granule}: {r:?}");
@@ -1700,6 +1703,7 @@ fn a_granule_below_the_runtime_granularity_is_a_config_error() {
 /// `aclrtMallocPhysical` would, without calling the runtime.
 #[test]
 fn a_device_block_of_0_bytes_is_refused_before_the_runtime() {
+    let _g = serial();
     let sim = sim(64 * MIB);
     let vmm = VmmSource::new(sim.clone(), 0, VmmConfig::default()).unwrap();
     assert_eq!(
@@ -1709,4 +1713,27 @@ fn a_device_block_of_0_bytes_is_refused_before_the_runtime() {
     let stats = sim.stats();
     assert_eq!(stats.calls.get(&AclFunc::MallocPhysical), None);
     assert_eq!(stats.calls.get(&AclFunc::MapMem), None);
+}
+
+/// `HUGE1G` memory maps only at a 1 GiB boundary, its granularity, though the range is
+/// reserved in the default granularity's steps.
+#[test]
+fn huge1g_memory_maps_only_on_a_1_gib_boundary() {
+    let _g = serial();
+    let sim = sim(2 << 30);
+    let huge1g = PhysicalMemProp {
+        mem_attr: 10, // ACL_HBM_MEM_HUGE1G
+        ..PhysicalMemProp::device(0)
+    };
+    let gib = 1u64 << 30;
+    let va = sim.reserve_mem_address(2 * gib, 0, 0, 1).unwrap();
+    let h = sim.malloc_physical_with(gib, Some(&huge1g), 0).unwrap();
+    assert_eq!(
+        code(sim.map_mem(va + G as usize, gib, 0, h, 0)),
+        ("aclrtMapMem", AclError::INVALID_PARAM)
+    );
+    sim.map_mem(va, gib, 0, h, 0).unwrap();
+    sim.unmap_mem(va).unwrap();
+    sim.free_physical_handle(h).unwrap();
+    sim.release_mem_address(va).unwrap();
 }
