@@ -852,3 +852,45 @@ fn a_block_past_the_good_fit_probes_serves_before_the_kind_grows() {
     assert_eq!(pool.stats(MemKind::Host).chunks, 1);
     pool.validate().unwrap();
 }
+
+/// Past the release threshold, a free gives back empty chunks until at most the threshold's
+/// bytes of them stay: one chunk of exactly the threshold is kept, the first one, and the
+/// rest go back.
+#[test]
+fn a_trim_past_the_threshold_keeps_an_empty_chunk_of_exactly_the_threshold() {
+    // The first chunk's size, from a pool that keeps everything.
+    let first = {
+        let probe = Pool::new(
+            Arc::new(SimSource::default()),
+            PoolConfig::default().with_thread_cache(0),
+        )
+        .unwrap();
+        let _r = probe.alloc_host(4096).unwrap();
+        probe.stats(MemKind::Host).reserved_bytes
+    };
+    let config = PoolConfig {
+        thread_cache: 0,
+        release_threshold: first,
+        ..PoolConfig::default()
+    };
+    let pool = Pool::new(Arc::new(SimSource::default()), config).unwrap();
+    let a = pool.alloc_host(4096).unwrap();
+    // Too big for what the first chunk has left: a second chunk.
+    let b = pool.alloc_host(first - 64).unwrap();
+    let st = pool.stats(MemKind::Host);
+    assert_eq!(st.chunks, 2, "{st:?}");
+    let second = st.reserved_bytes - first;
+    // Empty at exactly the threshold: kept.
+    drop(a);
+    assert_eq!(pool.stats(MemKind::Host).chunks, 2);
+    // Both empty, past the threshold: the second goes back, the first (the threshold's
+    // bytes, no more) stays.
+    drop(b);
+    let st = pool.stats(MemKind::Host);
+    assert_eq!(
+        (st.chunks, st.reserved_bytes, st.source_free_calls),
+        (1, first, 1),
+        "second chunk of {second} bytes: {st:?}"
+    );
+    pool.validate().unwrap();
+}
