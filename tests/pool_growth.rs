@@ -894,3 +894,21 @@ fn a_trim_past_the_threshold_keeps_an_empty_chunk_of_exactly_the_threshold() {
     );
     pool.validate().unwrap();
 }
+
+/// The growth size is picked within a quarter either side of the balanced target, the lower
+/// side included: a kind of 4 MiB, full, whose balance is 8 MiB, takes a 6 MiB chunk for a
+/// request of 3 MiB (two of it tile 6 MiB exactly; 8 and 10 MiB leave bytes over).
+#[test]
+fn growth_takes_the_best_tiling_size_below_the_target_too() {
+    let pool = pool();
+    // One full chunk of 4 MiB: the first chunk is just the request.
+    let _full = pool.alloc_host(4 * MIB - 64).unwrap();
+    let st = pool.stats(MemKind::Host);
+    assert_eq!((st.reserved_bytes, st.allocated_bytes), (4 * MIB, 4 * MIB));
+    // sqrt(8 x 2 MiB x 4 MiB) = 8 MiB of headroom, none free: the target is 8 MiB, and
+    // 6 MiB (a quarter below) tiles 3 MiB footprints best.
+    let _three = pool.alloc_host(3 * MIB - 64).unwrap();
+    let st = pool.stats(MemKind::Host);
+    assert_eq!((st.chunks, st.reserved_bytes), (2, 10 * MIB), "{st:?}");
+    pool.validate().unwrap();
+}
