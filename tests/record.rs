@@ -303,3 +303,44 @@ fn a_debug_allocation_that_fails_is_neither_counted_nor_recorded() {
     assert!(text.contains("\"op\":\"alloc\""), "{text}");
     drop(r);
 }
+
+/// A segment taken over on its stream ([`Pool::alloc_device_on`]) while its old region's free
+/// is still pending is written as that free and a new allocation: the trace names each
+/// region once, and replays to nothing live.
+#[test]
+fn a_segment_taken_over_on_its_stream_is_recorded_as_a_free_and_an_allocation() {
+    use ascend_pool::source::sim::SimConfig;
+    use ascend_pool::source::BlockSource;
+    use ascend_pool::Region;
+    let path = trace_path("taken-over");
+    let sim =
+        Arc::new(SimSource::new(SimConfig::default().with_device_capacity(512 << 20)).unwrap());
+    let pool = Pool::new(
+        Arc::clone(&sim) as Arc<dyn BlockSource>,
+        PoolConfig::default()
+            .with_record(&path)
+            .with_thread_cache(0),
+    )
+    .unwrap();
+    let stream = pool.create_stream().unwrap();
+    let hold = sim.hold_stream(stream.handle()).unwrap();
+    let mut old = pool.alloc_device_on(1 << 20, &stream).unwrap();
+    let addr = old.addr();
+    pool.memset_async(&mut old, 0, 0xAB, 1 << 20, &stream)
+        .unwrap();
+    drop(old); // its free waits for the held stream
+    let new = pool.alloc_device_on(1 << 20, &stream).unwrap();
+    assert_eq!(new.addr(), addr, "taken over at once");
+    hold.release();
+    drop(new);
+    pool.synchronize().unwrap();
+    pool.flush_record().unwrap();
+    let text = std::fs::read_to_string(&path).unwrap();
+    let _ = std::fs::remove_file(&path);
+    let count = |op: &str| text.matches(&format!("\"op\":\"{op}\"")).count();
+    assert_eq!((count("alloc"), count("free")), (2, 2), "trace:\n{text}");
+    let factory = PoolFactory::new(PoolConfig::default(), DEFAULT_DEVICE_SIZE).unwrap();
+    let report = replay(text.as_bytes(), TraceConfig::default(), &factory, |_| {}).unwrap();
+    assert_eq!((report.errors.total(), report.live_at_end), (0, 0));
+    drop(stream);
+}
