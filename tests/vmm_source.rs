@@ -1737,3 +1737,43 @@ fn huge1g_memory_maps_only_on_a_1_gib_boundary() {
     sim.free_physical_handle(h).unwrap();
     sim.release_mem_address(va).unwrap();
 }
+
+/// A tail the runtime refuses to unmap on trim is still a call giving memory back, as a
+/// refused block free is: counted once, with the chunk and its reservation kept whole (the
+/// engine takes the tail back), and given back by the next trim.
+#[test]
+fn a_refused_tail_shrink_is_counted_as_a_call_and_kept() {
+    let _g = serial();
+    let (sim, vmm) = vmm(256 * MIB);
+    let vmm = Arc::new(vmm);
+    let pool = pool_growing_in_place(&vmm);
+    let first = pool.alloc_device(3 * MIB).unwrap();
+    let second = pool.alloc_device(3 * MIB).unwrap();
+    drop(second);
+    let before = pool.stats(MemKind::DEVICE);
+    assert_eq!(before.chunks, 1, "{before:?}");
+    sim.inject_fault(Fault::next(AclFunc::UnmapMem, AclError::RT_FAILURE, 1));
+    assert_eq!(pool.trim(), 0, "the runtime kept the tail");
+    let st = pool.stats(MemKind::DEVICE);
+    assert_eq!(
+        (st.chunks, st.reserved_bytes, st.source_free_calls),
+        (1, before.reserved_bytes, before.source_free_calls + 1),
+        "{st:?}"
+    );
+    pool.validate().unwrap();
+    // The fault spent, the tail goes back: a second call.
+    let released = pool.trim();
+    let st = pool.stats(MemKind::DEVICE);
+    assert!(released > 0, "{st:?}");
+    assert_eq!(
+        (st.reserved_bytes, st.source_free_calls),
+        (
+            before.reserved_bytes - released,
+            before.source_free_calls + 2
+        ),
+        "{st:?}"
+    );
+    drop(first);
+    pool.validate().unwrap();
+    vmm.validate().unwrap();
+}
