@@ -511,3 +511,52 @@ fn threads_and_pools_that_come_and_go_leave_nothing_behind() {
     assert_eq!(after_n.1, 0, "an exited thread's cache kept segments");
     assert_eq!(after_n, after_2n);
 }
+
+/// In debug mode a write into a segment's padding while it sits in a thread cache (a write
+/// after its free) is reported when the next allocation of its shape takes it back, and the
+/// new owner gets a whole canary: its own free reports nothing.
+#[test]
+fn a_write_into_a_cached_segment_is_reported_when_it_is_taken_back() {
+    let pool = Pool::new(
+        Arc::new(SimSource::default()),
+        PoolConfig::default().with_debug(true),
+    )
+    .unwrap();
+    let mut first = pool.alloc_host(1000).unwrap();
+    let addr = first.addr();
+    first.as_mut_slice().fill(1);
+    drop(first); // into this thread's cache, its canary whole
+    assert_eq!(pool.stats(MemKind::Host).cached_regions, 1);
+    assert!(pool.take_corruption_reports().is_empty());
+    // A write after the free, into the padding (1024.., past the rounded length).
+    let junk = [0x55u8; 4];
+    // SAFETY: 4 bytes inside the cached segment's padding, which stays carved while cached.
+    unsafe {
+        pool.source()
+            .memcpy(
+                addr + 1030,
+                4,
+                junk.as_ptr() as usize,
+                4,
+                ascend_pool::source::MemcpyKind::HostToHost,
+            )
+            .unwrap();
+    }
+    let again = pool.alloc_host(1000).unwrap();
+    assert_eq!(again.addr(), addr, "a thread-cache hit");
+    let reports = pool.take_corruption_reports();
+    assert!(
+        matches!(
+            reports[..],
+            [ascend_pool::Error::Corruption {
+                len: 1000,
+                first_bad: 1030,
+                ..
+            }]
+        ),
+        "{reports:?}"
+    );
+    assert!(again.free().is_ok(), "the new owner's canary is whole");
+    assert!(pool.take_corruption_reports().is_empty());
+    pool.validate().unwrap();
+}
