@@ -579,3 +579,40 @@ fn a_cached_segment_is_no_leak_and_its_flush_no_second_free() {
     );
     pool.validate().unwrap();
 }
+
+/// In debug mode a thread-cache hit whose canary cannot be written again (`aclrtMemset`
+/// fails) gives the segment back and carves a fresh one: the caller's request is one
+/// allocation, not two.
+#[test]
+fn a_debug_cache_hit_that_cannot_arm_its_canary_counts_one_allocation() {
+    use ascend_pool::source::sim::{AclFunc, Fault};
+    use ascend_pool::source::BlockSource;
+    let sim = Arc::new(SimSource::default());
+    let pool = Pool::new(
+        Arc::clone(&sim) as Arc<dyn BlockSource>,
+        PoolConfig::default().with_debug(true),
+    )
+    .unwrap();
+    drop(pool.alloc_device(1000).unwrap()); // into this thread's cache
+    assert_eq!(pool.stats(MemKind::DEVICE).cached_regions, 1);
+    sim.inject_fault(Fault::next(
+        AclFunc::Memset,
+        ascend_pool::AclError::RT_FAILURE,
+        1,
+    ));
+    let again = pool.alloc_device(1000).unwrap();
+    assert_eq!(
+        sim.stats().failures(AclFunc::Memset),
+        1,
+        "the hit's canary failed"
+    );
+    let st = pool.stats(MemKind::DEVICE);
+    assert_eq!(
+        (st.allocations, st.frees, st.live_regions, st.cached_regions),
+        (2, 1, 1, 0),
+        "{st:?}"
+    );
+    drop(again);
+    assert!(pool.take_corruption_reports().is_empty());
+    pool.validate().unwrap();
+}
