@@ -2064,3 +2064,41 @@ fn an_overrun_queued_before_a_free_is_reported_when_the_pool_drops() {
     drop(pool);
     drop(s);
 }
+
+/// In debug mode a free the runtime gave no event for waits for its stream itself (without
+/// the kind lock) and completes then: the canary is checked again at that point too, so an
+/// overrun the stream's work made after the drop is reported once, as on the other routes.
+#[test]
+fn an_overrun_behind_an_unfenced_free_is_reported_when_the_free_completes() {
+    let sim = sim(0);
+    let source: Arc<dyn BlockSource> = Arc::clone(&sim) as Arc<dyn BlockSource>;
+    let pool = Pool::new(source, PoolConfig::default().with_debug(true)).unwrap();
+    let s = pool.create_stream().unwrap();
+    let hold = sim.hold_stream(s.handle()).unwrap();
+    let d = pool.alloc_device_on(100, &s).unwrap();
+    let at = 100u64.next_multiple_of(32) + 2;
+    // SAFETY: 8 bytes inside the segment's padding, which stays carved until the stream
+    // has passed the fill.
+    unsafe {
+        pool.source()
+            .memset_async(d.addr() + at as usize, 8, 0x55, 8, s.handle())
+            .unwrap();
+    }
+    // No event for the free: it waits for the stream, which is released meanwhile.
+    sim.inject_fault(Fault::next(AclFunc::RecordEvent, AclError::RT_FAILURE, 1));
+    std::thread::scope(|t| {
+        t.spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            hold.release();
+        });
+        assert!(d.free().is_ok(), "the canary is whole at the free");
+    });
+    assert_eq!(sim.stats().failures(AclFunc::RecordEvent), 1);
+    assert_eq!(pool.stats(MemKind::DEVICE).pending_frees, 0);
+    let reports = pool.take_corruption_reports();
+    assert!(
+        matches!(reports[..], [Error::Corruption { len: 100, first_bad, .. }] if first_bad == at),
+        "{reports:?}"
+    );
+    pool.validate().unwrap();
+}
