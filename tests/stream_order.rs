@@ -2102,3 +2102,39 @@ fn an_overrun_behind_an_unfenced_free_is_reported_when_the_free_completes() {
     );
     pool.validate().unwrap();
 }
+
+/// A model input taken over on its stream starts 128-aligned even where the freed segment's
+/// footprint would do: 1,120 bytes take 1,152 under the 64- and the 128-aligned rule alike,
+/// and a device segment of that shape starting 64 bytes past a 128-byte boundary is left to
+/// its free.
+#[test]
+fn model_input_on_a_stream_takes_no_segment_starting_only_64_aligned() {
+    let sim = sim(0);
+    let pool = pool_over(&sim);
+    let s = pool.create_stream().unwrap();
+    let hold = sim.hold_stream(s.handle()).unwrap();
+    // 1,088-byte footprints (17 x 64) and 1,152-byte ones (9 x 128), carved one after
+    // another: some 1,120-byte segment starts 64 bytes past a 128-byte boundary.
+    let mut regions = Vec::new();
+    for _ in 0..4 {
+        regions.push(pool.alloc_device_on(1056, &s).unwrap());
+        regions.push(pool.alloc_device_on(1120, &s).unwrap());
+    }
+    let odd = regions
+        .iter()
+        .position(|r| r.len() == 1120 && r.addr() % 128 != 0)
+        .expect("a 1,120-byte segment starting 64-aligned only");
+    let mut target = regions.swap_remove(odd);
+    let odd_addr = target.addr();
+    pool.memset_async(&mut target, 0, 1, 1120, &s).unwrap();
+    drop(target); // pending on the held stream alone
+    assert_eq!(pool.stats(MemKind::DEVICE).pending_frees, 1);
+    let input = pool.alloc_model_input_on(1120, &s).unwrap();
+    assert_eq!(input.addr() % 128, 0, "a model input starts 128-aligned");
+    assert_ne!(input.addr(), odd_addr);
+    assert_eq!(pool.stats(MemKind::DEVICE).pending_frees, 1);
+    pool.validate().unwrap();
+    hold.release();
+    drop((input, regions));
+    every_free_completes(&pool);
+}
