@@ -1015,3 +1015,27 @@ fn a_misaligned_sub_region_names_its_address() {
         at + 32
     );
 }
+
+// A synchronous copy between device memory of two devices (pools of one source) is refused
+// before the runtime sees it, as the asynchronous one is: the pool never enables peer access.
+#[test]
+fn a_sync_copy_between_two_devices_memory_is_refused() {
+    let sim = Arc::new(SimSource::new(SimConfig::default().with_devices(2)).unwrap());
+    let zero = Pool::new(
+        Arc::clone(&sim) as Arc<dyn BlockSource>,
+        PoolConfig::default(),
+    )
+    .unwrap();
+    let one = Pool::new(sim, PoolConfig::default().with_device(1)).unwrap();
+    let mut a = zero.alloc_device(4096).unwrap();
+    let b = one.alloc_device(4096).unwrap();
+    assert!(matches!(
+        zero.copy(&mut a, 0, &b, 0, 4096),
+        Err(Error::ForeignHandle)
+    ));
+    // Host memory of the other device's pool is fine on either side.
+    let h = one.alloc_host(4096).unwrap();
+    zero.copy(&mut a, 0, &h, 0, 4096).unwrap();
+    zero.validate().unwrap();
+    one.validate().unwrap();
+}
