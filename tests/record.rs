@@ -19,6 +19,18 @@ fn trace_path(name: &str) -> PathBuf {
     ))
 }
 
+/// A pool over a 512 MiB simulator that records to `path`, without thread caches (so every
+/// free reaches the pool and its recorder at once), and its simulator.
+fn recording_without_caches(path: &std::path::Path) -> (Arc<SimSource>, Pool) {
+    use ascend_pool::source::sim::SimConfig;
+    use ascend_pool::source::BlockSource;
+    let sim =
+        Arc::new(SimSource::new(SimConfig::default().with_device_capacity(512 << 20)).unwrap());
+    let config = PoolConfig::default().with_record(path).with_thread_cache(0);
+    let pool = Pool::new(Arc::clone(&sim) as Arc<dyn BlockSource>, config).unwrap();
+    (sim, pool)
+}
+
 /// A small pipeline: packets, frames, model inputs and outputs, some freed behind a stream,
 /// two regions still live at the end. Returns the pool's totals (allocations, frees, peak
 /// requested bytes summed over kinds, live regions) and the regions still live.
@@ -227,18 +239,8 @@ fn without_record_nothing_is_written_and_flush_is_a_no_op() {
 /// still written: the application freed the region, and the trace replays to nothing live.
 #[test]
 fn a_free_the_pools_drop_completes_is_recorded() {
-    use ascend_pool::source::sim::SimConfig;
-    use ascend_pool::source::BlockSource;
     let path = trace_path("drop-pending");
-    let sim =
-        Arc::new(SimSource::new(SimConfig::default().with_device_capacity(512 << 20)).unwrap());
-    let pool = Pool::new(
-        Arc::clone(&sim) as Arc<dyn BlockSource>,
-        PoolConfig::default()
-            .with_record(&path)
-            .with_thread_cache(0),
-    )
-    .unwrap();
+    let (sim, pool) = recording_without_caches(&path);
     let stream = pool.create_stream().unwrap();
     let hold = sim.hold_stream(stream.handle()).unwrap();
     let mut target = pool.alloc_device(1 << 20).unwrap();
@@ -309,19 +311,9 @@ fn a_debug_allocation_that_fails_is_neither_counted_nor_recorded() {
 /// region once, and replays to nothing live.
 #[test]
 fn a_segment_taken_over_on_its_stream_is_recorded_as_a_free_and_an_allocation() {
-    use ascend_pool::source::sim::SimConfig;
-    use ascend_pool::source::BlockSource;
     use ascend_pool::Region;
     let path = trace_path("taken-over");
-    let sim =
-        Arc::new(SimSource::new(SimConfig::default().with_device_capacity(512 << 20)).unwrap());
-    let pool = Pool::new(
-        Arc::clone(&sim) as Arc<dyn BlockSource>,
-        PoolConfig::default()
-            .with_record(&path)
-            .with_thread_cache(0),
-    )
-    .unwrap();
+    let (sim, pool) = recording_without_caches(&path);
     let stream = pool.create_stream().unwrap();
     let hold = sim.hold_stream(stream.handle()).unwrap();
     let mut old = pool.alloc_device_on(1 << 20, &stream).unwrap();

@@ -43,6 +43,29 @@ fn pool_over(sim: &Arc<SimSource>) -> Pool {
     Pool::new(source, PoolConfig::default().with_chunk_size(32 << 20)).unwrap()
 }
 
+/// A pool in debug mode (canaries over every segment's padding) over `sim`.
+fn debug_pool_over(sim: &Arc<SimSource>) -> Pool {
+    let source: Arc<dyn BlockSource> = Arc::clone(sim) as Arc<dyn BlockSource>;
+    Pool::new(source, PoolConfig::default().with_debug(true)).unwrap()
+}
+
+/// Queues on `s` a fill of 8 bytes of `d`'s padding from its byte `at`: an overrun made by
+/// work queued on the stream, which happens only when the stream runs it.
+fn queue_padding_fill(pool: &Pool, d: &DeviceRegion, at: u64, s: &Stream) {
+    let padding = d.len().next_multiple_of(32);
+    assert!(
+        at >= padding && at + 8 <= padding + 32,
+        "in the rule's 32 bytes of padding"
+    );
+    // SAFETY: the 8 bytes lie in the segment's padding (asserted), which stays carved until
+    // the stream has passed the fill: a free of `d` waits for the stream first.
+    unsafe {
+        pool.source()
+            .memset_async(d.addr() + at as usize, 8, 0x55, 8, s.handle())
+            .unwrap();
+    }
+}
+
 fn overlaps(a: usize, b: usize, len: u64) -> bool {
     a < b + len as usize && b < a + len as usize
 }
@@ -1925,8 +1948,7 @@ fn a_trim_whose_source_panics_recording_the_probe_keeps_the_probe() {
 #[test]
 fn a_segment_taken_over_on_its_stream_gets_a_fresh_canary() {
     let sim = sim(0);
-    let source: Arc<dyn BlockSource> = Arc::clone(&sim) as Arc<dyn BlockSource>;
-    let pool = Pool::new(source, PoolConfig::default().with_debug(true)).unwrap();
+    let pool = debug_pool_over(&sim);
     let s = pool.create_stream().unwrap();
     let hold = sim.hold_stream(s.handle()).unwrap();
     let a = pool.alloc_device_on(100, &s).unwrap();
@@ -1971,20 +1993,13 @@ fn a_segment_taken_over_on_its_stream_gets_a_fresh_canary() {
 #[test]
 fn an_overrun_queued_on_a_stream_before_the_free_is_reported_when_the_stream_passes() {
     let sim = sim(0);
-    let source: Arc<dyn BlockSource> = Arc::clone(&sim) as Arc<dyn BlockSource>;
-    let pool = Pool::new(source, PoolConfig::default().with_debug(true)).unwrap();
+    let pool = debug_pool_over(&sim);
     let s = pool.create_stream().unwrap();
     for len in [100u64, 1 << 20] {
         let hold = sim.hold_stream(s.handle()).unwrap();
         let d = pool.alloc_device_on(len, &s).unwrap();
         let at = len.next_multiple_of(32) + 2;
-        // SAFETY: 8 bytes inside the segment's padding (32 bytes past its rounded length),
-        // which stays carved until the stream has passed the fill.
-        unsafe {
-            pool.source()
-                .memset_async(d.addr() + at as usize, 8, 0x55, 8, s.handle())
-                .unwrap();
-        }
+        queue_padding_fill(&pool, &d, at, &s);
         // The fill has not run: the free finds the canary whole, and waits for the stream.
         assert!(d.free().is_ok());
         assert_eq!(pool.stats(MemKind::DEVICE).pending_frees, 1);
@@ -2044,18 +2059,11 @@ fn an_overrun_queued_before_a_free_is_reported_when_the_pool_drops() {
         return;
     }
     let sim = sim(0);
-    let source: Arc<dyn BlockSource> = Arc::clone(&sim) as Arc<dyn BlockSource>;
-    let pool = Pool::new(source, PoolConfig::default().with_debug(true)).unwrap();
+    let pool = debug_pool_over(&sim);
     let s = pool.create_stream().unwrap();
     let hold = sim.hold_stream(s.handle()).unwrap();
     let d = pool.alloc_device_on(100, &s).unwrap();
-    // SAFETY: 8 bytes of the segment's padding (128..192), which stays carved until the
-    // stream has passed the fill.
-    unsafe {
-        pool.source()
-            .memset_async(d.addr() + 134, 8, 0x55, 8, s.handle())
-            .unwrap();
-    }
+    queue_padding_fill(&pool, &d, 134, &s);
     // The fill has not run: the free finds the canary whole and waits for the stream.
     assert!(d.free().is_ok());
     assert_eq!(pool.stats(MemKind::DEVICE).pending_frees, 1);
@@ -2071,19 +2079,12 @@ fn an_overrun_queued_before_a_free_is_reported_when_the_pool_drops() {
 #[test]
 fn an_overrun_behind_an_unfenced_free_is_reported_when_the_free_completes() {
     let sim = sim(0);
-    let source: Arc<dyn BlockSource> = Arc::clone(&sim) as Arc<dyn BlockSource>;
-    let pool = Pool::new(source, PoolConfig::default().with_debug(true)).unwrap();
+    let pool = debug_pool_over(&sim);
     let s = pool.create_stream().unwrap();
     let hold = sim.hold_stream(s.handle()).unwrap();
     let d = pool.alloc_device_on(100, &s).unwrap();
     let at = 100u64.next_multiple_of(32) + 2;
-    // SAFETY: 8 bytes inside the segment's padding, which stays carved until the stream
-    // has passed the fill.
-    unsafe {
-        pool.source()
-            .memset_async(d.addr() + at as usize, 8, 0x55, 8, s.handle())
-            .unwrap();
-    }
+    queue_padding_fill(&pool, &d, at, &s);
     // No event for the free: it waits for the stream, which is released meanwhile.
     sim.inject_fault(Fault::next(AclFunc::RecordEvent, AclError::RT_FAILURE, 1));
     std::thread::scope(|t| {
