@@ -39,6 +39,12 @@ fn fake_lib_file(name: &str, file: &str, flags: &[&str]) -> PathBuf {
     out
 }
 
+/// The fake library built as `name` with `flags`: its counters, and a source over it.
+fn fake_source(name: &str, flags: &[&str]) -> (Counters, AclSource) {
+    let lib = fake_lib(name, flags);
+    (Counters::open(&lib), AclSource::open(&lib).unwrap())
+}
+
 /// The fake library held open by the test, so its counters outlive an `AclSource` (whose drop
 /// closes its own handle).
 struct Counters(libloading::Library);
@@ -223,9 +229,7 @@ fn optional_functions_are_not_supported_not_load_failures() {
 
 #[test]
 fn blocks_are_tracked_and_foreign_or_double_frees_refused() {
-    let lib = fake_lib("tracking", &[]);
-    let counters = Counters::open(&lib);
-    let acl = AclSource::open(&lib).unwrap();
+    let (counters, acl) = fake_source("tracking", &[]);
     let dev = acl.alloc_block(0, MemKind::DEVICE, 1000).unwrap();
     assert_eq!(dev.addr % 64, 0);
     assert_eq!(dev.size, 1000);
@@ -332,9 +336,7 @@ fn copies_streams_and_events_over_a_working_runtime() {
 
 #[test]
 fn drop_frees_leftovers_and_balances_set_device() {
-    let lib = fake_lib("drop", &[]);
-    let counters = Counters::open(&lib);
-    let acl = AclSource::open(&lib).unwrap();
+    let (counters, acl) = fake_source("drop", &[]);
     acl.alloc_block(0, MemKind::DEVICE, 64).unwrap();
     acl.alloc_block(2, MemKind::Host, 64).unwrap();
     let t = std::thread::scope(|sc| {
@@ -507,9 +509,7 @@ fn a_dvpp_library_beside_the_runtime_serves_dvpp_memory() {
 
 #[test]
 fn copies_and_fills_run_on_the_device_of_the_block_they_touch() {
-    let lib = fake_lib("copy_device", &[]);
-    let counters = Counters::open(&lib);
-    let acl = AclSource::open(&lib).unwrap();
+    let (counters, acl) = fake_source("copy_device", &[]);
     acl.mem_info(0, MemKind::DEVICE).unwrap(); // device 0 is now the lowest one used
     let b3 = acl.alloc_block(3, MemKind::DEVICE, 4096).unwrap();
     let b2 = acl.alloc_block(2, MemKind::DEVICE, 4096).unwrap();
@@ -545,9 +545,7 @@ fn copies_and_fills_run_on_the_device_of_the_block_they_touch() {
 
 #[test]
 fn memory_info_asks_for_the_class_of_the_kind() {
-    let lib = fake_lib("mem_attr", &[]);
-    let counters = Counters::open(&lib);
-    let acl = AclSource::open(&lib).unwrap();
+    let (counters, acl) = fake_source("mem_attr", &[]);
     use MallocPolicy as P;
     // aclrtMemAttr: ACL_HBM_MEM 1, _HUGE 4, _NORMAL 5, _P2P_HUGE 8, _P2P_NORMAL 9,
     // _HUGE1G 10, _P2P_HUGE1G 11.
@@ -586,9 +584,7 @@ fn memory_info_asks_for_the_class_of_the_kind() {
 
 #[test]
 fn finalize_reaches_the_runtime() {
-    let lib = fake_lib("finalize", &[]);
-    let counters = Counters::open(&lib);
-    let acl = AclSource::open(&lib).unwrap();
+    let (counters, acl) = fake_source("finalize", &[]);
     acl.finalize().unwrap();
     assert_eq!(counters.get("fake_finalize_calls"), 1);
 }
@@ -597,9 +593,7 @@ fn finalize_reaches_the_runtime() {
 fn both_event_queries_read_their_own_status_values() {
     // aclrtQueryEventStatus answers COMPLETE as 1; the older aclrtQueryEvent as 0.
     for (name, flags) in [("query_new", &[][..]), ("query_old", &["-DOLD_QUERY"][..])] {
-        let lib = fake_lib(name, flags);
-        let counters = Counters::open(&lib);
-        let acl = AclSource::open(&lib).unwrap();
+        let (counters, acl) = fake_source(name, flags);
         assert_eq!(acl.supports("aclrtQueryEvent"), name == "query_old");
         let s = acl.create_stream(0).unwrap();
         let e = acl.create_event(0).unwrap();
@@ -701,9 +695,7 @@ fn mappings_outside_the_sources_reservations_never_reach_the_runtime() {
 
 #[test]
 fn drop_unmaps_then_frees_physical_memory_then_releases_ranges() {
-    let lib = fake_lib("vmm_drop", &["-DWITH_VMM"]);
-    let counters = Counters::open(&lib);
-    let acl = AclSource::open(&lib).unwrap();
+    let (counters, acl) = fake_source("vmm_drop", &["-DWITH_VMM"]);
     let g = 2u64 << 20;
     let va = acl.reserve_address(0, 2 * g).unwrap();
     let (h, h2) = (
@@ -756,9 +748,7 @@ fn the_runtime_stays_loaded_after_its_last_source_drops() {
 /// knows.
 #[test]
 fn copies_and_fills_of_mapped_memory_run_on_the_device_of_its_range() {
-    let lib = fake_lib("copy_device_vmm", &["-DWITH_VMM"]);
-    let counters = Counters::open(&lib);
-    let acl = AclSource::open(&lib).unwrap();
+    let (counters, acl) = fake_source("copy_device_vmm", &["-DWITH_VMM"]);
     acl.mem_info(0, MemKind::DEVICE).unwrap(); // device 0 is now the lowest one used
     let g = acl.allocation_granularity(3, false).unwrap();
     let va = acl.reserve_address(3, 2 * g).unwrap();
@@ -816,9 +806,7 @@ fn copies_and_fills_of_a_shared_buffer_run_on_the_buffer_s_device() {
     // A shared buffer's data area is device memory of the device it was allocated on, but
     // only blocks and reserved ranges were looked up: a copy into it ran with the lowest
     // device the source had used current.
-    let lib = fake_lib("mbuf_copy_device", &["-DWITH_MBUF"]);
-    let counters = Counters::open(&lib);
-    let acl = AclSource::open(&lib).unwrap();
+    let (counters, acl) = fake_source("mbuf_copy_device", &["-DWITH_MBUF"]);
     acl.mem_info(0, MemKind::DEVICE).unwrap(); // device 0 is now the lowest one used
     for dvpp in [false, true] {
         let buf = acl.alloc_buf(3, 4096, dvpp).unwrap();
